@@ -1,0 +1,93 @@
+"""Sampling transforms: logits -> the distribution the sampler actually draws from.
+
+Order follows the common convention: temperature, top-k, top-p (nucleus), min-p.
+Every function is vectorised over positions (`[n, vocab]`) and keeps the
+tensor's device, so the same code serves CPU and GPU hosts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the caller asked for. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if not self.temperature >= 0.0 or self.temperature != self.temperature:
+            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"sampling.min_p must be in [0, 1), got {self.min_p}")
+
+
+def probs_from_logits(
+    logits: torch.Tensor,  # [n, vocab]
+    params: SamplingParams,
+) -> torch.Tensor:  # [n, vocab] float32, rows sum to 1
+    """The sampling distribution for each row of `logits`.
+
+    Greedy rows are one-hot at the argmax (first index on ties), so greedy
+    and sampled verification share one code path. A row whose logits are all
+    -inf becomes uniform rather than NaN.
+    """
+    logits = logits.float()
+    if params.greedy:
+        out = torch.zeros_like(logits)
+        out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return out
+    x = logits / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p;
+        # the first token always survives.
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = before >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    if params.min_p > 0.0:
+        p = torch.softmax(x, dim=-1)
+        floor = params.min_p * p.max(dim=-1, keepdim=True).values
+        x = x.masked_fill(p < floor, float("-inf"))
+    all_masked = torch.isneginf(x).all(dim=-1, keepdim=True)
+    x = torch.where(all_masked, torch.zeros_like(x), x)
+    return torch.softmax(x, dim=-1)
+
+
+def sample(
+    probs: torch.Tensor,  # [n, vocab], rows sum to 1 (up to rounding)
+    uniforms: torch.Tensor,  # [n], each in [0, 1)
+) -> torch.Tensor:  # [n] int64
+    """Inverse-CDF draw of one token per row from externally supplied uniforms.
+
+    Deterministic given its inputs (the randomness lives in specdec.core.rng).
+    A token of probability 0 is never returned.
+    """
+    cdf = torch.cumsum(probs.float(), dim=-1)
+    target = uniforms.to(cdf.device, torch.float32).unsqueeze(-1) * cdf[..., -1:]
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # Rounding can put the target at the very top of the CDF: take the last
+    # token that has mass.
+    last_nonzero = probs.shape[-1] - 1 - torch.argmax((probs.flip(-1) > 0).int(), dim=-1)
+    return torch.minimum(idx, last_nonzero)

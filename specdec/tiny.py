@@ -1,0 +1,119 @@
+"""Tiny random causal LMs with a real tokenizer, for tests and quick benchmarks.
+
+They are saved as ordinary Hugging Face folders and loaded through the same
+loader as real models. Weights are initialised with a large spread so logits
+are decisive: fp32 argmax never sits on a near-tie, which keeps greedy
+identity tests about specdec and not about rounding.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = """The cat sat on the mat and the dog sat on the log.
+A quick brown fox jumps over the lazy dog while the cat watches.
+def add(a, b):
+    return a + b
+Speculative decoding drafts a few tokens and the target verifies them in one pass.
+The capital of France is Paris. The capital of Italy is Rome.
+Please rewrite the following sentence: the cat sat on the mat and purred.
+"""
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 384):
+    """Train a small byte-level BPE tokenizer and save it to `out_dir`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_model(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 64,
+    vocab_size: int = 384,
+    init_std: float = 0.35,
+    context_length: int = 512,
+    perturb_from: Path | None = None,
+    perturb_std: float = 0.0,
+) -> Path:
+    """Save a tiny Llama-architecture model (and its tokenizer) to `out_dir`.
+
+    With `perturb_from`, start from that model's weights and add Gaussian noise
+    of `perturb_std` (relative to each tensor's std): a draft that agrees with
+    its target often but not always.
+    """
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir, vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    if perturb_from is not None:
+        model = AutoModelForCausalLM.from_pretrained(perturb_from, dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * perturb_std * p.std())
+    else:
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=context_length,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    continue
+                p.copy_(torch.randn(p.shape, generator=gen) * init_std / (p.shape[-1] ** 0.5) * 8)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_pair(root: Path, *, draft_noise: float = 0.04) -> tuple[Path, Path]:
+    """A tiny target and a tiny draft derived from it by noise; returns (target, draft)."""
+    root = Path(root)
+    target = build_model(root / "target", seed=0)
+    draft = build_model(root / "draft", seed=1, perturb_from=target, perturb_std=draft_noise)
+    return target, draft

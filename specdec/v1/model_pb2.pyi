@@ -1,0 +1,72 @@
+from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "n_draft", "sampling", "output_mode")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    cache_position: int
+    prefix_hash: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    n_draft: int
+    sampling: _common_pb2.SamplingParams
+    output_mode: _common_pb2.OutputMode
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., n_draft: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("argmax_ids", "probs", "cache_length", "timing")
+    ARGMAX_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    argmax_ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _common_pb2.Distributions
+    cache_length: int
+    timing: _common_pb2.ServerTiming
+    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ...) -> None: ...
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "seed", "p_min")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    P_MIN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    cache_position: int
+    prefix_hash: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    k: int
+    sampling: _common_pb2.SamplingParams
+    output_mode: _common_pb2.OutputMode
+    seed: int
+    p_min: float
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., seed: _Optional[int] = ..., p_min: _Optional[float] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("tokens", "probs", "cache_length", "timing")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    probs: _common_pb2.Distributions
+    cache_length: int
+    timing: _common_pb2.ServerTiming
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ...) -> None: ...

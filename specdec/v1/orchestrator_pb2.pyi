@@ -1,0 +1,182 @@
+from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Proposer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROPOSER_UNSPECIFIED: _ClassVar[Proposer]
+    PROPOSER_DRAFT: _ClassVar[Proposer]
+    PROPOSER_LOOKUP: _ClassVar[Proposer]
+    PROPOSER_GUESS: _ClassVar[Proposer]
+    PROPOSER_NONE: _ClassVar[Proposer]
+PROPOSER_UNSPECIFIED: Proposer
+PROPOSER_DRAFT: Proposer
+PROPOSER_LOOKUP: Proposer
+PROPOSER_GUESS: Proposer
+PROPOSER_NONE: Proposer
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    GUESS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    max_new_tokens: int
+    sampling: _common_pb2.SamplingParams
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    proposer: Proposer
+    k: int
+    guess: str
+    session_id: str
+    strict: bool
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Stats(_message.Message):
+    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_MS_FIELD_NUMBER: _ClassVar[int]
+    ORCHESTRATOR_MS_FIELD_NUMBER: _ClassVar[int]
+    REDIS_MS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    finish_reason: str
+    proposer: str
+    fallback_reason: str
+    prompt_tokens: int
+    reused_prompt_tokens: int
+    new_tokens: int
+    target_passes: int
+    draft_calls: int
+    drafted_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    accepted_per_round: _containers.RepeatedScalarFieldContainer[int]
+    acceptance_by_position: _containers.RepeatedScalarFieldContainer[float]
+    cache_misses: int
+    ttft_ms: float
+    total_ms: float
+    draft_ms: float
+    target_ms: float
+    network_ms: float
+    orchestrator_ms: float
+    redis_ms: float
+    bytes_sent: int
+    bytes_received: int
+    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("chunk", "stats")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    chunk: Chunk
+    stats: Stats
+    def __init__(self, chunk: _Optional[_Union[Chunk, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
+
+class CheckRequest(_message.Message):
+    __slots__ = ("prompt", "messages", "guess")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    GUESS_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    guess: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., guess: _Optional[str] = ...) -> None: ...
+
+class TokenPrediction(_message.Message):
+    __slots__ = ("position", "guess_id", "guess_text", "predicted_id", "predicted_text", "guess_prob", "predicted_prob")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    GUESS_ID_FIELD_NUMBER: _ClassVar[int]
+    GUESS_TEXT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_ID_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    GUESS_PROB_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_PROB_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    guess_id: int
+    guess_text: str
+    predicted_id: int
+    predicted_text: str
+    guess_prob: float
+    predicted_prob: float
+    def __init__(self, position: _Optional[int] = ..., guess_id: _Optional[int] = ..., guess_text: _Optional[str] = ..., predicted_id: _Optional[int] = ..., predicted_text: _Optional[str] = ..., guess_prob: _Optional[float] = ..., predicted_prob: _Optional[float] = ...) -> None: ...
+
+class CheckResponse(_message.Message):
+    __slots__ = ("accepted", "first_mismatch", "accepted_text", "target_text_at_mismatch", "positions", "next_id", "next_text")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_MISMATCH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TEXT_AT_MISMATCH_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    first_mismatch: int
+    accepted_text: str
+    target_text_at_mismatch: str
+    positions: _containers.RepeatedCompositeFieldContainer[TokenPrediction]
+    next_id: int
+    next_text: str
+    def __init__(self, accepted: _Optional[int] = ..., first_mismatch: _Optional[int] = ..., accepted_text: _Optional[str] = ..., target_text_at_mismatch: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[TokenPrediction, _Mapping]]] = ..., next_id: _Optional[int] = ..., next_text: _Optional[str] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("existed",)
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    existed: bool
+    def __init__(self, existed: _Optional[bool] = ...) -> None: ...
