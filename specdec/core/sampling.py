@@ -82,10 +82,19 @@ def sample(
     """Inverse-CDF draw of one token per row from externally supplied uniforms.
 
     Deterministic given its inputs (the randomness lives in specdec.core.rng).
-    A token of probability 0 is never returned.
+    Rows need not be normalised (the CDF is scaled by the row's total), so a
+    residual max(0, p - q) can be passed as is. A token of probability 0 is
+    never returned. The CDF is accumulated in float64 so tokens with tiny mass
+    (~1e-8 at vocab 49k) keep their share instead of vanishing in float32
+    rounding, and a uniform just below 1 stays below 1.
     """
-    cdf = torch.cumsum(probs.float(), dim=-1)
-    target = uniforms.to(cdf.device, torch.float32).unsqueeze(-1) * cdf[..., -1:]
+    if probs.device.type == "mps":  # no float64 on Apple GPUs
+        cdf = torch.cumsum(probs.float(), dim=-1)
+        u = uniforms.to(cdf.device, torch.float32)
+    else:
+        cdf = torch.cumsum(probs.double(), dim=-1)
+        u = uniforms.to(cdf.device, torch.float64)
+    target = u.unsqueeze(-1) * cdf[..., -1:]
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     # Rounding can put the target at the very top of the CDF: take the last
     # token that has mass.
