@@ -1,0 +1,164 @@
+"""The grpc.aio server bootstrap every specdec server shares.
+
+    opts = options_from_args(args)            # after add_server_args(parser, default_port=...)
+    exit_code = run_server(
+        [partial(model_pb2_grpc.add_TargetServiceServicer_to_server, servicer)],
+        ["specdec.v1.TargetService"],
+        opts,
+        on_serving=hook,                      # optional, e.g. Redis registration
+    )
+
+It adds the error-mapping interceptor, grpc.health.v1 (SERVING once `serve`
+runs, i.e. after the caller loaded its model; NOT_SERVING while draining),
+server reflection, a Prometheus HTTP endpoint (--metrics-port), and a graceful
+SIGTERM/SIGINT: stop accepting, let in-flight calls finish within
+--grace seconds, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Counter
+
+from specdec.errors import ErrorInterceptor
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter(
+    "specdec_requests_total", "gRPC calls finished, by method and status code", ["method", "code"]
+)
+
+Adder = Callable[[grpc.aio.Server], None]
+# Awaited once the server is SERVING, with the address it listens on. It may
+# return an async cleanup, awaited first thing on shutdown (e.g. deregister).
+OnServing = Callable[[str], Awaitable[Callable[[], Awaitable[None]] | None]]
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int = 0  # 0 = no metrics endpoint
+    grace_s: float = 10.0
+    redis_url: str = ""  # empty = do not register (see on_serving)
+    log_level: str = "INFO"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def env_default(name: str, fallback: str | int | float | None) -> str | int | float | None:
+    """The SPECDEC_<NAME> environment variable, else `fallback` (flags override both)."""
+    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
+
+
+def add_server_args(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    """The flags every server takes; each has a SPECDEC_* environment equivalent."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default=env_default("host", "127.0.0.1"),
+                   help="address to bind (0.0.0.0 for all interfaces) [SPECDEC_HOST]")
+    g.add_argument("--port", type=int, default=env_default("port", default_port),
+                   help="gRPC port [SPECDEC_PORT] (default %(default)s)")
+    g.add_argument("--metrics-port", type=int, default=env_default("metrics_port", 0),
+                   help="Prometheus HTTP port, 0 = off [SPECDEC_METRICS_PORT]")
+    g.add_argument("--grace", type=float, default=env_default("grace", 10.0),
+                   help="seconds in-flight calls get to finish on SIGTERM [SPECDEC_GRACE]")
+    g.add_argument("--redis-url", default=env_default("redis_url", ""),
+                   help="register this server in Redis with a heartbeat, e.g. "
+                        "redis://127.0.0.1:6379/0; empty = off [SPECDEC_REDIS_URL]")
+    g.add_argument("--log-level", default=env_default("log_level", "INFO"),
+                   help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(
+        host=args.host,
+        port=int(args.port),
+        metrics_port=int(args.metrics_port),
+        grace_s=float(args.grace),
+        redis_url=args.redis_url or "",
+        log_level=str(args.log_level).upper(),
+    )
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
+    )
+
+
+def _observe(method: str, code: str) -> None:
+    REQUESTS.labels(method=method, code=code).inc()
+
+
+async def serve(
+    adders: Sequence[Adder],
+    service_names: Sequence[str],
+    options: ServerOptions,
+    *,
+    on_serving: OnServing | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain gracefully and return."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(_observe), *interceptors])
+    for add in adders:
+        add(server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+    if server.add_insecure_port(options.address) == 0:
+        raise OSError(f"cannot bind {options.address}")
+    if options.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(options.metrics_port, addr=options.host)
+        log.info("metrics on http://%s:%d/metrics", options.host, options.metrics_port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    await server.start()
+    for name in ("", *service_names):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving %s on %s", ", ".join(service_names), options.address)
+    cleanup = await on_serving(options.address) if on_serving else None
+
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls (grace %.1f s)", options.grace_s)
+    await health.enter_graceful_shutdown()  # every service NOT_SERVING
+    if cleanup is not None:
+        try:
+            await cleanup()
+        except Exception:  # noqa: BLE001 - shutdown goes on regardless
+            log.exception("on_serving cleanup failed")
+    await server.stop(options.grace_s)
+    log.info("stopped")
+
+
+def run_server(
+    adders: Sequence[Adder],
+    service_names: Sequence[str],
+    options: ServerOptions,
+    *,
+    on_serving: OnServing | None = None,
+) -> int:
+    """Blocking wrapper around `serve`; returns the process exit code (0 after a clean drain)."""
+    asyncio.run(serve(adders, service_names, options, on_serving=on_serving))
+    return 0
