@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecdec/v1/orchestrator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x94\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12&\n\x08proposer\x18\x07 \x01(\x0e\x32\x14.specdec.v1.Proposer\x12\t\n\x01k\x18\x08 \x01(\r\x12\r\n\x05guess\x18\t \x01(\t\x12\x12\n\nsession_id\x18\n \x01(\t\x12\x0e\n\x06strict\x18\x0b \x01(\x08\"(\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\xa1\x04\n\x05Stats\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x10\n\x08proposer\x18\x03 \x01(\t\x12\x17\n\x0f\x66\x61llback_reason\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x1c\n\x14reused_prompt_tokens\x18\x06 \x01(\r\x12\x12\n\nnew_tokens\x18\x07 \x01(\r\x12\x15\n\rtarget_passes\x18\x08 \x01(\r\x12\x13\n\x0b\x64raft_calls\x18\t \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\n \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x0b \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x0c \x01(\x01\x12\x1a\n\x12\x61\x63\x63\x65pted_per_round\x18\r \x03(\r\x12\x1e\n\x16\x61\x63\x63\x65ptance_by_position\x18\x0e \x03(\x01\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x0f \x01(\r\x12\x0f\n\x07ttft_ms\x18\x10 \x01(\x01\x12\x10\n\x08total_ms\x18\x11 \x01(\x01\x12\x10\n\x08\x64raft_ms\x18\x12 \x01(\x01\x12\x11\n\ttarget_ms\x18\x13 \x01(\x01\x12\x12\n\nnetwork_ms\x18\x14 \x01(\x01\x12\x17\n\x0forchestrator_ms\x18\x15 \x01(\x01\x12\x10\n\x08redis_ms\x18\x16 \x01(\x01\x12\x12\n\nbytes_sent\x18\x17 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x18 \x01(\x04\"c\n\x10GenerateResponse\x12\"\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.specdec.v1.ChunkH\x00\x12\"\n\x05stats\x18\x02 \x01(\x0b\x32\x11.specdec.v1.StatsH\x00\x42\x07\n\x05\x65vent\"X\n\x0c\x43heckRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\x12\r\n\x05guess\x18\x03 \x01(\t\"\xa3\x01\n\x0fTokenPrediction\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x10\n\x08guess_id\x18\x02 \x01(\x05\x12\x12\n\nguess_text\x18\x03 \x01(\t\x12\x14\n\x0cpredicted_id\x18\x04 \x01(\x05\x12\x16\n\x0epredicted_text\x18\x05 \x01(\t\x12\x12\n\nguess_prob\x18\x06 \x01(\x02\x12\x16\n\x0epredicted_prob\x18\x07 \x01(\x02\"\xc5\x01\n\rCheckResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x16\n\x0e\x66irst_mismatch\x18\x02 \x01(\x05\x12\x15\n\raccepted_text\x18\x03 \x01(\t\x12\x1f\n\x17target_text_at_mismatch\x18\x04 \x01(\t\x12.\n\tpositions\x18\x05 \x03(\x0b\x32\x1b.specdec.v1.TokenPrediction\x12\x0f\n\x07next_id\x18\x06 \x01(\x05\x12\x11\n\tnext_text\x18\x07 \x01(\t\"\'\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x12\x45ndSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08*t\n\x08Proposer\x12\x18\n\x14PROPOSER_UNSPECIFIED\x10\x00\x12\x12\n\x0ePROPOSER_DRAFT\x10\x01\x12\x13\n\x0fPROPOSER_LOOKUP\x10\x02\x12\x12\n\x0ePROPOSER_GUESS\x10\x03\x12\x11\n\rPROPOSER_NONE\x10\x04\x32\xe2\x01\n\x0cOrchestrator\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12<\n\x05\x43heck\x12\x18.specdec.v1.CheckRequest\x1a\x19.specdec.v1.CheckResponse\x12K\n\nEndSession\x12\x1d.specdec.v1.EndSessionRequest\x1a\x1e.specdec.v1.EndSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecdec/v1/orchestrator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x94\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12&\n\x08proposer\x18\x07 \x01(\x0e\x32\x14.specdec.v1.Proposer\x12\t\n\x01k\x18\x08 \x01(\r\x12\r\n\x05guess\x18\t \x01(\t\x12\x12\n\nsession_id\x18\n \x01(\t\x12\x0e\n\x06strict\x18\x0b \x01(\x08\"(\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\xf7\x04\n\x05Stats\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x10\n\x08proposer\x18\x03 \x01(\t\x12\x17\n\x0f\x66\x61llback_reason\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x1c\n\x14reused_prompt_tokens\x18\x06 \x01(\r\x12\x12\n\nnew_tokens\x18\x07 \x01(\r\x12\x15\n\rtarget_passes\x18\x08 \x01(\r\x12\x13\n\x0b\x64raft_calls\x18\t \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\n \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x0b \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x0c \x01(\x01\x12\x1a\n\x12\x61\x63\x63\x65pted_per_round\x18\r \x03(\r\x12\x1e\n\x16\x61\x63\x63\x65ptance_by_position\x18\x0e \x03(\x01\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x0f \x01(\r\x12\x0f\n\x07ttft_ms\x18\x10 \x01(\x01\x12\x10\n\x08total_ms\x18\x11 \x01(\x01\x12\x10\n\x08\x64raft_ms\x18\x12 \x01(\x01\x12\x11\n\ttarget_ms\x18\x13 \x01(\x01\x12\x12\n\nnetwork_ms\x18\x14 \x01(\x01\x12\x17\n\x0forchestrator_ms\x18\x15 \x01(\x01\x12\x10\n\x08redis_ms\x18\x16 \x01(\x01\x12\x12\n\nbytes_sent\x18\x17 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x18 \x01(\x04\x12\x0c\n\x04seed\x18\x19 \x01(\x04\x12\x16\n\x0etarget_replica\x18\x1a \x01(\t\x12\x15\n\rdraft_replica\x18\x1b \x01(\t\x12\x17\n\x0foverhead_p50_ms\x18\x1c \x01(\x01\"c\n\x10GenerateResponse\x12\"\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.specdec.v1.ChunkH\x00\x12\"\n\x05stats\x18\x02 \x01(\x0b\x32\x11.specdec.v1.StatsH\x00\x42\x07\n\x05\x65vent\"X\n\x0c\x43heckRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\x12\r\n\x05guess\x18\x03 \x01(\t\"\xa3\x01\n\x0fTokenPrediction\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x10\n\x08guess_id\x18\x02 \x01(\x05\x12\x12\n\nguess_text\x18\x03 \x01(\t\x12\x14\n\x0cpredicted_id\x18\x04 \x01(\x05\x12\x16\n\x0epredicted_text\x18\x05 \x01(\t\x12\x12\n\nguess_prob\x18\x06 \x01(\x02\x12\x16\n\x0epredicted_prob\x18\x07 \x01(\x02\"\xc5\x01\n\rCheckResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x16\n\x0e\x66irst_mismatch\x18\x02 \x01(\x05\x12\x15\n\raccepted_text\x18\x03 \x01(\t\x12\x1f\n\x17target_text_at_mismatch\x18\x04 \x01(\t\x12.\n\tpositions\x18\x05 \x03(\x0b\x32\x1b.specdec.v1.TokenPrediction\x12\x0f\n\x07next_id\x18\x06 \x01(\x05\x12\x11\n\tnext_text\x18\x07 \x01(\t\"\'\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x12\x45ndSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08*t\n\x08Proposer\x12\x18\n\x14PROPOSER_UNSPECIFIED\x10\x00\x12\x12\n\x0ePROPOSER_DRAFT\x10\x01\x12\x13\n\x0fPROPOSER_LOOKUP\x10\x02\x12\x12\n\x0ePROPOSER_GUESS\x10\x03\x12\x11\n\rPROPOSER_NONE\x10\x04\x32\xe2\x01\n\x0cOrchestrator\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12<\n\x05\x43heck\x12\x18.specdec.v1.CheckRequest\x1a\x19.specdec.v1.CheckResponse\x12K\n\nEndSession\x12\x1d.specdec.v1.EndSessionRequest\x1a\x1e.specdec.v1.EndSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.orchestrator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROPOSER']._serialized_start=1622
-  _globals['_PROPOSER']._serialized_end=1738
+  _globals['_PROPOSER']._serialized_start=1708
+  _globals['_PROPOSER']._serialized_end=1824
   _globals['_CHATMESSAGE']._serialized_start=70
   _globals['_CHATMESSAGE']._serialized_end=114
   _globals['_GENERATEREQUEST']._serialized_start=117
@@ -41,19 +41,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHUNK']._serialized_start=395
   _globals['_CHUNK']._serialized_end=435
   _globals['_STATS']._serialized_start=438
-  _globals['_STATS']._serialized_end=983
-  _globals['_GENERATERESPONSE']._serialized_start=985
-  _globals['_GENERATERESPONSE']._serialized_end=1084
-  _globals['_CHECKREQUEST']._serialized_start=1086
-  _globals['_CHECKREQUEST']._serialized_end=1174
-  _globals['_TOKENPREDICTION']._serialized_start=1177
-  _globals['_TOKENPREDICTION']._serialized_end=1340
-  _globals['_CHECKRESPONSE']._serialized_start=1343
-  _globals['_CHECKRESPONSE']._serialized_end=1540
-  _globals['_ENDSESSIONREQUEST']._serialized_start=1542
-  _globals['_ENDSESSIONREQUEST']._serialized_end=1581
-  _globals['_ENDSESSIONRESPONSE']._serialized_start=1583
-  _globals['_ENDSESSIONRESPONSE']._serialized_end=1620
-  _globals['_ORCHESTRATOR']._serialized_start=1741
-  _globals['_ORCHESTRATOR']._serialized_end=1967
+  _globals['_STATS']._serialized_end=1069
+  _globals['_GENERATERESPONSE']._serialized_start=1071
+  _globals['_GENERATERESPONSE']._serialized_end=1170
+  _globals['_CHECKREQUEST']._serialized_start=1172
+  _globals['_CHECKREQUEST']._serialized_end=1260
+  _globals['_TOKENPREDICTION']._serialized_start=1263
+  _globals['_TOKENPREDICTION']._serialized_end=1426
+  _globals['_CHECKRESPONSE']._serialized_start=1429
+  _globals['_CHECKRESPONSE']._serialized_end=1626
+  _globals['_ENDSESSIONREQUEST']._serialized_start=1628
+  _globals['_ENDSESSIONREQUEST']._serialized_end=1667
+  _globals['_ENDSESSIONRESPONSE']._serialized_start=1669
+  _globals['_ENDSESSIONRESPONSE']._serialized_end=1706
+  _globals['_ORCHESTRATOR']._serialized_start=1827
+  _globals['_ORCHESTRATOR']._serialized_end=2053
 # @@protoc_insertion_point(module_scope)
