@@ -1,0 +1,246 @@
+"""Redis-backed session handles and service registry (the only module importing redis).
+
+Redis holds handles, never tensors: per session, the committed token ids, which
+target/draft replica holds its KV cache and at what length, the sampling
+parameters and the RNG seed/counter. Each round writes the whole record in one
+MULTI/EXEC transaction, so any orchestrator replica can resume a session from
+Redis alone and never sees a half-written round.
+
+Services register (address, role, model, tokenizer fingerprint, load) under a
+key with a TTL that a heartbeat refreshes; a replica that stops beating drops
+out of `ServiceRegistry.live` within one TTL.
+
+Every Redis failure becomes `StoreUnavailable` after short socket timeouts, so
+a dead Redis is a quick UNAVAILABLE, never a hang.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from array import array
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field, replace
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from specdec.errors import Unavailable
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_PREFIX = "specdec:"
+SESSION_TTL_S = 3600
+HEARTBEAT_S = 2.0
+
+
+class StoreUnavailable(Unavailable):
+    """Redis did not answer (down, unreachable, or timed out)."""
+
+
+def connect(url: str = DEFAULT_URL, *, timeout_s: float = 1.0) -> aioredis.Redis:
+    """An asyncio Redis client with short timeouts (fail fast instead of hanging)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry_on_timeout=False,
+        decode_responses=False,
+    )
+
+
+async def _guard(what: str, url: str, coro: Awaitable):
+    """Await a Redis call, turning every Redis failure into StoreUnavailable."""
+    try:
+        return await coro
+    except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        raise StoreUnavailable(f"redis at {url} unavailable during {what}: {exc}") from exc
+
+
+# --------------------------------------------------------------------- sessions
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """Everything needed to resume a session on any orchestrator replica."""
+
+    session_id: str
+    tokens: tuple[int, ...] = ()  # committed token ids (prompt + generated)
+    target: str = ""  # replica address holding the target KV
+    target_len: int = 0  # committed tokens that replica holds
+    draft: str = ""
+    draft_len: int = 0
+    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p, min_p
+    seed: int = 0
+    counter: int = 0  # rounds run so far in this session
+    created: float = 0.0
+    updated: float = 0.0
+
+    def to_hash(self) -> dict[str, bytes]:
+        return {
+            "tokens": array("i", self.tokens).tobytes(),
+            "target": self.target.encode(),
+            "target_len": str(self.target_len).encode(),
+            "draft": self.draft.encode(),
+            "draft_len": str(self.draft_len).encode(),
+            "sampling": json.dumps(self.sampling).encode(),
+            "seed": str(self.seed).encode(),
+            "counter": str(self.counter).encode(),
+            "created": repr(self.created).encode(),
+            "updated": repr(self.updated).encode(),
+        }
+
+    @classmethod
+    def from_hash(cls, session_id: str, h: dict[bytes, bytes]) -> SessionRecord:
+        tokens = array("i")
+        tokens.frombytes(h.get(b"tokens", b""))
+        return cls(
+            session_id=session_id,
+            tokens=tuple(tokens),
+            target=h.get(b"target", b"").decode(),
+            target_len=int(h.get(b"target_len", b"0")),
+            draft=h.get(b"draft", b"").decode(),
+            draft_len=int(h.get(b"draft_len", b"0")),
+            sampling=json.loads(h.get(b"sampling", b"{}")),
+            seed=int(h.get(b"seed", b"0")),
+            counter=int(h.get(b"counter", b"0")),
+            created=float(h.get(b"created", b"0")),
+            updated=float(h.get(b"updated", b"0")),
+        )
+
+
+class SessionStore:
+    """Session records as Redis hashes under `<prefix>session:<id>`, each with a TTL."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        url: str = DEFAULT_URL,
+        prefix: str = DEFAULT_PREFIX,
+        ttl_s: int = SESSION_TTL_S,
+    ) -> None:
+        self._r = client
+        self._url = url
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+
+    def _key(self, session_id: str) -> str:
+        return f"{self.prefix}session:{session_id}"
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        h = await _guard("session load", self._url, self._r.hgetall(self._key(session_id)))
+        return SessionRecord.from_hash(session_id, h) if h else None
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        """Write the whole record and refresh its TTL in one MULTI/EXEC."""
+        now = time.time()
+        record = replace(record, created=record.created or now, updated=now)
+        key = self._key(record.session_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hset(key, mapping=record.to_hash())
+        pipe.expire(key, self.ttl_s)
+        await _guard("session save", self._url, pipe.execute())
+        return record
+
+    async def delete(self, session_id: str) -> bool:
+        n = await _guard("session delete", self._url, self._r.delete(self._key(session_id)))
+        return bool(n)
+
+    async def ping(self) -> None:
+        await _guard("ping", self._url, self._r.ping())
+
+
+# --------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    """One live model-service replica as it announces itself."""
+
+    address: str  # host:port other processes dial
+    role: str  # "target" or "draft"
+    replica_id: str
+    model_name: str = ""
+    tokenizer_fingerprint: str = ""
+    load: float = 0.0  # sessions held / in-flight work; lower is preferred
+    seen: float = 0.0  # unix time of the last heartbeat
+
+
+class ServiceRegistry:
+    """Replicas by role: a key per replica with a TTL, plus a per-role index."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        url: str = DEFAULT_URL,
+        prefix: str = DEFAULT_PREFIX,
+        ttl_s: float = 3 * HEARTBEAT_S,
+    ) -> None:
+        self._r = client
+        self._url = url
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+
+    def _key(self, role: str, replica_id: str) -> str:
+        return f"{self.prefix}service:{role}:{replica_id}"
+
+    def _index(self, role: str) -> str:
+        return f"{self.prefix}services:{role}"
+
+    async def register(self, entry: ServiceEntry) -> None:
+        """Announce (or refresh) a replica; it expires unless refreshed within ttl_s."""
+        now = time.time()
+        entry = replace(entry, seen=now)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(self._key(entry.role, entry.replica_id), json.dumps(asdict(entry)),
+                 px=int(self.ttl_s * 1000))
+        pipe.zadd(self._index(entry.role), {entry.replica_id: now + self.ttl_s})
+        await _guard("service register", self._url, pipe.execute())
+
+    async def deregister(self, role: str, replica_id: str) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.delete(self._key(role, replica_id))
+        pipe.zrem(self._index(role), replica_id)
+        await _guard("service deregister", self._url, pipe.execute())
+
+    async def live(self, role: str) -> list[ServiceEntry]:
+        """Replicas of `role` whose heartbeat has not expired, lowest load first."""
+        now = time.time()
+        index = self._index(role)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zremrangebyscore(index, "-inf", now)
+        pipe.zrange(index, 0, -1)
+        _, ids = await _guard("service list", self._url, pipe.execute())
+        if not ids:
+            return []
+        keys = [self._key(role, i.decode()) for i in ids]
+        raw = await _guard("service list", self._url, self._r.mget(keys))
+        entries = [ServiceEntry(**json.loads(v)) for v in raw if v is not None]
+        return sorted(entries, key=lambda e: (e.load, e.replica_id))
+
+
+async def heartbeat(
+    registry: ServiceRegistry,
+    entry: ServiceEntry,
+    *,
+    load: Callable[[], float] | None = None,
+    interval_s: float = HEARTBEAT_S,
+) -> None:
+    """Register `entry` every `interval_s` until cancelled, then deregister.
+
+    A Redis outage is survived: the beat keeps trying, so the replica
+    reappears once Redis is back.
+    """
+    try:
+        while True:
+            try:
+                await registry.register(replace(entry, load=load() if load else entry.load))
+            except StoreUnavailable:
+                pass
+            await asyncio.sleep(interval_s)
+    finally:
+        try:
+            await asyncio.shield(registry.deregister(entry.role, entry.replica_id))
+        except (StoreUnavailable, asyncio.CancelledError):
+            pass

@@ -1,0 +1,86 @@
+"""SessionStore and ServiceRegistry against the real Redis on 127.0.0.1:6379."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from specdec.store import (
+    ServiceEntry, ServiceRegistry, SessionRecord, SessionStore, StoreUnavailable, connect,
+)
+from specdec.procs import free_port
+
+URL = "redis://127.0.0.1:6379/0"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def prefix():
+    p = f"specdec-test-{uuid.uuid4().hex}:"
+    yield p
+
+    async def cleanup():
+        client = connect(URL)
+        keys = [k async for k in client.scan_iter(match=f"{p}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+    run(cleanup())
+
+
+def test_session_round_trip_ttl_and_delete(prefix):
+    async def body():
+        client = connect(URL)
+        store = SessionStore(client, url=URL, prefix=prefix, ttl_s=30)
+        rec = SessionRecord("s1", tokens=(1, 2, 300, 70000), target="a:1", target_len=3,
+                            draft="b:2", draft_len=2, sampling={"temperature": 0.7}, seed=42, counter=5)
+        saved = await store.save(rec)
+        assert saved.created > 0 and saved.updated >= saved.created
+        loaded = await store.load("s1")
+        assert loaded == saved
+        ttl = await client.ttl(f"{prefix}session:s1")
+        assert 0 < ttl <= 30
+        assert await store.load("nope") is None
+        assert await store.delete("s1") is True
+        assert await store.delete("s1") is False
+        assert await store.load("s1") is None
+        await client.aclose()
+
+    run(body())
+
+
+def test_registry_lists_live_replicas_and_expires_dead_ones(prefix):
+    async def body():
+        client = connect(URL)
+        reg = ServiceRegistry(client, url=URL, prefix=prefix, ttl_s=0.5)
+        await reg.register(ServiceEntry("h:1", "target", "t1", load=2.0, tokenizer_fingerprint="f"))
+        await reg.register(ServiceEntry("h:2", "target", "t2", load=1.0, tokenizer_fingerprint="f"))
+        await reg.register(ServiceEntry("h:3", "draft", "d1"))
+        live = await reg.live("target")
+        assert [e.address for e in live] == ["h:2", "h:1"]  # lowest load first
+        assert [e.address for e in await reg.live("draft")] == ["h:3"]
+        await reg.deregister("target", "t2")
+        assert [e.address for e in await reg.live("target")] == ["h:1"]
+        await asyncio.sleep(0.7)  # no heartbeat: expired
+        assert await reg.live("target") == []
+        await client.aclose()
+
+    run(body())
+
+
+def test_unreachable_redis_fails_fast_with_store_unavailable():
+    async def body():
+        url = f"redis://127.0.0.1:{free_port()}/0"
+        store = SessionStore(connect(url, timeout_s=0.5), url=url, prefix="x:")
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="unavailable"):
+            await store.load("s")
+        assert time.monotonic() - started < 3.0
+
+    run(body())
