@@ -42,11 +42,12 @@ def _mix64_array(z: np.ndarray) -> np.ndarray:
 
 def _as_u64(values: int | Sequence[int] | np.ndarray) -> np.ndarray:
     """Python ints (any sign) or an integer array -> uint64, bit pattern mod 2**64."""
-    if isinstance(values, np.ndarray):
-        return values.astype(np.int64, copy=False).view(np.uint64) if values.dtype != np.uint64 else values
-    if isinstance(values, int):
-        return np.array([values & MASK64], dtype=np.uint64)
-    return np.array([v & MASK64 for v in values], dtype=np.uint64)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return values if values.dtype == np.uint64 else values.astype(np.int64, copy=False).view(np.uint64)
+    if isinstance(values, (int, np.integer)):
+        return np.array(int(values) & MASK64, dtype=np.uint64)
+    arr = np.asarray(values, dtype=object)
+    return np.vectorize(lambda v: int(v) & MASK64, otypes=[np.uint64])(arr) if arr.size else arr.astype(np.uint64)
 
 
 def uniforms(
