@@ -94,9 +94,10 @@ def sample(
     else:
         cdf = torch.cumsum(probs.double(), dim=-1)
         u = uniforms.to(cdf.device, torch.float64)
-    target = u.unsqueeze(-1) * cdf[..., -1:]
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # Rounding can put the target at the very top of the CDF: take the last
-    # token that has mass.
-    last_nonzero = probs.shape[-1] - 1 - torch.argmax((probs.flip(-1) > 0).int(), dim=-1)
-    return torch.minimum(idx, last_nonzero)
+    total = cdf[..., -1:].contiguous()  # [n, 1]
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1) * total, right=True)
+    # Rounding can put u * total at the very top of the CDF (idx == vocab):
+    # then take the first index where the CDF reaches its total, which is the
+    # last token whose mass registered in the CDF (never a zero-mass token).
+    top = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(idx, top).squeeze(-1)

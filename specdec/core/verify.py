@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec.core import rng
@@ -72,6 +73,64 @@ def verify_greedy(
     return Verdict(accepted=m, tokens=tokens, extra_kind=BONUS if m == k else RECOVERED)
 
 
+def count_accepted(
+    p_drafted: torch.Tensor,  # [batch, k_max] p_i(d_i): target probability of each drafted token
+    q_drafted: torch.Tensor | None,  # [batch, k_max] q_i(d_i); None = one-hot proposals (q = 1)
+    num_drafted: torch.Tensor,  # [batch] int64, each in 0..k_max
+    accept_uniforms: torch.Tensor,  # [batch, k_max]
+) -> torch.Tensor:  # [batch] int64: m, the accepted prefix length
+    """The accept tests of Algorithm 1: accept d_i iff r_i < min(1, p_i(d_i) / q_i(d_i)).
+
+    Tested as r_i * q_i(d_i) < p_i(d_i) in float64 (a uniform just below 1 must
+    not round up to 1 and reject a token with p == q), so a drafted token with
+    q_i(d_i) == 0 or p_i(d_i) == 0 is always rejected.
+    """
+    batch, k_max = p_drafted.shape
+    device = p_drafted.device
+    if k_max == 0:
+        return torch.zeros(batch, dtype=torch.int64, device=device)
+    u = accept_uniforms.to(device=device, dtype=torch.float64)
+    p_d = p_drafted.double()
+    if q_drafted is None:
+        ok = u < p_d
+    else:
+        q_d = q_drafted.to(device).double()
+        ok = (u * q_d < p_d) & (q_d > 0)
+    ok &= torch.arange(k_max, device=device) < num_drafted.to(device).unsqueeze(-1)
+    return torch.cumprod(ok.to(torch.int64), dim=-1).sum(dim=-1)
+
+
+def draw_extra(
+    p_row: torch.Tensor,  # [batch, vocab] p_m: the target row after the accepted prefix
+    q_row: torch.Tensor | None,  # [batch, vocab] q_m for rejected rows (ignored elsewhere); None = one-hot
+    rejected_token: torch.Tensor,  # [batch] int64 d_m (used when q_row is None)
+    rejected: torch.Tensor,  # [batch] bool: m < num_drafted (recovered) vs bonus
+    uniforms: torch.Tensor,  # [batch] the RESAMPLE uniform at the extra token's position
+) -> torch.Tensor:  # [batch] int64
+    """The extra token: recovered from norm(max(0, p_m - q_m)) after a rejection, bonus from p_m.
+
+    If a residual has no mass (p_m == q_m up to rounding, where a rejection has
+    probability ~0) the draw falls back to p_m.
+    """
+    p_row = p_row.float()
+    device = p_row.device
+    if bool(rejected.any()):
+        if q_row is None:
+            # max(0, p - onehot(d)) is p with the rejected token zeroed.
+            residual = p_row.clone()
+            rows = torch.arange(p_row.shape[0], device=device)
+            d = rejected_token.to(device)
+            residual[rows, d] = residual[rows, d] * (~rejected.to(device))
+        else:
+            q = q_row.to(device).float() * rejected.to(device).unsqueeze(-1)
+            residual = (p_row - q).clamp_(min=0.0)
+        empty = (residual.sum(dim=-1, keepdim=True) <= 0).float()  # [batch, 1]
+        residual.addcmul_(p_row, empty)
+    else:
+        residual = p_row
+    return sample(residual, uniforms)
+
+
 def rejection_sample(
     drafted: torch.Tensor,  # [batch, k_max] int64, entries beyond num_drafted ignored
     num_drafted: torch.Tensor,  # [batch] int64, each in 0..k_max
@@ -82,56 +141,27 @@ def rejection_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [batch], extra token [batch]
     """Batched rejection sampling (Leviathan et al. 2023, Algorithm 1), tensors in, tensors out.
 
-    For each row b and drafted token i < num_drafted[b] (names as in the paper):
-      accept d_i  iff  r_i < min(1, p_i(d_i) / q_i(d_i)),  tested as r_i * q_i(d_i) < p_i(d_i)
-    (so a drafted token with q_i(d_i) == 0 or p_i(d_i) == 0 is always rejected).
-    With m = the number of leading accepted tokens, the extra token is drawn by
-    inverse CDF with resample_uniforms[b, m] from
+    For each row b, with m = the number of leading drafted tokens d_i
+    (i < num_drafted[b]) that pass r_i < min(1, p_i(d_i) / q_i(d_i)), the extra
+    token is drawn by inverse CDF with resample_uniforms[b, m] from
       norm(max(0, p_m - q_m))   if m < num_drafted[b]   (recovered)
       p_m                       if m == num_drafted[b]  (bonus)
-    If the residual has no mass (p_m == q_m up to rounding, where a rejection has
-    probability ~0) the draw falls back to p_m. Works on any device; the whole
-    batch costs a handful of kernels regardless of batch size.
+    Works on any device; the whole batch is a handful of kernels.
     """
     batch, k_max = drafted.shape
     device = target_probs.device
     rows = torch.arange(batch, device=device)
     drafted = drafted.to(device=device, dtype=torch.int64)
     num_drafted = num_drafted.to(device=device, dtype=torch.int64)
-
-    if k_max > 0:
-        p_d = target_probs[:, :k_max].gather(-1, drafted.unsqueeze(-1)).squeeze(-1)  # [batch, k_max]
-        if draft_probs is None:
-            q_d = torch.ones_like(p_d)
-        else:
-            q_d = draft_probs.gather(-1, drafted.unsqueeze(-1)).squeeze(-1)  # [batch, k_max]
-        # Float64 so a uniform just below 1 is not rounded up to 1 (which would
-        # reject a token with p == q).
-        u = accept_uniforms.to(device=device, dtype=torch.float64)
-        ok = (u * q_d.double() < p_d.double()) & (q_d > 0)
-        in_draft = torch.arange(k_max, device=device) < num_drafted.unsqueeze(-1)
-        accepted = torch.cumprod((ok & in_draft).to(torch.int64), dim=-1).sum(dim=-1)  # [batch]
-    else:
-        accepted = torch.zeros(batch, dtype=torch.int64, device=device)
-
-    p_row = target_probs[rows, accepted].float()  # [batch, vocab]
-    rejected = accepted < num_drafted  # [batch]
-    if k_max > 0 and bool(rejected.any()):
-        at = accepted.clamp(max=k_max - 1)
-        if draft_probs is None:
-            # max(0, p - onehot(d)) is p with the rejected token zeroed.
-            residual = p_row.clone()
-            d = drafted[rows, at]
-            residual[rows, d] = torch.where(rejected, 0.0, residual[rows, d])
-        else:
-            q_row = draft_probs[rows, at].float() * rejected.unsqueeze(-1)
-            residual = (p_row - q_row).clamp_(min=0.0)
-        empty = residual.sum(dim=-1, keepdim=True) <= 0
-        residual = torch.where(empty, p_row, residual)
-    else:
-        residual = p_row
-    u_extra = resample_uniforms.to(device=device, dtype=torch.float64)[rows, accepted]
-    extra = sample(residual, u_extra)
+    index = drafted.unsqueeze(-1)  # [batch, k_max, 1]
+    p_d = target_probs[:, :k_max].gather(-1, index).squeeze(-1)  # [batch, k_max]
+    q_d = None if draft_probs is None else draft_probs.gather(-1, index).squeeze(-1)
+    accepted = count_accepted(p_d, q_d, num_drafted, accept_uniforms)
+    at = accepted.clamp(max=max(k_max - 1, 0))
+    q_row = None if draft_probs is None or k_max == 0 else draft_probs[rows, at]
+    d_m = drafted[rows, at] if k_max else torch.zeros_like(accepted)
+    u = resample_uniforms.to(device=device, dtype=torch.float64)[rows, accepted]
+    extra = draw_extra(target_probs[rows, accepted], q_row, d_m, accepted < num_drafted, u)
     return accepted, extra
 
 
@@ -174,10 +204,7 @@ def verify_sampled(
     k = len(drafted)
     _check_shapes(k, draft_probs, target_probs)
     _check_tokens(drafted, target_probs.shape[1])
-    verdicts = _verify_packed(
-        [list(drafted)], None if draft_probs is None else draft_probs.unsqueeze(0),
-        target_probs.unsqueeze(0), seeds=[seed], positions=[position]
-    )
+    verdicts = _verify_lists([[int(t) for t in drafted]], [draft_probs], [target_probs], [seed], [position])
     return verdicts[0]
 
 
@@ -192,7 +219,8 @@ def verify_sampled_batch(
     """verify_sampled for several sessions (each with its own k, seed, position) in one call.
 
     Element b equals verify_sampled(drafted[b], draft_probs[b], target_probs[b],
-    seed=seeds[b], position=positions[b]); the work is done as one padded batch.
+    seed=seeds[b], position=positions[b]); the accept tests and the extra-token
+    draws each run as one batched operation.
     """
     n = len(drafted)
     if not (len(draft_probs) == len(target_probs) == len(seeds) == len(positions) == n):
@@ -205,49 +233,63 @@ def verify_sampled_batch(
         if p.shape[1] != vocab:
             raise ValueError(f"target_probs vocab sizes differ: {p.shape[1]} vs {vocab}")
         _check_tokens(d, vocab)
-    k_max = max(len(d) for d in drafted)
-    device = target_probs[0].device
-    p_pad = torch.zeros(n, k_max + 1, vocab, device=device)
-    q_pad = torch.zeros(n, k_max, vocab, device=device) if any(q is not None for q in draft_probs) else None
-    for b, (d, q, p) in enumerate(zip(drafted, draft_probs, target_probs)):
-        p_pad[b, : len(d) + 1] = p
-        if q_pad is not None:
-            if q is not None:
-                q_pad[b, : len(d)] = q
-            elif d:
-                q_pad[b, torch.arange(len(d)), torch.tensor(d)] = 1.0
-    return _verify_packed(
-        [list(d) for d in drafted], q_pad, p_pad, seeds=list(seeds), positions=list(positions)
-    )
+    return _verify_lists(list(map(list, drafted)), list(draft_probs), list(target_probs), list(seeds), list(positions))
 
 
-def _verify_packed(
+def _uniform_tables(seeds: list[int], positions: list[int], k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ACCEPT uniforms [batch, k_max] and RESAMPLE uniforms [batch, k_max + 1] at absolute positions."""
+    batch = len(seeds)
+    seed_col = rng._as_u64(seeds).reshape(batch, 1)
+    pos = rng._as_u64(positions).reshape(batch, 1) + np.arange(k_max + 1, dtype=np.uint64)  # [batch, k_max + 1]
+    accept_u = torch.from_numpy(rng.uniforms(seed_col, pos[:, :k_max], Purpose.ACCEPT))
+    resample_u = torch.from_numpy(rng.uniforms(seed_col, pos, Purpose.RESAMPLE))
+    return accept_u, resample_u
+
+
+def _verify_lists(
     drafted: list[list[int]],
-    draft_probs: torch.Tensor | None,  # [batch, k_max, vocab]
-    target_probs: torch.Tensor,  # [batch, k_max + 1, vocab]
-    *,
+    draft_probs: list[torch.Tensor | None],  # each [k_b, vocab] or None
+    target_probs: list[torch.Tensor],  # each [k_b + 1, vocab]
     seeds: list[int],
     positions: list[int],
 ) -> list[Verdict]:
-    """Draw the counter-based uniforms, run rejection_sample, build Verdicts."""
+    """Batch verification without copying whole distributions into a padded tensor.
+
+    Only the k_b probabilities at the drafted tokens and ONE row per session
+    (p_m, q_m) are gathered; the accept tests and the extra draws each run as
+    one batched operation.
+    """
     batch = len(drafted)
-    k_max = target_probs.shape[1] - 1
-    offsets = torch.arange(k_max + 1).numpy()
-    seed_col = rng._as_u64(seeds).reshape(batch, 1)
-    pos = rng._as_u64(positions).reshape(batch, 1) + offsets.astype("uint64")  # [batch, k_max + 1]
-    accept_u = torch.from_numpy(rng.uniforms(seed_col, pos[:, :k_max], Purpose.ACCEPT))
-    resample_u = torch.from_numpy(rng.uniforms(seed_col, pos, Purpose.RESAMPLE))
-    padded = torch.zeros(batch, k_max, dtype=torch.int64)
-    for b, d in enumerate(drafted):
-        padded[b, : len(d)] = torch.tensor(d, dtype=torch.int64)
-    lengths = torch.tensor([len(d) for d in drafted], dtype=torch.int64)
-    accepted, extra = rejection_sample(
-        padded, lengths, draft_probs, target_probs, accept_u, resample_u
-    )
-    accepted_l = accepted.tolist()
-    extra_l = extra.tolist()
-    out = []
-    for b, d in enumerate(drafted):
-        m = accepted_l[b]
-        out.append(Verdict(accepted=m, tokens=d[:m] + [extra_l[b]], extra_kind=BONUS if m == len(d) else RECOVERED))
-    return out
+    k_max = max(len(d) for d in drafted)
+    device = target_probs[0].device
+    accept_u, resample_u = _uniform_tables(seeds, positions, k_max)
+    lengths = [len(d) for d in drafted]
+    p_d = torch.zeros(batch, k_max, device=device)
+    q_d = torch.ones(batch, k_max, device=device)
+    d_t = [torch.tensor(d, dtype=torch.int64, device=device) for d in drafted]
+    for b, (d, q, p) in enumerate(zip(d_t, draft_probs, target_probs)):
+        if lengths[b]:
+            ar = torch.arange(lengths[b], device=device)
+            p_d[b, : lengths[b]] = p[ar, d]
+            if q is not None:
+                q_d[b, : lengths[b]] = q[ar, d]
+    num = torch.tensor(lengths, dtype=torch.int64)
+    accepted = count_accepted(p_d, q_d, num, accept_u).tolist()
+    rejected = [m < n for m, n in zip(accepted, lengths)]
+    p_row = torch.stack([p[m] for p, m in zip(target_probs, accepted)])  # [batch, vocab]
+    q_row = None
+    if any(r and q is not None for r, q in zip(rejected, draft_probs)):
+        q_row = torch.zeros_like(p_row)
+        for b, (q, m) in enumerate(zip(draft_probs, accepted)):
+            if rejected[b]:
+                if q is not None:
+                    q_row[b] = q[m]
+                else:
+                    q_row[b, drafted[b][m]] = 1.0
+    d_m = torch.tensor([d[m] if r else 0 for d, m, r in zip(drafted, accepted, rejected)], dtype=torch.int64)
+    u = resample_u[torch.arange(batch), torch.tensor(accepted)]
+    extra = draw_extra(p_row, q_row, d_m, torch.tensor(rejected), u).tolist()
+    return [
+        Verdict(accepted=m, tokens=d[:m] + [e], extra_kind=RECOVERED if r else BONUS)
+        for d, m, e, r in zip(drafted, accepted, extra, rejected)
+    ]
