@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,13 @@ REQUESTS = Counter(
     "specdec_requests_total", "gRPC calls finished, by method and status code", ["method", "code"]
 )
 
+# Dense distributions are 4 * vocab bytes a row (196 KB at vocab 49,152): allow
+# large messages both ways. Clients receiving PROBS should use the same options.
+MESSAGE_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+]
+
 Adder = Callable[[grpc.aio.Server], None]
 # Awaited once the server is SERVING, with the address it listens on. It may
 # return an async cleanup, awaited first thing on shutdown (e.g. deregister).
@@ -51,11 +59,21 @@ class ServerOptions:
     metrics_port: int = 0  # 0 = no metrics endpoint
     grace_s: float = 10.0
     redis_url: str = ""  # empty = do not register (see on_serving)
+    redis_prefix: str = "specdec:"
+    advertise_address: str = ""  # what others dial; default host:port
     log_level: str = "INFO"
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def public_address(self) -> str:
+        """The address to announce: --advertise-address, else host:port (hostname for 0.0.0.0)."""
+        if self.advertise_address:
+            return self.advertise_address
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "[::]") else self.host
+        return f"{host}:{self.port}"
 
 
 def env_default(name: str, fallback: str | int | float | None) -> str | int | float | None:
@@ -77,6 +95,11 @@ def add_server_args(parser: argparse.ArgumentParser, *, default_port: int) -> No
     g.add_argument("--redis-url", default=env_default("redis_url", ""),
                    help="register this server in Redis with a heartbeat, e.g. "
                         "redis://127.0.0.1:6379/0; empty = off [SPECDEC_REDIS_URL]")
+    g.add_argument("--redis-prefix", default=env_default("redis_prefix", "specdec:"),
+                   help="key prefix in Redis [SPECDEC_REDIS_PREFIX]")
+    g.add_argument("--advertise-address", default=env_default("advertise_address", ""),
+                   help="host:port other processes dial, if not --host:--port "
+                        "[SPECDEC_ADVERTISE_ADDRESS]")
     g.add_argument("--log-level", default=env_default("log_level", "INFO"),
                    help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
 
@@ -88,6 +111,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         metrics_port=int(args.metrics_port),
         grace_s=float(args.grace),
         redis_url=args.redis_url or "",
+        redis_prefix=args.redis_prefix,
+        advertise_address=args.advertise_address or "",
         log_level=str(args.log_level).upper(),
     )
 
@@ -111,7 +136,9 @@ async def serve(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain gracefully and return."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(_observe), *interceptors])
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor(_observe), *interceptors], options=MESSAGE_OPTIONS
+    )
     for add in adders:
         add(server)
     health = HealthServicer()

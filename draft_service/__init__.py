@@ -1,0 +1,1 @@
+"""specdec draft service: DraftService.Propose over gRPC (python -m draft_service)."""

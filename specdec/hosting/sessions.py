@@ -1,0 +1,176 @@
+"""Per-session KV caches with prefix fingerprints, LRU eviction and an idle TTL.
+
+Not thread-safe on purpose: a ModelHost touches its SessionStore only from its
+single model-worker thread, so requests for different sessions interleave
+call by call and never mid-forward.
+
+Cache check (the contract in proto/specdec/v1/model.proto): a session holding
+n tokens keeps fingerprints[i] = fingerprint(tokens[:i]) for i in 0..n. A
+request (cache_position=c, prefix_hash=h) is served only if c <= n and
+fingerprints[c] == h; otherwise it is a CacheMiss and nothing changes.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.core import fingerprint as fp
+from specdec.errors import CacheMiss
+from specdec.hosting import metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """One session's KV cache and the fingerprints of the tokens it holds."""
+
+    session_id: str
+    cache: Any  # a transformers Cache (DynamicCache)
+    fingerprints: list[int] = field(default_factory=lambda: [fp.EMPTY])
+    last_used: float = field(default_factory=time.monotonic)
+    nbytes: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.fingerprints) - 1
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens (absolute, so a retry is idempotent)."""
+        remove = self.length - length
+        if remove > 0:
+            self.cache.crop(-remove)  # transformers: a negative count drops from the end
+            del self.fingerprints[length + 1 :]
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Record tokens the cache has just been extended with."""
+        for token in tokens:
+            self.fingerprints.append(fp.extend(self.fingerprints[-1], token))
+
+
+def cache_nbytes(cache: Any) -> int:
+    """Bytes of the tensors behind a DynamicCache (storage, so views count in full)."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if tensor is not None:
+                total += tensor.untyped_storage().nbytes()
+    return total
+
+
+class SessionStore:
+    """LRU map session id -> Session under a session count and a byte budget."""
+
+    def __init__(
+        self,
+        new_cache: Callable[[], Any],
+        *,
+        max_sessions: int,
+        budget_bytes: int,
+        ttl_s: float,
+    ):
+        self._new_cache = new_cache
+        self.max_sessions = max_sessions
+        self.budget_bytes = budget_bytes
+        self.ttl_s = ttl_s
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self._sessions.values())
+
+    def acquire(self, session_id: str, cache_position: int, prefix_hash: int) -> Session:
+        """The session, cropped to `cache_position` after the cache check.
+
+        cache_position 0 always succeeds (a fresh start; prefix_hash is ignored
+        since the empty prefix is always held). Raises CacheMiss otherwise.
+        """
+        session = self._sessions.get(session_id)
+        if cache_position == 0:
+            if session is None:
+                self._make_room()
+                session = Session(session_id, self._new_cache())
+                self._sessions[session_id] = session
+            else:
+                session.cache = self._new_cache()  # drop the old tensors at once
+                session.fingerprints = [fp.EMPTY]
+        elif session is None:
+            metrics.CACHE_MISSES.labels("unknown_session").inc()
+            raise CacheMiss(
+                f"session {session_id!r} holds nothing here (new, released, evicted, "
+                f"or the service restarted); resend all tokens with cache_position=0"
+            )
+        elif cache_position > session.length:
+            metrics.CACHE_MISSES.labels("beyond_held").inc()
+            raise CacheMiss(
+                f"cache_position {cache_position} is beyond the {session.length} tokens "
+                f"held for session {session_id!r}"
+            )
+        elif session.fingerprints[cache_position] != prefix_hash:
+            metrics.CACHE_MISSES.labels("prefix_mismatch").inc()
+            raise CacheMiss(
+                f"prefix_hash does not match the first {cache_position} tokens held for "
+                f"session {session_id!r}"
+            )
+        else:
+            session.crop(cache_position)
+        session.last_used = time.monotonic()
+        self._sessions.move_to_end(session_id)
+        return session
+
+    def settle(self, session: Session) -> None:
+        """After a call: re-measure the session and enforce the byte budget."""
+        session.nbytes = cache_nbytes(session.cache)
+        total = self.nbytes
+        for victim in list(self._sessions.values()):
+            if total <= self.budget_bytes:
+                break
+            if victim is session:
+                continue  # the session just served stays, even alone over budget
+            total -= victim.nbytes
+            self._drop(victim.session_id, "budget")
+        self._publish()
+
+    def release(self, session_id: str) -> bool:
+        found = self._sessions.pop(session_id, None) is not None
+        self._publish()
+        return found
+
+    def discard(self, session_id: str) -> None:
+        """Forget a session whose cache may be inconsistent (a failed forward)."""
+        self._sessions.pop(session_id, None)
+        self._publish()
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop sessions idle longer than the TTL; return how many."""
+        now = time.monotonic() if now is None else now
+        idle = [s.session_id for s in self._sessions.values() if now - s.last_used > self.ttl_s]
+        for session_id in idle:
+            self._drop(session_id, "ttl")
+        if idle:
+            self._publish()
+        return len(idle)
+
+    def _make_room(self) -> None:
+        while len(self._sessions) >= self.max_sessions:
+            oldest = next(iter(self._sessions))
+            self._drop(oldest, "max_sessions")
+
+    def _drop(self, session_id: str, reason: str) -> None:
+        self._sessions.pop(session_id, None)
+        metrics.EVICTIONS.labels(reason).inc()
+        log.info("evicted session %r (%s)", session_id, reason)
+
+    def _publish(self) -> None:
+        metrics.ACTIVE_SESSIONS.set(len(self._sessions))
+        metrics.CACHE_BYTES.set(self.nbytes)

@@ -1,0 +1,1 @@
+"""specdec target service: TargetService.Score over gRPC (python -m target_service)."""
