@@ -1,0 +1,348 @@
+"""Turn raw benchmark records into the figures the report shows.
+
+Pure functions over plain dicts (the records stored in the JSON output), so a
+saved run can be re-analysed: `python -m benchmarks.report results.json`.
+
+A record is one request: keys `phase` ("main", "rtt", "rate"), `mode`
+("greedy", "sampling"), `config` (e.g. "svc-draft-k4", "hf-target"), `family`
+("svc" / "hf"), `proposer`, `k`, `rtt_ms`, `rate_mbps`, `prompt_id`, `rep`,
+`new_tokens`, `wall_s`, `ttft_s`, `token_ids`, `target_passes`,
+`draft_passes`, and for "svc" records `stats` (the orchestrator's Stats).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+
+from specdec.core.speedup import expected_tokens_per_pass
+
+# Stats fields that make up a round, in the order the stacked bars show them.
+COMPONENTS = ("draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms")
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile; NaN for an empty list."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def key_of(rec: dict) -> tuple:
+    """(phase, mode, rtt_ms, rate_mbps, config): one cell of the result grid."""
+    return (rec["phase"], rec["mode"], rec.get("rtt_ms"), rec.get("rate_mbps"), rec["config"])
+
+
+def group(records: Iterable[dict]) -> dict[tuple, list[dict]]:
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for rec in records:
+        cells[key_of(rec)].append(rec)
+    return dict(cells)
+
+
+def rounds_of(rec: dict) -> int:
+    """Verify rounds (target passes) of one request, at least 1."""
+    return max(1, int(rec.get("target_passes") or 0))
+
+
+def drafted_per_round(accepted_per_round: list[int], k: int, max_new_tokens: int) -> list[int]:
+    """How many tokens each round drafted, as the orchestrator chose it.
+
+    Stats carries accepted counts per round only; the draft k of a round is
+    min(k, remaining - 1) (the round's extra token fills the last slot), and
+    a round commits accepted + 1 tokens. Assumes the draft service always
+    returns the k it was asked for.
+    """
+    out, generated = [], 0
+    for a in accepted_per_round:
+        out.append(max(0, min(k, max_new_tokens - generated - 1)))
+        generated += int(a) + 1
+    return out
+
+
+def per_position_acceptance(records: list[dict], k: int) -> tuple[list[float], int, int]:
+    """Conditional acceptance per draft position from accepted_per_round.
+
+    Entry i is P(draft token i+1 accepted | tokens 1..i accepted), over the
+    rounds that drafted position i+1. Returns (rates, accepted, trials);
+    accepted / trials is the maximum-likelihood alpha of the i.i.d. model
+    behind (1 - a^(k+1)) / (1 - a).
+    """
+    reached = [0] * k
+    passed = [0] * k
+    for rec in records:
+        per_round = [int(a) for a in rec.get("stats", {}).get("accepted_per_round") or []]
+        drafted = drafted_per_round(per_round, k, rec.get("max_new_tokens") or 10**9)
+        for a, d in zip(per_round, drafted):
+            for i in range(min(a + 1, d)):  # positions 1..a accepted, a+1 tried (if drafted)
+                reached[i] += 1
+            for i in range(min(a, d)):
+                passed[i] += 1
+    rates = [p / r if r else math.nan for p, r in zip(passed, reached)]
+    return rates, sum(passed), sum(reached)
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """(1 - a^(k+1)) / (1 - a) from specdec.core.speedup; NaN when alpha is unknown."""
+    if alpha is None or math.isnan(alpha):
+        return math.nan
+    return expected_tokens_per_pass(alpha, k)
+
+
+def summarize_cell(records: list[dict]) -> dict:
+    """tokens/s per repetition (sum of tokens / sum of seconds over prompts),
+    passes per token, accepted length, TTFT, and the per-round breakdown."""
+    by_rep: dict[int, list[dict]] = defaultdict(list)
+    for rec in records:
+        by_rep[rec["rep"]].append(rec)
+    tps = [
+        sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r["wall_s"] for r in rs))
+        for _, rs in sorted(by_rep.items())
+    ]
+    tokens = sum(r["new_tokens"] for r in records)
+    passes = sum(r.get("target_passes") or 0 for r in records)
+    first = records[0]
+    out: dict = {
+        "config": first["config"],
+        "family": first["family"],
+        "proposer": first["proposer"],
+        "k": first["k"],
+        "mode": first["mode"],
+        "phase": first["phase"],
+        "rtt_ms": first.get("rtt_ms"),
+        "rate_mbps": first.get("rate_mbps"),
+        "requests": len(records),
+        "reps": len(tps),
+        "tokens_per_s": tps,
+        "tps_median": median(tps),
+        "tps_min": min(tps) if tps else math.nan,
+        "tps_max": max(tps) if tps else math.nan,
+        "new_tokens": tokens,
+        "target_passes": passes,
+        "passes_per_token": passes / tokens if tokens else math.nan,
+        "tokens_per_pass": tokens / passes if passes else math.nan,
+        "ttft_ms_median": median([r["ttft_s"] * 1000 for r in records]),
+        "ttft_ms_p90": quantile([r["ttft_s"] * 1000 for r in records], 0.9),
+    }
+    if first["family"] == "hf":
+        draft_passes = sum(r.get("draft_passes") or 0 for r in records)
+        out["draft_passes"] = draft_passes
+        if first["proposer"] != "target" and passes:
+            # Each assisted/lookup pass commits the accepted drafts + one token.
+            out["mean_accepted"] = tokens / passes - 1
+        return out
+
+    stats = [r["stats"] for r in records]
+    drafted = sum(s.get("drafted_tokens", 0) for s in stats)
+    accepted = sum(s.get("accepted_tokens", 0) for s in stats)
+    rounds = sum(len(s.get("accepted_per_round") or []) for s in stats)
+    out.update(
+        drafted_tokens=drafted,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / drafted if drafted else math.nan,
+        mean_accepted=accepted / rounds if rounds else math.nan,
+        cache_misses=sum(s.get("cache_misses", 0) for s in stats),
+        target_ms_per_pass=sum(s.get("target_ms", 0.0) for s in stats) / max(1, passes),
+        draft_ms_per_drafted=(
+            sum(s.get("draft_ms", 0.0) for s in stats) / drafted if drafted else math.nan),
+        fallbacks=sorted({s.get("fallback_reason") for s in stats if s.get("fallback_reason")}),
+    )
+    if first["proposer"] == "draft" and first["k"]:
+        rates, acc, trials = per_position_acceptance(records, first["k"])
+        out["acceptance_by_position"] = rates
+        out["alpha_accepted"] = acc
+        out["alpha_trials"] = trials
+        out["alpha"] = acc / trials if trials else math.nan
+    # Stats' own per-position figure, averaged over requests, for comparison.
+    abp = [list(s.get("acceptance_by_position") or []) for s in stats]
+    if any(abp):
+        width = max(len(a) for a in abp)
+        out["stats_acceptance_by_position"] = [
+            median([a[i] for a in abp if len(a) > i]) for i in range(width)
+        ]
+    out["breakdown"] = breakdown(records)
+    return out
+
+
+def breakdown(records: list[dict]) -> dict:
+    """Per-round milliseconds of each component (per-request averages), medians and p90.
+
+    Stats carries per-request totals, so a "round" figure here is a request's
+    total divided by its rounds; the distribution is over requests.
+    """
+    out: dict = {}
+    for field in (*COMPONENTS, "total_ms"):
+        vals = [r["stats"].get(field, 0.0) / rounds_of(r) for r in records]
+        out[field] = {"median": median(vals), "p90": quantile(vals, 0.9)}
+    for field in ("bytes_sent", "bytes_received"):
+        vals = [r["stats"].get(field, 0) / rounds_of(r) for r in records]
+        out[field + "_per_round"] = {"median": median(vals), "p90": quantile(vals, 0.9)}
+    shares = []
+    for r in records:
+        s = r["stats"]
+        total = s.get("total_ms", 0.0)
+        if total > 0:
+            shares.append(1 - (s.get("draft_ms", 0.0) + s.get("target_ms", 0.0)) / total)
+    out["non_compute_share"] = {"median": median(shares), "p90": quantile(shares, 0.9)}
+    # Client wall time the orchestrator's own clock does not see (client <-> orchestrator).
+    gaps = [r["wall_s"] * 1000 - r["stats"].get("total_ms", 0.0) for r in records]
+    out["client_gap_ms"] = {"median": median(gaps), "p90": quantile(gaps, 0.9)}
+    return out
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One summary per cell, with ratios to the baselines of the same phase/mode/link."""
+    cells = {key: summarize_cell(recs) for key, recs in group(records).items()}
+    for (phase, mode, rtt, rate, config), s in cells.items():
+        base = cells.get((phase, mode, rtt, rate, "svc-none"))
+        s["vs_svc_none"] = s["tps_median"] / base["tps_median"] if base else math.nan
+        # The in-process peer runs without any link; compare against its main-phase cell.
+        peer = cells.get(("main", mode, None, None, "hf-target"))
+        s["vs_hf_target"] = s["tps_median"] / peer["tps_median"] if peer else math.nan
+        twin = {"draft": f"hf-assisted-k{s['k']}", "lookup": f"hf-lookup-k{s['k']}"}.get(
+            s["proposer"] if s["family"] == "svc" else ""
+        )
+        twin_cell = cells.get(("main", mode, None, None, twin)) if twin else None
+        s["hf_twin"] = twin if twin_cell else None
+        s["vs_hf_twin"] = s["tps_median"] / twin_cell["tps_median"] if twin_cell else math.nan
+    return sorted(cells.values(), key=_order)
+
+
+def _order(s: dict) -> tuple:
+    fam = {"svc": 0, "hf": 1}[s["family"]]
+    prop = {"none": 0, "target": 0, "draft": 1, "assisted": 1, "lookup": 2, "adaptive": 3}
+    return (
+        {"main": 0, "rtt": 1, "rate": 2}[s["phase"]],
+        s["mode"] != "greedy",
+        -1.0 if s.get("rtt_ms") is None else s["rtt_ms"],  # direct first
+        -1.0 if s.get("rate_mbps") is None else s["rate_mbps"],
+        fam,
+        prop.get(s["proposer"], 9),
+        s["k"],
+    )
+
+
+def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict:
+    """Measured vs predicted: tokens per round vs (1-a^(k+1))/(1-a), speed-up vs E/(v+k*c).
+
+    T1 = target ms per pass with no proposer; v_k = target ms per pass at k / T1
+    (verifying k+1 tokens); c = draft ms per drafted token / T1; a pooled over
+    every draft-k cell of this mode (maximum likelihood, censored last rounds).
+    """
+    cells = [s for s in summaries if s["mode"] == mode and s["phase"] == phase
+             and s["family"] == "svc" and s.get("rtt_ms") is None and s.get("rate_mbps") is None]
+    base = next((s for s in cells if s["proposer"] == "none"), None)
+    drafts = sorted((s for s in cells if s["proposer"] == "draft"), key=lambda s: s["k"])
+    if base is None or not drafts:
+        return {}
+    t1 = base["target_ms_per_pass"]
+    acc = sum(s.get("alpha_accepted", 0) for s in drafts)
+    trials = sum(s.get("alpha_trials", 0) for s in drafts)
+    alpha = acc / trials if trials else math.nan
+    rows = []
+    for s in drafts:
+        k = s["k"]
+        b = s["breakdown"]
+        c = s["draft_ms_per_drafted"] / t1 if t1 else math.nan
+        v = s["target_ms_per_pass"] / t1 if t1 else math.nan
+        e = expected_tokens_per_round(alpha, k)
+        e_own = expected_tokens_per_round(s.get("alpha", math.nan), k)
+        rows.append({
+            "k": k,
+            "alpha": s.get("alpha"),
+            "tokens_per_pass_measured": s["tokens_per_pass"],
+            "tokens_per_pass_predicted": e,
+            "tokens_per_pass_predicted_own_alpha": e_own,
+            "c": c,
+            "v": v,
+            "speedup_predicted": e / (v + k * c),
+            "speedup_measured": s["vs_svc_none"],
+            "round_ms_measured": b["total_ms"]["median"],
+            "round_ms_model": (v + k * c) * t1,
+        })
+    return {"mode": mode, "alpha_pooled": alpha, "t1_ms": t1, "rows": rows}
+
+
+def greedy_mismatches(records: list[dict]) -> list[dict]:
+    """Greedy service outputs that differ from target-only through the services.
+
+    The reference is rep 0 of svc-none in the main phase for each prompt; every
+    other greedy service record (any config, phase, link, repetition) must
+    equal it token for token.
+    """
+    ref = {r["prompt_id"]: r["token_ids"] for r in records
+           if r["mode"] == "greedy" and r["config"] == "svc-none" and r["phase"] == "main"
+           and r["rep"] == 0}
+    bad = []
+    for r in records:
+        if r["mode"] != "greedy" or r["family"] != "svc":
+            continue
+        want = ref.get(r["prompt_id"])
+        if want is not None and r["token_ids"] != want:
+            bad.append(_mismatch(r, want))
+    return bad
+
+
+def peer_mismatches(records: list[dict]) -> list[dict]:
+    """Greedy in-process outputs that differ from target-only through the services.
+
+    Reported, not fatal: transformers' own assisted/lookup decoding and its
+    batched-vs-incremental numerics are outside specdec's promise.
+    """
+    ref = {r["prompt_id"]: r["token_ids"] for r in records
+           if r["mode"] == "greedy" and r["config"] == "svc-none" and r["phase"] == "main"
+           and r["rep"] == 0}
+    bad = []
+    for r in records:
+        if r["mode"] != "greedy" or r["family"] != "hf" or r["rep"] != 0:
+            continue
+        want = ref.get(r["prompt_id"])
+        if want is not None and r["token_ids"] != want:
+            bad.append(_mismatch(r, want))
+    return bad
+
+
+def _mismatch(rec: dict, want: list[int]) -> dict:
+    got = rec["token_ids"]
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return {
+        "prompt_id": rec["prompt_id"], "config": rec["config"], "phase": rec["phase"],
+        "rtt_ms": rec.get("rtt_ms"), "rate_mbps": rec.get("rate_mbps"), "rep": rec["rep"],
+        "first_difference": first, "len_got": len(got), "len_want": len(want),
+    }
+
+
+def analyse(records: list[dict]) -> dict:
+    """Summaries, model-vs-measurement tables and the identity checks of one run."""
+    summaries = summarize(records)
+    greedy_bad = greedy_mismatches(records)
+    peer_bad = peer_mismatches(records)
+    return {
+        "summaries": summaries,
+        "models": [speedup_model(summaries, m) for m in ("greedy", "sampling")],
+        "checks": {
+            "greedy_mismatches": greedy_bad,
+            "greedy_passed": not greedy_bad,
+            "greedy_compared": sum(1 for r in records if r["mode"] == "greedy" and r["family"] == "svc"),
+            "peer_mismatches": peer_bad,
+            "peer_compared": sum(1 for r in records if r["mode"] == "greedy" and r["family"] == "hf"
+                                 and r["rep"] == 0),
+            "prompt_token_mismatches": _prompt_token_mismatches(records),
+        },
+    }
+
+
+def _prompt_token_mismatches(records: list[dict]) -> list[str]:
+    """Prompts the in-process peer tokenised differently from the orchestrator."""
+    svc, hf = {}, {}
+    for r in records:
+        (svc if r["family"] == "svc" else hf)[r["prompt_id"]] = r.get("prompt_tokens")
+    return sorted(p for p in hf if p in svc and hf[p] != svc[p])

@@ -1,0 +1,303 @@
+"""Markdown tables and PNG plots from a benchmark result (the JSON run.py writes).
+
+Re-render a saved run: `python -m benchmarks.report path/to/results.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from benchmarks import analysis
+
+PLOTS = ("speedup_vs_k.png", "breakdown.png", "acceptance_by_position.png", "speedup_vs_rtt.png")
+
+
+def _f(x, fmt: str = ".2f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, fmt)
+
+
+def _link(s: dict) -> str:
+    parts = []
+    if s.get("rtt_ms") is not None:
+        parts.append(f"RTT {s['rtt_ms']:g} ms")
+    if s.get("rate_mbps") is not None:
+        parts.append("uncapped" if not s["rate_mbps"] else f"{s['rate_mbps']:g} Mbit/s")
+    return ", ".join(parts) or "direct"
+
+
+def markdown(result: dict) -> str:
+    env, cfg, summaries = result["environment"], result["settings"], result["summaries"]
+    checks = result["checks"]
+    lines = [
+        f"# specdec benchmark ({'quick' if cfg.get('quick') else 'full'} mode)",
+        "",
+        f"- command: `{cfg.get('command', '')}`",
+        f"- target: {env.get('target_model')}; draft: {env.get('draft_model')}; "
+        f"device {cfg.get('device')}, dtype {cfg.get('dtype')}, {cfg.get('threads')} torch threads",
+        f"- CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch {env.get('torch')}, "
+        f"transformers {env.get('transformers')}; git {env.get('git_commit')}",
+        f"- prompts: {cfg.get('n_prompts')} from {cfg.get('suite')} "
+        f"({cfg.get('per_category')} per category), max_new_tokens {cfg.get('max_new_tokens')}, "
+        f"{cfg.get('reps')} repetitions, configs interleaved per prompt and repetition",
+        f"- sampling mode: temperature {cfg.get('temperature')}, top_p {cfg.get('top_p')}",
+        "",
+        "## Greedy identity",
+        "",
+    ]
+    bad = checks["greedy_mismatches"]
+    if bad:
+        lines.append(f"**FAILED**: {len(bad)} greedy speculative outputs differ from target-only "
+                     "through the services:")
+        lines.append("")
+        for m in bad[:50]:
+            lines.append(f"- {m['prompt_id']} {m['config']} ({m['phase']}, rep {m['rep']}): "
+                         f"first difference at token {m['first_difference']}")
+    else:
+        lines.append(f"PASSED: all {checks['greedy_compared']} greedy speculative outputs equal "
+                     "target-only through the services, token for token.")
+    peer_bad = checks["peer_mismatches"]
+    lines.append("")
+    lines.append(
+        f"In-process peer (transformers `generate`) vs target-only through the services: "
+        f"{len(peer_bad)} of {checks['peer_compared']} greedy outputs differ"
+        + (" (" + ", ".join(f"{m['config']}:{m['prompt_id']}@{m['first_difference']}"
+                             for m in peer_bad[:12]) + ")" if peer_bad else "") + ".")
+    lines += ["", "## Throughput", "",
+              "tokens/s is the median over repetitions of (tokens / seconds summed over prompts), "
+              "with min–max; ratios divide medians.", ""]
+    main = [s for s in summaries if s["phase"] == "main"]
+    lines.append("| mode | config | tokens/s (min–max) | target passes/token | mean accepted "
+                 "| TTFT ms | × svc-none | × hf-target | × hf twin |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for s in main:
+        twin = f"{_f(s['vs_hf_twin'])} ({s['hf_twin']})" if s.get("hf_twin") else "–"
+        lines.append(
+            f"| {s['mode']} | {s['config']} | {_f(s['tps_median'], '.1f')} "
+            f"({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | "
+            f"{_f(s['passes_per_token'], '.3f')} | "
+            f"{_f(s.get('mean_accepted')) if s['proposer'] not in ('none', 'target') else '–'} | "
+            f"{_f(s['ttft_ms_median'], '.0f')} | {_f(s['vs_svc_none'])} | "
+            f"{_f(s['vs_hf_target'])} | {twin} |"
+        )
+    lines += ["", "## Per-round breakdown (services)", "",
+              "Milliseconds per round (a request's totals / its target passes), median over "
+              "requests [p90]. network = RPC time minus the service's own time (wire + "
+              "serialisation); non-compute = 1 − (draft + target) / orchestrator total.", ""]
+    lines.append("| mode | config | draft | target | network | orchestrator | Redis | round total "
+                 "| non-compute | bytes → / ← per round |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    for s in main:
+        b = s.get("breakdown")
+        if not b:
+            continue
+
+        def mp(name: str) -> str:
+            return f"{_f(b[name]['median'], '.1f')} [{_f(b[name]['p90'], '.1f')}]"
+
+        lines.append(
+            f"| {s['mode']} | {s['config']} | {mp('draft_ms')} | {mp('target_ms')} | "
+            f"{mp('network_ms')} | {mp('orchestrator_ms')} | {mp('redis_ms')} | {mp('total_ms')} | "
+            f"{_f(100 * b['non_compute_share']['median'], '.0f')}% | "
+            f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
+            f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
+        )
+    for model in result.get("models", []):
+        if not model:
+            continue
+        lines += ["", f"## Model vs measurement ({model['mode']})", "",
+                  f"α pooled over draft configs = {_f(model['alpha_pooled'], '.3f')}; "
+                  f"T1 (target ms per pass, no proposer) = {_f(model['t1_ms'], '.1f')}. "
+                  "Predicted tokens/pass = (1 − α^(k+1)) / (1 − α); predicted speed-up = "
+                  "E / (v + k·c) with v = target ms per pass at k / T1, c = draft ms per drafted "
+                  "token / T1 (compute only: the model sees no network, orchestrator or Redis).",
+                  "",
+                  "| k | α (this k) | tokens/pass measured | predicted | c | v | speed-up measured "
+                  "| predicted | round ms measured | model compute ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in model["rows"]:
+            lines.append(
+                f"| {r['k']} | {_f(r['alpha'], '.3f')} | {_f(r['tokens_per_pass_measured'])} | "
+                f"{_f(r['tokens_per_pass_predicted'])} | {_f(r['c'], '.3f')} | {_f(r['v'], '.3f')} | "
+                f"{_f(r['speedup_measured'])} | {_f(r['speedup_predicted'])} | "
+                f"{_f(r['round_ms_measured'], '.1f')} | {_f(r['round_ms_model'], '.1f')} |"
+            )
+    net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
+    if net:
+        lines += ["", "## Network between orchestrator and services", "",
+                  f"Link: **{result.get('link', {}).get('kind', '?')}** — "
+                  f"{result.get('link', {}).get('note', '')}", "",
+                  "Speed-up is against target-only through the same link (svc-none at the same "
+                  "RTT / rate); × svc-none direct compares with target-only with no emulated "
+                  "link, measured interleaved in the same phase.", "",
+                  "| phase | mode | link | config | tokens/s (min–max) | speed-up same link "
+                  "| × svc-none direct | network ms/round | bytes → / ← per round |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        direct = {(s["phase"], s["mode"]): s for s in net
+                  if s.get("rtt_ms") is None and s["config"] == "svc-none"}
+        for s in net:
+            d = direct.get((s["phase"], s["mode"]))
+            b = s["breakdown"]
+            lines.append(
+                f"| {s['phase']} | {s['mode']} | {_link(s)} | {s['config']} | "
+                f"{_f(s['tps_median'], '.1f')} ({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | "
+                f"{_f(s['vs_svc_none'])} | "
+                f"{_f(s['tps_median'] / d['tps_median']) if d else '–'} | "
+                f"{_f(b['network_ms']['median'], '.1f')} | "
+                f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
+                f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
+            )
+        best = best_k_per_rtt(summaries)
+        if best:
+            lines += ["", "Best configuration at each RTT (greedy): " + "; ".join(
+                f"{rtt:g} ms → {cfg} (×{_f(sp)})" for rtt, cfg, sp in best) + "."]
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in result.get("plots", [])]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def best_k_per_rtt(summaries: list[dict]) -> list[tuple[float, str, float]]:
+    rows = [s for s in summaries if s["phase"] == "rtt" and s["mode"] == "greedy"
+            and s["rtt_ms"] is not None]
+    out = []
+    for rtt in sorted({s["rtt_ms"] for s in rows}):
+        cells = [s for s in rows if s["rtt_ms"] == rtt]
+        if cells:
+            top = max(cells, key=lambda s: s["vs_svc_none"] if not math.isnan(s["vs_svc_none"]) else -1)
+            out.append((rtt, top["config"], top["vs_svc_none"]))
+    return out
+
+
+def plots(result: dict, out_dir: Path) -> list[str]:
+    """Write the PNGs; returns the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summaries = result["summaries"]
+    main = [s for s in summaries if s["phase"] == "main"]
+    modes = [m for m in ("greedy", "sampling") if any(s["mode"] == m for s in main)]
+    written = []
+
+    # 1. speed-up vs k, measured and predicted.
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, mode in enumerate(modes):
+        color = f"C{i}"
+        draft = sorted((s for s in main if s["mode"] == mode and s["proposer"] == "draft"
+                        and s["family"] == "svc"), key=lambda s: s["k"])
+        if draft:
+            ax.plot([s["k"] for s in draft], [s["vs_svc_none"] for s in draft], "o-",
+                    color=color, label=f"{mode}: measured (services)")
+        model = next((m for m in result.get("models", []) if m and m["mode"] == mode), None)
+        if model:
+            ax.plot([r["k"] for r in model["rows"]], [r["speedup_predicted"] for r in model["rows"]],
+                    "s--", color=color, alpha=0.6, label=f"{mode}: E/(v+k·c), α={model['alpha_pooled']:.2f}")
+        peer = sorted((s for s in main if s["mode"] == mode and s["proposer"] == "assisted"),
+                      key=lambda s: s["k"])
+        base = next((s for s in main if s["mode"] == mode and s["config"] == "hf-target"), None)
+        if peer and base:
+            ax.plot([s["k"] for s in peer], [s["tps_median"] / base["tps_median"] for s in peer],
+                    "^:", color=color, alpha=0.8, label=f"{mode}: in-process assisted vs hf-target")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("k (drafted tokens per round)")
+    ax.set_ylabel("speed-up over target-only")
+    ax.set_title("Speed-up vs k")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "speedup_vs_k.png", dpi=110)
+    plt.close(fig)
+    written.append("speedup_vs_k.png")
+
+    # 2. per-round time breakdown, stacked bars.
+    cells = [s for s in main if s.get("breakdown")]
+    if cells:
+        fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cells)), 4.8))
+        x = range(len(cells))
+        bottom = [0.0] * len(cells)
+        for j, comp in enumerate(analysis.COMPONENTS):
+            vals = [s["breakdown"][comp]["median"] for s in cells]
+            vals = [0.0 if math.isnan(v) else v for v in vals]
+            ax.bar(x, vals, bottom=bottom, color=f"C{j}", label=comp.removesuffix("_ms"))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([f"{s['config'].removeprefix('svc-')}\n{s['mode'][:4]}" for s in cells],
+                           fontsize=7)
+        ax.set_ylabel("ms per round (median over requests)")
+        ax.set_title("Where a round's time goes")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "breakdown.png", dpi=110)
+        plt.close(fig)
+        written.append("breakdown.png")
+
+    # 3. acceptance by position.
+    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(6 * max(1, len(modes)), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for s in sorted((s for s in main if s["mode"] == mode and s.get("acceptance_by_position")),
+                        key=lambda s: s["k"]):
+            rates = s["acceptance_by_position"]
+            ax.plot(range(1, len(rates) + 1), rates, "o-", ms=3, label=f"k={s['k']}")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("P(accepted | earlier accepted)")
+        ax.set_title(f"Acceptance by position ({mode})")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "acceptance_by_position.png", dpi=110)
+    plt.close(fig)
+    written.append("acceptance_by_position.png")
+
+    # 4. speed-up vs RTT.
+    rtt = [s for s in summaries if s["phase"] == "rtt"]
+    if rtt:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        direct = next((s for s in rtt if s["rtt_ms"] is None and s["config"] == "svc-none"), None)
+        for cfg in sorted({s["config"] for s in rtt}, key=lambda c: (c != "svc-none", c)):
+            pts = sorted((s for s in rtt if s["config"] == cfg and s["mode"] == "greedy"
+                          and s["rtt_ms"] is not None), key=lambda s: s["rtt_ms"])
+            xs = [s["rtt_ms"] for s in pts]
+            if cfg != "svc-none":
+                axes[0].plot(xs, [s["vs_svc_none"] for s in pts], "o-", label=cfg)
+            if direct:
+                axes[1].plot(xs, [s["tps_median"] / direct["tps_median"] for s in pts], "o-",
+                             label=cfg)
+        axes[0].axhline(1.0, color="grey", lw=0.8)
+        axes[0].set_title("Speed-up vs target-only over the same link")
+        axes[1].axhline(1.0, color="grey", lw=0.8)
+        axes[1].set_title("Throughput relative to target-only with no link")
+        kind = result.get("link", {}).get("kind", "")
+        for ax in axes:
+            ax.set_xlabel(f"RTT orchestrator ↔ services, ms ({kind})")
+            ax.set_ylabel("ratio of tokens/s")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "speedup_vs_rtt.png", dpi=110)
+        plt.close(fig)
+        written.append("speedup_vs_rtt.png")
+    return written
+
+
+def render(result: dict, out_dir: Path) -> None:
+    """Write plots and results.md into `out_dir` (the JSON's own folder by default)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result["plots"] = plots(result, out_dir)
+    (out_dir / "results.md").write_text(markdown(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("results", type=Path, help="results.json written by benchmarks.run")
+    parser.add_argument("--out", type=Path, default=None, help="folder (default: the JSON's)")
+    args = parser.parse_args(argv)
+    result = json.loads(args.results.read_text())
+    result.update(analysis.analyse(result["records"]))  # recomputed: the JSON stores NaN as null
+    render(result, args.out or args.results.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,546 @@
+"""python -m benchmarks.run: specdec side by side with transformers, per-round costs, RTT sweep.
+
+Runs on one prompt set, one max_new_tokens, one machine, with every
+configuration interleaved (round-robin per prompt and repetition, the order
+rotated each time) so drift hits all alike:
+
+  services   svc-none (target-only through the same path), svc-draft-k{K} for
+             each K, svc-lookup-k{K} (prompt lookup)
+  in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
+             with the same draft, constant K), hf-lookup-k{K}
+             (`prompt_lookup_num_tokens=K`)
+
+for greedy and for sampling (temperature 0.7, top_p 0.9). Then, through an
+emulated link between orchestrator and services (a userspace delay/rate
+proxy: this kernel has no netem), an RTT sweep (greedy) and a bandwidth cap
+(sampling, where distributions cross the wire).
+
+Greedy outputs of every service configuration must equal target-only through
+the services token for token; otherwise the run exits 1 and lists the prompts.
+
+Sizes. --quick (with --tiny: the tiny test models) finishes in well under
+5 minutes. Full mode on the embedded models is sized for <= 25 minutes on a
+2-core CPU: 5 prompts (one per category), 32 new tokens, 3 repetitions,
+k = 1..8 greedy and 1,2,4,8 sampling, the RTT sweep on 2 prompts at k = 2, 4
+and the rate cap on 2 prompts at k = 4. Scale with --per-category,
+--max-new-tokens, --reps.
+
+Outputs (--out, default benchmarks/results/latest): results.json (every raw
+figure + environment), results.md, PNG plots.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from benchmarks import analysis, report, suite
+from benchmarks.linkemu import LinkSettings, netem_available
+
+GREEDY, SAMPLING = "greedy", "sampling"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way of decoding: family "svc" (through the services) or "hf" (in-process)."""
+
+    family: str
+    proposer: str  # svc: none / draft / lookup; hf: target / assisted / lookup
+    k: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.proposer in ("none", "target"):
+            return f"{self.family}-{self.proposer}"
+        return f"{self.family}-{self.proposer}-k{self.k}"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One request to make: a config, a mode, a prompt, a repetition, a link."""
+
+    phase: str
+    mode: str
+    config: Config
+    prompt: suite.Prompt
+    rep: int
+    link: LinkSettings | None = None
+
+
+# ---------------------------------------------------------------------------- arguments
+
+def _ints(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part[1:] if part else False:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="1,2,4,8",
+            lookup_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
+            rates="0,100,20", rate_k="4", rate_rtt=0.0)
+QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2",
+             lookup_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
+             rates="0,10", rate_k="2", rate_rtt=0.0)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CI smoke sizes (see the defaults below)")
+    p.add_argument("--tiny", action="store_true",
+                   help="use tiny random models (specdec.tiny.build_pair) instead of the embedded ones")
+    p.add_argument("--orchestrator", metavar="ADDR",
+                   help="use a running orchestrator instead of starting a stack (no link phases)")
+    p.add_argument("--target", help="target --model (folder or .gguf); default: the embedded one")
+    p.add_argument("--draft", help="draft --model; default: early exit of the target")
+    p.add_argument("--draft-layers", type=int, default=2,
+                   help="layers of the early-exit draft when --draft is not given (default 2)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per process (default: all cores; 1 with --quick)")
+    p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
+    p.add_argument("--per-category", type=int, help=f"prompts per category (full {FULL['per_category']})")
+    p.add_argument("--max-new-tokens", type=int, help=f"(full {FULL['max_new_tokens']})")
+    p.add_argument("--reps", type=int, help=f"repetitions, >= 3 for a median (full {FULL['reps']})")
+    p.add_argument("--k", help=f"greedy draft k list, e.g. 1-8 or 1,2,4 (full {FULL['k']})")
+    p.add_argument("--sampling-k", help=f"sampling draft k list (full {FULL['sampling_k']})")
+    p.add_argument("--lookup-k", help=f"prompt-lookup k list (full {FULL['lookup_k']})")
+    p.add_argument("--peer-k", help=f"in-process assisted k list (full {FULL['peer_k']})")
+    p.add_argument("--modes", default="greedy,sampling")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--no-peer", action="store_true", help="skip the in-process peer")
+    p.add_argument("--no-network", action="store_true", help="skip the RTT and rate phases")
+    p.add_argument("--rtts", help=f"RTT sweep, ms (full {FULL['rtts']})")
+    p.add_argument("--rtt-k", help=f"draft k values in the RTT sweep (full {FULL['rtt_k']})")
+    p.add_argument("--rtt-prompts", type=int, help=f"prompts in the RTT sweep (full {FULL['rtt_prompts']})")
+    p.add_argument("--rates", help=f"link rate caps, Mbit/s, 0 = uncapped (full {FULL['rates']})")
+    p.add_argument("--rate-k", help=f"draft k values under the rate cap (full {FULL['rate_k']})")
+    p.add_argument("--rate-rtt", type=float, help="RTT during the rate phase, ms (default 0)")
+    p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
+    p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    args = p.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    for key, value in sizes.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.threads is None:
+        args.threads = 1 if args.quick else (os.cpu_count() or 1)
+    args.k, args.sampling_k = _ints(args.k), _ints(args.sampling_k)
+    args.lookup_k, args.peer_k = _ints(args.lookup_k), _ints(args.peer_k)
+    args.rtts, args.rtt_k = _floats(args.rtts), _ints(args.rtt_k)
+    args.rates, args.rate_k = _floats(args.rates), _ints(args.rate_k)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for mode in args.modes:
+        if mode not in (GREEDY, SAMPLING):
+            p.error(f"--modes: unknown mode {mode!r}")
+    if args.reps < 1 or args.max_new_tokens < 1 or args.per_category < 1:
+        p.error("--reps, --max-new-tokens and --per-category must be >= 1")
+    if args.orchestrator:
+        args.no_network = True
+    return args
+
+
+# ---------------------------------------------------------------------------- plan
+
+def main_configs(args, mode: str) -> list[Config]:
+    ks = args.k if mode == GREEDY else args.sampling_k
+    configs = [Config("svc", "none")]
+    configs += [Config("svc", "draft", k) for k in ks]
+    configs += [Config("svc", "lookup", k) for k in args.lookup_k]
+    if not args.no_peer:
+        configs.append(Config("hf", "target"))
+        configs += [Config("hf", "assisted", k) for k in args.peer_k]
+        configs += [Config("hf", "lookup", k) for k in args.lookup_k]
+    return configs
+
+
+def interleave(cells: list[tuple[str, Config, LinkSettings | None]], prompts, reps: int,
+               phase: str) -> list[Item]:
+    """Every cell once per prompt and repetition, the cell order rotated each time."""
+    items = []
+    turn = 0
+    for rep in range(reps):
+        for prompt in prompts:
+            shift = turn % len(cells)
+            for mode, config, link in cells[shift:] + cells[:shift]:
+                items.append(Item(phase, mode, config, prompt, rep, link))
+            turn += 1
+    return items
+
+
+def plan(args, prompts: list[suite.Prompt]) -> list[Item]:
+    cells = [(mode, c, None) for mode in args.modes for c in main_configs(args, mode)]
+    items = interleave(cells, prompts, args.reps, "main")
+    if args.no_network:
+        return items
+    net_prompts = suite.subset(prompts, 1)[: args.rtt_prompts]
+    if args.rtts and GREEDY in args.modes:
+        configs = [Config("svc", "none")] + [Config("svc", "draft", k) for k in args.rtt_k]
+        # The direct svc-none cell, interleaved with the rest, shows what the link itself costs.
+        cells = [(GREEDY, Config("svc", "none"), None)]
+        cells += [(GREEDY, c, LinkSettings(rtt_ms=r)) for r in args.rtts for c in configs]
+        items += interleave(cells, net_prompts, args.reps, "rtt")
+    if args.rates and SAMPLING in args.modes:
+        configs = [Config("svc", "none")] + [Config("svc", "draft", k) for k in args.rate_k]
+        cells = [(SAMPLING, Config("svc", "none"), None)]
+        cells += [(SAMPLING, c, LinkSettings(rtt_ms=args.rate_rtt, rate_mbps=r))
+                  for r in args.rates for c in configs]
+        items += interleave(cells, net_prompts, args.reps, "rate")
+    return items
+
+
+# ---------------------------------------------------------------------------- requests
+
+def _message_dict(message) -> dict:
+    """Every field of a flat protobuf message, repeated fields as lists."""
+    out = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        out[f.name] = list(value) if f.is_repeated else value
+    return out
+
+
+def _seed(args, prompt_index: int) -> int:
+    return args.seed + prompt_index + 1  # the same per prompt for every config and repetition
+
+
+class ServiceRunner:
+    """Generate requests against one orchestrator (direct or through the link)."""
+
+    def __init__(self, address: str) -> None:
+        from specdec.v1 import orchestrator_pb2_grpc
+
+        self.channel = grpc.insecure_channel(address)
+        self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
+
+    def run(self, item: Item, args, seed: int, max_new_tokens: int) -> dict:
+        from specdec.v1 import common_pb2, orchestrator_pb2 as pb
+
+        proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT,
+                    "lookup": pb.PROPOSER_LOOKUP}[item.config.proposer]
+        sampling = (common_pb2.SamplingParams(temperature=0.0) if item.mode == GREEDY else
+                    common_pb2.SamplingParams(temperature=args.temperature, top_p=args.top_p))
+        request = pb.GenerateRequest(
+            messages=[pb.ChatMessage(role=r, content=c) for r, c in item.prompt.messages],
+            max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer=proposer,
+            k=item.config.k, strict=True,
+        )
+        token_ids: list[int] = []
+        stats = None
+        ttft = None
+        start = time.perf_counter()
+        for event in self.stub.Generate(request, timeout=600):
+            if event.HasField("chunk"):
+                if ttft is None and event.chunk.token_ids:
+                    ttft = time.perf_counter() - start
+                token_ids.extend(event.chunk.token_ids)
+            else:
+                stats = event.stats
+        wall = time.perf_counter() - start
+        if stats is None:
+            raise RuntimeError(f"{item.config.name} {item.prompt.id}: stream ended without Stats")
+        # Not timed: free the session's KV on both services.
+        self.stub.EndSession(pb.EndSessionRequest(session_id=stats.session_id), timeout=30)
+        s = _message_dict(stats)
+        return dict(token_ids=token_ids, new_tokens=len(token_ids), wall_s=wall,
+                    ttft_s=ttft if ttft is not None else wall, target_passes=s["target_passes"],
+                    draft_passes=s["draft_calls"], prompt_tokens=s["prompt_tokens"], stats=s)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class PeerRunner:
+    """The in-process peer on the same weights, loaded with the services' loader."""
+
+    def __init__(self, args) -> None:
+        from specdec.hosting.loader import load
+
+        self.target = load(args.target, device=args.device, dtype=args.dtype)
+        if args.draft:
+            self.draft = load(args.draft, device=args.device, dtype=args.dtype)
+        else:
+            self.draft = load(args.target, device=args.device, dtype=args.dtype,
+                              num_layers=args.draft_layers)
+        self.eos = list(self.target.eos_token_ids)
+        self._ids: dict[str, object] = {}
+
+    def input_ids(self, prompt: suite.Prompt):
+        import torch
+
+        from orchestrator.text import encode_prompt
+
+        if prompt.id not in self._ids:
+            ids = encode_prompt(self.target.tokenizer, "", prompt.messages)
+            self._ids[prompt.id] = torch.tensor([ids], dtype=torch.long, device=self.target.device)
+        return self._ids[prompt.id]
+
+    def run(self, item: Item, args, seed: int, max_new_tokens: int) -> dict:
+        from benchmarks.inprocess import PeerConfig, generate
+
+        cfg = PeerConfig(item.config.proposer, item.config.k)
+        temperature = 0.0 if item.mode == GREEDY else args.temperature
+        r = generate(self.target.model, self.draft.model, self.input_ids(item.prompt), cfg,
+                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=args.top_p,
+                     seed=seed, eos_token_ids=self.eos)
+        return dict(token_ids=r.token_ids, new_tokens=len(r.token_ids), wall_s=r.wall_s,
+                    ttft_s=r.ttft_s, target_passes=r.target_passes, draft_passes=r.draft_passes,
+                    prompt_tokens=r.prompt_tokens)
+
+
+# ---------------------------------------------------------------------------- environment
+
+def environment(args, stack, model_info: dict) -> dict:
+    import grpc as grpc_mod
+    import torch
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "threads_per_process": args.threads,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "grpcio": grpc_mod.__version__,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target_model": model_info.get("target", {}).get("model_name", args.target or "embedded"),
+        "draft_model": model_info.get("draft", {}).get("model_name", args.draft or "early exit"),
+        "models": model_info,
+        "stack": "started by benchmarks.run" if stack else f"external orchestrator {args.orchestrator}",
+    }
+
+
+def _model_info(stack) -> dict:
+    if stack is None:
+        return {}
+    from specdec.v1 import common_pb2, model_pb2_grpc
+
+    out = {}
+    for role, address, stub_type in (("target", stack.target_address, model_pb2_grpc.TargetServiceStub),
+                                     ("draft", stack.draft_address, model_pb2_grpc.DraftServiceStub)):
+        with grpc.insecure_channel(address) as channel:
+            info = stub_type(channel).GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+            out[role] = _message_dict(info)
+    return out
+
+
+# ---------------------------------------------------------------------------- main
+
+def _json_safe(value):
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="req", dynamic_ncols=True, file=sys.stderr)
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from benchmarks.stack import Stack, StackSpec
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-bench-"))
+    if args.tiny:
+        from specdec.tiny import build_pair
+
+        target_dir, draft_dir = build_pair(workdir / "tiny")
+        args.target, args.draft = str(target_dir), str(draft_dir)
+
+    prompts = suite.subset(suite.load(args.suite), args.per_category)
+    items = plan(args, prompts)
+    index = {p.id: i for i, p in enumerate(suite.load(args.suite))}
+    started = time.time()
+    link_note = {}
+    if not args.no_network:
+        ok, why = netem_available()
+        link_note = {
+            "kind": "emulated link (userspace proxy)",
+            "netem_available": ok,
+            "netem_probe": why,
+            "note": "a TCP proxy per service holds every chunk for RTT/2 each way after "
+                    "serialising it at the rate cap (like netem delay + tbf); the sweep uses it "
+                    "even where netem works, so results compare across machines",
+        }
+    print(f"benchmarks.run: {len(prompts)} prompts x {args.reps} reps, {len(items)} requests; "
+          f"out {args.out}", file=sys.stderr)
+
+    stack = None
+    runners: dict[str, object] = {}
+    records: list[dict] = []
+    failure: str | None = None
+    model_info: dict = {}
+    try:
+        if args.orchestrator:
+            runners["direct"] = ServiceRunner(args.orchestrator)
+        else:
+            stack = Stack(StackSpec(target=args.target, draft=args.draft,
+                                    draft_layers=args.draft_layers, device=args.device,
+                                    dtype=args.dtype, threads=args.threads,
+                                    redis_url=args.redis_url, log_dir=workdir / "logs"))
+            print("starting target, draft and orchestrator...", file=sys.stderr)
+            stack.start(with_link=not args.no_network)
+            runners["direct"] = ServiceRunner(stack.orchestrator_address)
+            if stack.linked_address:
+                runners["linked"] = ServiceRunner(stack.linked_address)
+        if not args.no_peer:
+            print("loading the in-process peer...", file=sys.stderr)
+            runners["peer"] = PeerRunner(args)
+        model_info = _model_info(stack)
+
+        def runner_for(item: Item):
+            if item.config.family == "hf":
+                return runners["peer"]
+            if item.link is not None:
+                stack.links[0].set(item.link)
+                stack.links[1].set(item.link)
+                return runners["linked"]
+            return runners["direct"]
+
+        # Warm-up: each distinct (runner, mode, config) once, short, not recorded.
+        seen = set()
+        for item in items:
+            key = (item.link is not None, item.mode, item.config)
+            if key not in seen:
+                seen.add(key)
+                runner_for(item).run(item, args, _seed(args, 0), min(8, args.max_new_tokens))
+
+        bar = _progress(len(items))
+        for item in items:
+            if bar is not None:
+                bar.set_description(f"{item.phase} {item.mode[:4]} {item.config.name}", refresh=False)
+            result = runner_for(item).run(item, args, _seed(args, index[item.prompt.id]),
+                                          args.max_new_tokens)
+            records.append({
+                "phase": item.phase, "mode": item.mode, "config": item.config.name,
+                "family": item.config.family, "proposer": item.config.proposer,
+                "k": item.config.k, "prompt_id": item.prompt.id,
+                "category": item.prompt.category, "rep": item.rep,
+                "max_new_tokens": args.max_new_tokens,
+                "rtt_ms": item.link.rtt_ms if item.link else None,
+                "rate_mbps": item.link.rate_mbps if item.link else None,
+                **result,
+            })
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+    except BaseException as exc:  # noqa: BLE001 - still write what was measured
+        failure = f"{type(exc).__name__}: {exc}"
+        if stack is not None:
+            for log in stack.logs():
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                print(f"--- {log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise
+    finally:
+        for runner in runners.values():
+            if hasattr(runner, "close"):
+                runner.close()
+        if stack is not None:
+            stack.stop()
+        if records or failure:
+            _write(args, records, stack, link_note, started, failure, model_info)
+
+    checks = json.loads((args.out / "results.json").read_text())["checks"]
+    print(f"wrote {args.out}/results.json, results.md, plots "
+          f"({time.time() - started:.0f} s)", file=sys.stderr)
+    if not checks["greedy_passed"]:
+        bad = checks["greedy_mismatches"]
+        print(f"GREEDY IDENTITY FAILED: {len(bad)} speculative outputs differ from target-only:",
+              file=sys.stderr)
+        for m in bad:
+            print(f"  {m['prompt_id']} {m['config']} phase={m['phase']} rep={m['rep']} "
+                  f"first difference at token {m['first_difference']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write(args, records, stack, link_note, started, failure, model_info) -> None:
+    settings = {
+        "command": "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "quick": args.quick, "tiny": args.tiny, "device": args.device, "dtype": args.dtype,
+        "threads": args.threads, "suite": str(Path(args.suite).name),
+        "per_category": args.per_category, "n_prompts": len({r["prompt_id"] for r in records}),
+        "max_new_tokens": args.max_new_tokens, "reps": args.reps, "k": args.k,
+        "sampling_k": args.sampling_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
+        "modes": args.modes, "temperature": args.temperature, "top_p": args.top_p,
+        "rtts": args.rtts, "rtt_k": args.rtt_k, "rates": args.rates, "rate_k": args.rate_k,
+        "rate_rtt": args.rate_rtt, "seed": args.seed, "elapsed_s": time.time() - started,
+        "failure": failure,
+    }
+    result = {
+        "environment": environment(args, stack, model_info),
+        "settings": settings,
+        "link": link_note,
+        "records": records,
+        **analysis.analyse(records),
+    }
+    report.render(result, args.out)
+    (args.out / "results.json").write_text(json.dumps(_json_safe(result), indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The benchmark's quick mode, end to end on the tiny models.
+
+Starts the real stack (target, draft, two orchestrators, link emulators) via
+`python -m benchmarks.run --quick --tiny` in a subprocess and checks what it
+wrote: JSON with raw records and the greedy-identity verdict, the Markdown
+report, the plots.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("bench-quick")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--tiny", "--threads", "1",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
+    )
+    return proc, out
+
+
+def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> None:
+    proc, out = quick_run
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    result = json.loads((out / "results.json").read_text())
+
+    checks = result["checks"]
+    assert checks["greedy_passed"] is True
+    assert checks["greedy_mismatches"] == []
+    assert checks["greedy_compared"] > 0
+    assert checks["prompt_token_mismatches"] == []
+
+    env = result["environment"]
+    for key in ("cpu", "torch", "transformers", "git_commit", "target_model", "draft_model"):
+        assert env.get(key), key
+
+    by_config = {(s["phase"], s["mode"], s["config"]) for s in result["summaries"]}
+    for mode in ("greedy", "sampling"):
+        assert ("main", mode, "svc-none") in by_config
+        assert ("main", mode, "hf-target") in by_config
+        assert any(c.startswith("svc-draft-k") for p, m, c in by_config if p == "main" and m == mode)
+    assert any(p == "rtt" for p, _, _ in by_config)
+    assert any(p == "rate" for p, _, _ in by_config)
+
+    for s in result["summaries"]:
+        assert s["reps"] == 3, s["config"]
+        assert s["tps_median"] > 0, s["config"]
+        assert s["tps_min"] <= s["tps_median"] <= s["tps_max"]
+    drafts = [s for s in result["summaries"] if s["phase"] == "main" and s["proposer"] == "draft"]
+    # Every speculative round commits >= 1 token, so passes per token never exceed 1.
+    assert all(0 < s["passes_per_token"] <= 1.0 for s in drafts)
+    assert all(s["breakdown"]["target_ms"]["median"] > 0 for s in drafts)
+    assert all(s["breakdown"]["draft_ms"]["median"] > 0 for s in drafts)
+
+    # An emulated RTT shows up as network time: ~RTT per RPC.
+    rtt = {(s["rtt_ms"], s["config"]): s for s in result["summaries"] if s["phase"] == "rtt"}
+    slow = rtt[(5.0, "svc-none")]["breakdown"]["network_ms"]["median"]
+    fast = rtt[(0.0, "svc-none")]["breakdown"]["network_ms"]["median"]
+    assert slow - fast > 3.5, (slow, fast)
+
+    md = (out / "results.md").read_text()
+    assert "PASSED" in md and "| greedy | svc-none |" in md
+    for png in ("speedup_vs_k.png", "breakdown.png", "acceptance_by_position.png",
+                "speedup_vs_rtt.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+
+
+def test_greedy_identity_check_catches_a_changed_token(quick_run) -> None:
+    """The check that guards the run must fail on a real record with one token changed."""
+    from benchmarks import analysis
+
+    proc, out = quick_run
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert analysis.greedy_mismatches(records) == []
+    tampered = copy.deepcopy(records)
+    victim = next(r for r in tampered if r["mode"] == "greedy" and r["config"].startswith("svc-draft")
+                  and len(r["token_ids"]) > 3)
+    victim["token_ids"][3] += 1
+    bad = analysis.greedy_mismatches(tampered)
+    assert [(m["prompt_id"], m["config"], m["first_difference"]) for m in bad] == [
+        (victim["prompt_id"], victim["config"], 3)]
