@@ -80,6 +80,14 @@ def main() -> None:
         for name, fn in rows:
             print(f"  k={k}  {name:36s} {fmt(timeit(fn, repeat=args.repeat, device=device))}")
 
+    print("\nprobs_from_logits per call (what a service runs before shipping p or q)")
+    for k in (1, 4, 8):
+        logits = torch.randn(k + 1, args.vocab, generator=gen).to(device)  # [k + 1, vocab]
+        for name, sp in [("temperature 0.8", SamplingParams(0.8)), ("t 0.8, top-p 0.95", params),
+                         ("t 0.8, top-k 50", SamplingParams(0.8, top_k=50))]:
+            t = timeit(lambda: probs_from_logits(logits, sp), repeat=max(20, args.repeat // 3), device=device)
+            print(f"  {k + 1} rows  {name:36s} {fmt(t)}")
+
     sessions = 16
     k = 4
     ps = [probs_from_logits(torch.randn(k + 1, args.vocab, generator=gen).to(device) * 3, params) for _ in range(sessions)]

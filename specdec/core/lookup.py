@@ -77,12 +77,13 @@ class PromptLookup:
         """Append committed tokens and index every n-gram that now has a successor."""
         self._tokens.extend(int(t) for t in tokens)
         toks = self._tokens
-        stop = len(toks) - 1  # index n-grams ending (exclusively) at 1..len-1
-        for end in range(max(self._indexed_to, 1), stop + 1):
-            for n, table in self._index.items():
-                if end >= n:
-                    table[tuple(toks[end - n : end])] = end
-        self._indexed_to = max(self._indexed_to, stop + 1)
+        first = max(self._indexed_to, 1)
+        stop = len(toks)  # index n-grams ending (exclusively) at first..len-1
+        for n, table in self._index.items():
+            # Ascending `end`, so a later occurrence overwrites an earlier one.
+            for end in range(max(first, n), stop):
+                table[tuple(toks[end - n : end])] = end
+        self._indexed_to = max(self._indexed_to, stop)
 
     def propose(self, limit: int | None = None) -> list[int]:
         """Up to min(num_tokens, limit) tokens; [] when no n-gram matches."""

@@ -53,26 +53,66 @@ def probs_from_logits(
         return out
     x = logits / params.temperature
     vocab = x.shape[-1]
+    # A row with every logit -inf would turn into NaN below: sample it uniformly.
+    all_masked = torch.isneginf(x.amax(dim=-1, keepdim=True))  # [n, 1]
+    any_masked = bool(all_masked.any())
+    if any_masked:
+        x = torch.where(all_masked, torch.zeros_like(x), x)
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        # Drop a token when the mass strictly before it already reaches top_p;
-        # the first token always survives.
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        drop_sorted = before >= params.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+        x = x.masked_fill(_nucleus_drop(torch.softmax(x, dim=-1), params.top_p), float("-inf"))
     if params.min_p > 0.0:
         p = torch.softmax(x, dim=-1)
         floor = params.min_p * p.max(dim=-1, keepdim=True).values
         x = x.masked_fill(p < floor, float("-inf"))
-    all_masked = torch.isneginf(x).all(dim=-1, keepdim=True)
-    x = torch.where(all_masked, torch.zeros_like(x), x)
+    if any_masked:
+        x = torch.where(all_masked, torch.zeros_like(x), x)
     return torch.softmax(x, dim=-1)
+
+
+# Nucleus buckets: the top 11 bits of a non-negative float32 (8 exponent bits,
+# 3 mantissa bits) order it monotonically: 8 buckets per octave of probability.
+_BUCKET_SHIFT = 20
+_NUM_BUCKETS = 1 << (31 - _BUCKET_SHIFT)
+
+
+def _nucleus_drop(
+    p: torch.Tensor,  # [n, vocab] float32 probabilities, no NaN
+    top_p: float,
+) -> torch.Tensor:  # [n, vocab] bool: True = outside the nucleus
+    """Top-p without sorting the vocabulary.
+
+    The rule (as with a stable descending sort): drop a token when the mass of
+    the tokens ranked before it already reaches top_p; the top token always
+    survives. A full sort of 49k entries costs milliseconds per row on a CPU,
+    so instead: bucket tokens by the leading bits of their probability (8
+    buckets per octave), sum the mass per bucket, find the one bucket where the
+    cumulative mass crosses top_p — every bucket of larger probabilities is
+    kept, every smaller one dropped — and sort only that bucket's tokens (all
+    rows' at once).
+    """
+    n = p.shape[0]
+    p = p.float().contiguous()
+    key = (p.view(torch.int32) >> _BUCKET_SHIFT).long()  # [n, vocab], larger p -> larger key
+    mass = torch.zeros(n, _NUM_BUCKETS, device=p.device).scatter_add_(1, key, p)
+    mass = mass.double().flip(-1)  # bucket j = key NUM_BUCKETS - 1 - j: largest probabilities first
+    cum = mass.cumsum(dim=-1)
+    cut = (cum < top_p).sum(dim=-1, keepdim=True).clamp_(max=_NUM_BUCKETS - 1)  # [n, 1]
+    above = (cum - mass).gather(1, cut)  # [n, 1] mass of larger-probability buckets
+    cut_key = (_NUM_BUCKETS - 1) - cut  # [n, 1] the bucket where the cumulative mass crosses top_p
+    drop = key < cut_key
+    rows, cols = (key == cut_key).nonzero(as_tuple=True)  # row-major
+    vals = p[rows, cols].double()
+    # By row, then descending probability (stable: lower token id first on ties).
+    order = torch.argsort(rows.double() * 2.0 - vals, stable=True)
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    row_mass = torch.zeros(n, dtype=torch.float64, device=p.device).index_add_(0, rows, vals)
+    earlier_rows = row_mass.cumsum(0) - row_mass  # candidates' mass of the rows before
+    before = above[rows, 0] + (vals.cumsum(0) - vals) - earlier_rows[rows]
+    drop[rows, cols] = before >= top_p
+    return drop
 
 
 def sample(

@@ -96,3 +96,33 @@ def test_sample_keeps_tiny_masses_at_large_vocab() -> None:
     probs[0, -1] = 1e-9
     u = torch.tensor([1 - 5e-10], dtype=torch.float64)
     assert sample(probs, u).item() == 49151
+
+
+def reference_top_p_keep(logits: torch.Tensor, top_p: float) -> torch.Tensor:  # [n, vocab] bool
+    """Top-p by a full descending sort (the textbook definition) of the same float32 softmax."""
+    p = torch.softmax(logits.float(), -1).double()
+    sorted_p, order = torch.sort(p, dim=-1, descending=True, stable=True)
+    before = sorted_p.cumsum(-1) - sorted_p
+    keep_sorted = before < top_p
+    keep_sorted[:, 0] = True
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0, 8.0, 30.0])  # flat ... very peaked rows
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
+def test_top_p_matches_full_sort_reference(scale: float, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
+    logits = torch.randn(7, 5000, generator=gen, dtype=torch.float64) * scale
+    got = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=top_p)) > 0
+    assert torch.equal(got, reference_top_p_keep(logits, top_p))
+
+
+def test_top_p_with_ties_and_top_k() -> None:
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0, NEG]])
+    # Softmax mass: 0.447, 0.164 x3, 0.060: for top-p 0.6 the mass before the second
+    # tied token (0.611) already reaches 0.6, so ties are split by token id, as a
+    # stable descending sort would.
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.6))
+    assert (p[0] > 0).tolist() == [True, True, False, False, False, False]
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2, top_p=0.99))
+    assert (p[0] > 0).tolist() == [True, True, True, True, False, False]  # top-k keeps all ties
