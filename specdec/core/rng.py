@@ -3,6 +3,12 @@
 uniform(seed, position, purpose) depends on nothing else — no global or
 per-process generator state — so a retried or failed-over round draws the
 same numbers, and the same seed always gives the same text.
+
+Positions are absolute (tokens before the one being decided). After a
+rejection at position j, the next round drafts position j + 1 again with the
+same DRAFT uniform that produced the discarded drafted token there; that is
+safe because nothing committed depended on that draw (the exactness tests in
+tests/unit/test_exactness.py run exactly this pattern).
 """
 from __future__ import annotations
 
