@@ -58,7 +58,9 @@ class TargetServiceServicer:
     def Score(self, request, context):
         """Append `tokens` after the first `cache_position` tokens and run ONE
         forward pass; return results for the last n_draft + 1 positions.
-        Prefill and ordinary decoding are this call with n_draft = 0.
+        Prefill and ordinary decoding are this call with n_draft = 0. Afterwards
+        the cache holds every token sent, drafted ones included (cache_length =
+        cache_position + len(tokens)); the next call crops rejected ones away.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -218,7 +220,12 @@ class DraftServiceServicer:
 
     def Propose(self, request, context):
         """Append `tokens` after the first `cache_position` tokens, then draft up to
-        k tokens autoregressively in this one call.
+        k tokens autoregressively in this one call. Fewer than k come back when
+        p_min stops it, after a drafted EOS token (kept as the last one), or at
+        the context length. Afterwards the cache holds the committed tokens and
+        every drafted token but the last, which was sampled but never fed:
+        cache_length = cache_position + len(tokens) + max(len(drafted) - 1, 0).
+        k = 0 just feeds `tokens` (a prefill).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,163 @@
+"""Service overheads on the embedded default target (SmolLM2-135M-Instruct).
+
+    python -m benchmarks.service_bench [--reps 40] [--threads 2] [--json out.json]
+
+Measures, interleaved and as medians over --reps repetitions, after a prompt
+prefill so every call appends to the same cached prefix (each call crops back
+to it, so all repetitions see the same cache length):
+  a) Score of 5 new tokens vs Score of 1, through gRPC (goal: ratio <= 1.5x);
+  b) a 1-token Score through gRPC vs the same call in-process (ModelHost.score
+     in this process, same model, same thread count): the difference is what
+     gRPC, serialisation and the event-loop hop cost (goal: <= 2 ms);
+  c) the default draft (early exit: first 2 of 30 layers) 1-token forward vs
+     the full target's, in-process, and a Propose(k=4) through gRPC.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads, service and in-process (1: on a shared 2-core box, 2 threads spin-wait badly)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    import grpc
+    import torch
+
+    from specdec import procs
+    from specdec.core.fingerprint import fingerprint
+    from specdec.core.sampling import SamplingParams
+    from specdec.hosting import loader
+    from specdec.hosting.engine import HostLimits, ModelHost
+    from specdec.v1 import model_pb2, model_pb2_grpc
+
+    torch.set_num_threads(args.threads)
+    log_dir = Path(tempfile.mkdtemp(prefix="specdec-service-bench-"))
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    started = []
+    try:
+        ports = {}
+        for role in ("target", "draft"):
+            ports[role] = procs.free_port()
+            started.append(procs.start(
+                ["python", "-m", f"{role}_service", "--port", str(ports[role]),
+                 "--threads", str(args.threads)], env=env, log_path=log_dir / f"{role}.log"))
+        for role, proc in zip(("target", "draft"), started):
+            procs.wait_healthy(f"127.0.0.1:{ports[role]}", proc, timeout=600)
+        target = model_pb2_grpc.TargetServiceStub(grpc.insecure_channel(f"127.0.0.1:{ports['target']}"))
+        draft = model_pb2_grpc.DraftServiceStub(grpc.insecure_channel(f"127.0.0.1:{ports['draft']}"))
+
+        full = loader.load(None)
+        early = loader.load(None, num_layers=2)
+        host = ModelHost(full, HostLimits())
+        tok = full.tokenizer
+        prompt = tok(tok.apply_chat_template(
+            [{"role": "user", "content": "Explain speculative decoding in two sentences."}],
+            add_generation_prompt=True, tokenize=False))["input_ids"]
+        n = len(prompt)
+        h = fingerprint(prompt)
+        five, one = [11, 22, 33, 44, 55], [11]
+        greedy = SamplingParams()
+
+        def rpc(tokens: list[int], session: str = "bench") -> tuple[float, float]:
+            t0 = time.perf_counter()
+            reply = target.Score(model_pb2.ScoreRequest(
+                session_id=session, cache_position=n, prefix_hash=h, tokens=tokens,
+                n_draft=len(tokens) - 1), timeout=60)
+            return time.perf_counter() - t0, reply.timing.forward_ms / 1e3
+
+        def local(tokens: list[int], session: str = "bench") -> float:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                host.score(session, n, h, tokens, len(tokens) - 1, greedy, False)
+            return time.perf_counter() - t0
+
+        def forward(model, cache_len: int) -> float:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=model.config)
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+                t0 = time.perf_counter()
+                model(input_ids=torch.tensor([one]), position_ids=torch.tensor([[cache_len]]),
+                      cache=cache, use_cache=True, logits_to_keep=1)
+            return time.perf_counter() - t0
+
+        # Prefill the session everywhere, then warm up.
+        target.Score(model_pb2.ScoreRequest(session_id="bench", tokens=prompt), timeout=60)
+        with torch.inference_mode():
+            host.score("bench", 0, 0, prompt, 0, greedy, False)
+        draft.Propose(model_pb2.ProposeRequest(session_id="bench", tokens=prompt, k=0), timeout=60)
+        for _ in range(3):
+            rpc(five), rpc(one), local(one)
+
+        s = {k: [] for k in ("rpc5", "rpc1", "srv5", "srv1", "local1", "fwd_full", "fwd_early", "propose4")}
+        for _ in range(args.reps):  # interleaved: drift and neighbours hit every series alike
+            wall, server = rpc(five)
+            s["rpc5"].append(wall), s["srv5"].append(server)
+            wall, server = rpc(one)
+            s["rpc1"].append(wall), s["srv1"].append(server)
+            s["local1"].append(local(one))
+            s["fwd_full"].append(forward(full.model, n))
+            s["fwd_early"].append(forward(early.model, n))
+            t0 = time.perf_counter()
+            draft.Propose(model_pb2.ProposeRequest(
+                session_id="bench", cache_position=n, prefix_hash=h, tokens=one, k=4), timeout=60)
+            s["propose4"].append(time.perf_counter() - t0)
+        med = {k: _median_ms(v) for k, v in s.items()}
+        figures = {
+            "prompt_tokens": n,
+            "threads": args.threads,
+            "reps": args.reps,
+            "score5_ms": med["rpc5"],
+            "score1_ms": med["rpc1"],
+            "score5_over_score1": med["rpc5"] / med["rpc1"],
+            "server_forward5_over_forward1": med["srv5"] / med["srv1"],
+            "inprocess_score1_ms": med["local1"],
+            "grpc_overhead_ms": med["rpc1"] - med["local1"],
+            "rpc1_minus_server_forward_ms": statistics.median(
+                a - b for a, b in zip(s["rpc1"], s["srv1"])) * 1e3,
+            "forward1_full_ms": med["fwd_full"],
+            "forward1_early_exit2_ms": med["fwd_early"],
+            "draft_cost_ratio_c": med["fwd_early"] / med["fwd_full"],
+            "propose4_ms": med["propose4"],
+        }
+    finally:
+        for proc in started:
+            procs.stop(proc)
+
+    print(f"service bench: SmolLM2-135M-Instruct fp32 on CPU, {args.threads} thread(s), prompt "
+          f"{figures['prompt_tokens']} tokens, median of {args.reps} interleaved reps")
+    print(f"  a) Score 5 new tokens {figures['score5_ms']:.1f} ms vs 1 token {figures['score1_ms']:.1f} ms"
+          f" -> ratio {figures['score5_over_score1']:.2f}x (goal <= 1.5x; server forward ratio"
+          f" {figures['server_forward5_over_forward1']:.2f}x)")
+    print(f"  b) 1-token Score via gRPC {figures['score1_ms']:.2f} ms vs in-process"
+          f" {figures['inprocess_score1_ms']:.2f} ms -> +{figures['grpc_overhead_ms']:.2f} ms"
+          f" (goal <= 2 ms; RPC wall minus server forward: {figures['rpc1_minus_server_forward_ms']:.2f} ms)")
+    print(f"  c) 1-token forward: early-exit draft (2/30 layers) {figures['forward1_early_exit2_ms']:.1f} ms"
+          f" vs full target {figures['forward1_full_ms']:.1f} ms -> c = {figures['draft_cost_ratio_c']:.2f};"
+          f" Propose(k=4) via gRPC {figures['propose4_ms']:.1f} ms")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

