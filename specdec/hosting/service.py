@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import torch
 
+from specdec.errors import InvalidArgument
 from specdec.hosting import loader
 from specdec.hosting.engine import HostLimits, ModelHost
 from specdec.hosting.server import (
@@ -44,8 +45,6 @@ class ModelServicerBase:
         self.host = host
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: Any) -> common_pb2.ReleaseResponse:
-        from specdec.errors import InvalidArgument
-
         if not request.session_id:
             raise InvalidArgument("session_id must not be empty")
         timed = await self.host.run(self.host.release, request.session_id)
