@@ -1,0 +1,1 @@
+"""The specdec orchestrator: runs the speculative decoding loop over the model services."""

@@ -1,0 +1,177 @@
+"""python -m orchestrator: serve the Orchestrator gRPC API.
+
+    python -m orchestrator --target 127.0.0.1:50051 --draft 127.0.0.1:50052 \\
+        --redis-url redis://127.0.0.1:6379/0 --tokenizer /path/to/target/folder
+
+Replicas are discovered from the Redis service registry; --target/--draft are
+the fallback when the registry lists none. At start-up the orchestrator asks
+the target (and draft) for GetInfo and refuses to serve when their tokenizers
+differ from each other or from its own.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from functools import partial
+
+from orchestrator.loop import Engine
+from orchestrator.proposers import KINDS
+from orchestrator.remote import ServiceDown
+from orchestrator.routing import Router
+from orchestrator.servicer import OrchestratorServicer
+from orchestrator.text import load_tokenizer
+from specdec.hosting.loader import tokenizer_fingerprint
+from specdec.hosting.server import (
+    add_server_args, configure_logging, env_default, options_from_args, serve,
+)
+from specdec.store import SESSION_TTL_S, ServiceRegistry, SessionStore, connect
+from specdec.v1 import orchestrator_pb2_grpc
+
+log = logging.getLogger("orchestrator")
+DEFAULT_PORT = 50050
+
+
+class StartupError(RuntimeError):
+    """The orchestrator cannot serve with this configuration (message says why)."""
+
+
+def _addresses(values: list[str]) -> list[str]:
+    return [a.strip() for v in values for a in v.split(",") if a.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(p, default_port=DEFAULT_PORT)
+    g = p.add_argument_group("orchestrator")
+    g.add_argument("--target", action="append", default=[env_default("target", "")],
+                   help="static target address(es), comma-separated or repeated [SPECDEC_TARGET]")
+    g.add_argument("--draft", action="append", default=[env_default("draft", "")],
+                   help="static draft address(es) [SPECDEC_DRAFT]")
+    g.add_argument("--tokenizer", default=env_default("tokenizer", None),
+                   help="the target's model folder or .gguf (for its tokenizer and chat template); "
+                        "default: the embedded default target [SPECDEC_TOKENIZER]")
+    g.add_argument("--session-ttl", type=int, default=env_default("session_ttl", SESSION_TTL_S),
+                   help="seconds an idle session is kept [SPECDEC_SESSION_TTL]")
+    g.add_argument("--default-proposer", choices=KINDS,
+                   default=env_default("default_proposer", "draft"),
+                   help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
+    g.add_argument("--default-k", type=int, default=env_default("default_k", 5),
+                   help="drafted tokens per round when a request sends k = 0 [SPECDEC_DEFAULT_K]")
+    g.add_argument("--max-new-tokens-limit", type=int,
+                   default=env_default("max_new_tokens_limit", 4096),
+                   help="largest max_new_tokens a request may ask for")
+    g.add_argument("--rpc-timeout", type=float, default=env_default("rpc_timeout", 60.0),
+                   help="seconds before a model-service call counts as down")
+    g.add_argument("--startup-timeout", type=float, default=env_default("startup_timeout", 60.0),
+                   help="seconds to wait for a target replica at start-up")
+    g.add_argument("--threads", type=int, default=env_default("threads", 1),
+                   help="torch CPU threads (verification is light) [SPECDEC_THREADS]")
+    args = p.parse_args(argv)
+    args.redis_url = args.redis_url or "redis://127.0.0.1:6379/0"
+    args.target = _addresses(args.target)
+    args.draft = _addresses(args.draft)
+    return args
+
+
+async def build_engine(args: argparse.Namespace) -> Engine:
+    """Load the tokenizer, reach Redis and the services, check they all agree."""
+    tokenizer, folder = load_tokenizer(args.tokenizer)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    client = connect(args.redis_url)
+    store = SessionStore(client, url=args.redis_url, prefix=args.redis_prefix, ttl_s=args.session_ttl)
+    registry = ServiceRegistry(client, url=args.redis_url, prefix=args.redis_prefix)
+    try:
+        await store.ping()
+    except Exception as exc:  # noqa: BLE001 - serve anyway; requests get UNAVAILABLE
+        log.warning("%s; requests will fail with UNAVAILABLE until it answers", exc)
+        registry = None
+    router = Router(registry, {"target": args.target, "draft": args.draft},
+                    fingerprint=fingerprint, timeout_s=args.rpc_timeout)
+
+    target_info = await _first_info(router, "target", args.startup_timeout)
+    if target_info is None:
+        raise StartupError("no target service answered GetInfo (give --target or register one in Redis)")
+    if target_info.tokenizer_fingerprint != fingerprint:
+        raise StartupError(
+            f"the target {target_info.model_name!r} has another tokenizer than --tokenizer {folder} "
+            f"(fingerprints {target_info.tokenizer_fingerprint[:12]} vs {fingerprint[:12]})"
+        )
+    max_k = int(target_info.max_draft_tokens) or 16
+    draft_info = await _first_info(router, "draft", 5.0)
+    if draft_info is not None:
+        if (draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint
+                or draft_info.vocab_size != target_info.vocab_size):
+            raise StartupError(
+                f"draft {draft_info.model_name!r} and target {target_info.model_name!r} do not "
+                f"share a vocabulary (tokenizer fingerprints {draft_info.tokenizer_fingerprint[:12]} "
+                f"vs {target_info.tokenizer_fingerprint[:12]}, vocab sizes {draft_info.vocab_size} "
+                f"vs {target_info.vocab_size}); refusing to pair them"
+            )
+        max_k = min(max_k, int(draft_info.max_draft_tokens) or max_k)
+    else:
+        log.warning("no draft service answered; proposer 'draft' will fall back to target-only")
+    log.info("target %s (vocab %d, context %d), draft %s, tokenizer %s",
+             target_info.model_name, target_info.vocab_size, target_info.context_length,
+             draft_info.model_name if draft_info else "none", folder)
+    return Engine(
+        store=store,
+        router=router,
+        tokenizer=tokenizer,
+        eos_ids=frozenset(target_info.eos_token_ids),
+        context_length=int(target_info.context_length),
+        max_k=max_k,
+        default_k=min(args.default_k, max_k),
+        default_proposer=args.default_proposer,
+        max_new_tokens_limit=args.max_new_tokens_limit,
+    )
+
+
+async def _first_info(router: Router, role: str, timeout_s: float):
+    """GetInfo from the first replica of `role` that answers, retrying until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            options = await router.candidates(role)
+        except Exception:  # noqa: BLE001 - registry down: static addresses only
+            options = [(a, 0.0, 0.0) for a in router.static.get(role, [])]
+        for address, _, _ in options:
+            try:
+                return await router.client(address, role).get_info()
+            except ServiceDown:
+                continue
+        if not options and role == "draft" or time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.2)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    engine = await build_engine(args)
+    servicer = OrchestratorServicer(engine)
+    await serve(
+        [partial(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, servicer)],
+        ["specdec.v1.Orchestrator"],
+        options_from_args(args),
+    )
+    await engine.router.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        asyncio.run(main_async(args))
+    except StartupError as exc:
+        log.error("refusing to start: %s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Check: one target pass over prompt + guess tells what the target predicts at every position."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.routing import Router
+from specdec.core.fingerprint import EMPTY
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import verify_greedy
+from specdec.errors import InvalidArgument, Unavailable
+from specdec.v1 import common_pb2, model_pb2
+from specdec.wire import decode_probs, sampling_to_proto
+
+
+@dataclass(frozen=True)
+class Position:
+    position: int  # index in the guess
+    guess_id: int
+    predicted_id: int  # the target's argmax here
+    guess_prob: float  # target probability (temperature 1) of the guessed token
+    predicted_prob: float
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    accepted: int  # guessed tokens accepted greedily (a prefix)
+    first_mismatch: int  # -1 if the whole guess is accepted
+    positions: list[Position]
+    next_id: int  # the target's prediction after the whole guess
+
+
+async def check(
+    router: Router, prompt_ids: list[int], guess_ids: list[int], max_guess: int
+) -> CheckResult:
+    """Score prompt + guess in ONE target pass, on a throwaway session."""
+    if not guess_ids:
+        raise InvalidArgument("guess: must not be empty")
+    if len(guess_ids) > max_guess:
+        raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_guess} can be checked in one pass")
+    target = await router.pick("target")
+    if target is None:
+        raise Unavailable("no target service replica is available")
+    session_id = f"check-{uuid.uuid4().hex}"
+    request = model_pb2.ScoreRequest(
+        session_id=session_id,
+        cache_position=0,
+        prefix_hash=EMPTY,
+        tokens=prompt_ids + guess_ids,
+        n_draft=len(guess_ids),
+        # Temperature 1 without truncation: p is the model's own softmax.
+        sampling=sampling_to_proto(SamplingParams(temperature=1.0)),
+        output_mode=common_pb2.OUTPUT_MODE_PROBS,
+    )
+    try:
+        response, _ = await target.score(request)
+    finally:
+        await target.release(session_id)
+    argmax = list(response.argmax_ids)  # [n + 1]
+    probs = decode_probs(response.probs)  # [n + 1, vocab]
+    verdict = verify_greedy(guess_ids, argmax)
+    positions = [
+        Position(i, g, argmax[i], float(probs[i, g]), float(probs[i, argmax[i]]))
+        for i, g in enumerate(guess_ids)
+    ]
+    mismatch = -1 if verdict.all_accepted else verdict.accepted
+    return CheckResult(verdict.accepted, mismatch, positions, argmax[-1])
+
+
+def decode_one(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)

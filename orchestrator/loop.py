@@ -1,0 +1,384 @@
+"""The speculative decoding loop: propose, score, verify, commit — one round at a time.
+
+`generate(spec, engine)` is an async generator of `ChunkEvent`s and a final
+`Tally`. Each round:
+
+  1. propose  one RPC to the draft service (or a local proposer): d_1..d_k, q
+  2. score    one RPC to the target: one forward over the uncached committed
+              tokens + d_1..d_k, returning p (or argmax) at the last k + 1 positions
+  3. verify   with specdec.core.verify: accept d_1..d_m, plus one recovered/bonus token
+  4. commit   cut at EOS / max_new_tokens / stop string, crop both caches'
+              bookkeeping, write the session to Redis (one transaction), stream
+
+A cache miss from either service resends every committed token from position 0
+(the text cannot change: the tokens are the same). A draft service that is
+down switches the request to target-only (or fails it when `strict`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from orchestrator.proposers import DRAFT, DraftContext, NoProposer, Proposal, Proposer, make_proposer
+from orchestrator.remote import Call, ModelClient, ServiceDown
+from orchestrator.routing import Router
+from orchestrator.text import IncrementalDecoder
+from specdec.core.fingerprint import extend, prefix_fingerprints
+from specdec.core.kv import keep_lengths
+from specdec.core.sampling import SamplingParams
+from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
+from specdec.core.verify import Verdict, verify_greedy, verify_sampled
+from specdec.errors import CacheMiss, NotFound, Unavailable
+from specdec.store import SessionRecord, SessionStore
+from specdec.v1 import common_pb2, model_pb2
+from specdec.wire import decode_probs, sampling_to_proto
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """A validated generation request, in token ids."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int  # 0 = pick one at random (reported in the stats)
+    stop: tuple[str, ...] = ()
+    proposer: str = DRAFT
+    k: int = 0  # 0 = the engine's default
+    guess_ids: tuple[int, ...] = ()
+    session_id: str = ""  # "" = a new session
+    strict: bool = False
+
+
+@dataclass
+class Engine:
+    """What the loop needs from the orchestrator process; built once at start-up."""
+
+    store: SessionStore
+    router: Router
+    tokenizer: Any
+    eos_ids: frozenset[int]
+    context_length: int
+    max_k: int = 16
+    default_k: int = 5
+    default_proposer: str = DRAFT
+    max_new_tokens_limit: int = 4096
+
+
+@dataclass(frozen=True)
+class ChunkEvent:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Tally:
+    """Running statistics of one generation; becomes the final Stats message."""
+
+    session_id: str = ""
+    finish_reason: str = ""
+    proposer: str = ""
+    fallback_reason: str = ""
+    seed: int = 0
+    target_replica: str = ""
+    draft_replica: str = ""
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_passes: int = 0
+    draft_calls: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_round: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
+    accepted_at: list[int] = field(default_factory=list)  # ... and accepted it
+    cache_misses: int = 0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+    network_ms: float = 0.0
+    orchestrator_ms: float = 0.0
+    redis_ms: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    overhead_ms: list[float] = field(default_factory=list)  # per round: all but server compute
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def overhead_p50_ms(self) -> float:
+        return statistics.median(self.overhead_ms) if self.overhead_ms else 0.0
+
+    def add_call(self, call: Call | None, role: str) -> float:
+        """Account one RPC; returns its client-side time."""
+        if call is None:
+            return 0.0
+        if role == "target":
+            self.target_ms += call.server_ms
+        else:
+            self.draft_ms += call.server_ms
+        self.network_ms += call.network_ms
+        self.bytes_sent += call.bytes_sent
+        self.bytes_received += call.bytes_received
+        return call.rpc_ms
+
+    def add_verdict(self, n_drafted: int, verdict: Verdict) -> None:
+        self.drafted_tokens += n_drafted
+        self.accepted_tokens += verdict.accepted
+        self.accepted_per_round.append(verdict.accepted)
+        while len(self.drafted_at) < n_drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(n_drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < verdict.accepted
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _Timer:
+    """Adds the elapsed milliseconds of a `with` block to an attribute of a Tally."""
+
+    def __init__(self, tally: Tally, attr: str) -> None:
+        self.tally, self.attr = tally, attr
+
+    def __enter__(self) -> _Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ms = (time.perf_counter() - self.start) * 1e3
+        setattr(self.tally, self.attr, getattr(self.tally, self.attr) + self.ms)
+
+
+async def _score(
+    target: ModelClient,
+    session_id: str,
+    tokens: list[int],
+    fps: list[int],
+    cached: int,
+    drafted: list[int],
+    sampling: SamplingParams,
+) -> tuple[model_pb2.ScoreResponse, Call, int]:
+    """Step 2: one target pass over tokens[cached:] + drafted; retries a cache miss from 0."""
+    cached = min(cached, len(tokens) - 1)  # the target needs >= 1 committed token to score
+    mode = common_pb2.OUTPUT_MODE_TOKENS if sampling.greedy else common_pb2.OUTPUT_MODE_PROBS
+    misses = 0
+    while True:
+        request = model_pb2.ScoreRequest(
+            session_id=session_id,
+            cache_position=cached,
+            prefix_hash=fps[cached],
+            tokens=tokens[cached:] + drafted,
+            n_draft=len(drafted),
+            sampling=sampling_to_proto(sampling),
+            output_mode=mode,
+        )
+        try:
+            response, call = await target.score(request)
+            return response, call, misses
+        except CacheMiss:
+            if cached == 0:
+                raise
+            log.info("session %s: target cache miss at %d; resending from 0", session_id, cached)
+            misses, cached = misses + 1, 0
+
+
+async def forget_session(session_id: str, store: SessionStore, clients: Sequence[ModelClient | None]) -> None:
+    """Free a session's KV on both services and drop its record (best effort)."""
+    for client in clients:
+        if client is not None:
+            try:
+                await client.release(session_id)
+            except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
+                log.warning("release of %s on %s failed: %s", session_id, client.address, exc)
+    try:
+        await store.delete(session_id)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("dropping session record %s failed: %s", session_id, exc)
+
+
+async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEvent | Tally]:
+    """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
+    started = time.perf_counter()
+    tally = Tally(prompt_tokens=len(spec.prompt_ids), seed=spec.seed or secrets.randbits(63) + 1)
+    store = engine.store
+
+    # 0. Open the session: resume the Redis record, route to the replicas holding its KV.
+    with _Timer(tally, "redis_ms"):
+        record = await store.load(spec.session_id) if spec.session_id else None
+    if spec.session_id and record is None:
+        raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
+    record = record or SessionRecord(session_id=uuid.uuid4().hex)
+    session_id = tally.session_id = record.session_id
+    with _Timer(tally, "redis_ms"):
+        target = await engine.router.pick("target", record.target)
+        draft = await engine.router.pick("draft", record.draft) if spec.proposer == DRAFT else None
+    if target is None:
+        raise Unavailable("no target service replica is available")
+
+    proposer: Proposer
+    if spec.proposer == DRAFT and draft is None:
+        if spec.strict:
+            raise Unavailable("proposer: no draft service replica is available (strict)")
+        proposer, tally.fallback_reason = NoProposer(), "no draft service replica available"
+    else:
+        proposer = make_proposer(spec.proposer, draft=draft, guess_ids=spec.guess_ids, max_k=engine.max_k)
+    tally.proposer = proposer.name
+    tally.target_replica = target.address
+    tally.draft_replica = draft.address if draft else ""
+
+    tokens = list(spec.prompt_ids)
+    fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
+    reuse = common_prefix(record.tokens, tokens)
+    target_len = min(reuse, record.target_len) if target.address == record.target else 0
+    draft_len = min(reuse, record.draft_len) if draft and draft.address == record.draft else 0
+    tally.reused_prompt_tokens = min(target_len, len(tokens) - 1)
+    k_max = spec.k or engine.default_k
+    decoder = IncrementalDecoder(engine.tokenizer, tokens)
+    holdback = StopStringHoldback(spec.stop) if spec.stop else None
+    generated = 0
+    finished = False
+
+    try:
+        while not finished:
+            round_start = time.perf_counter()
+            rpc_ms = server_ms = 0.0
+            redis_before = tally.redis_ms
+            remaining = spec.max_new_tokens - generated
+            k = min(k_max, remaining - 1)  # the round's extra token fills the last slot
+
+            # 1. Propose.
+            proposal = Proposal(tokens=[], cache_length=draft_len)
+            if k > 0:
+                ctx = DraftContext(session_id, tokens, fps, len(spec.prompt_ids), k, spec.sampling,
+                                   tally.seed, draft_len)
+                try:
+                    proposal = await proposer.propose(ctx)
+                except ServiceDown as exc:
+                    if spec.strict:
+                        raise Unavailable(f"draft service down and strict is set: {exc}") from None
+                    log.warning("session %s: %s; falling back to target-only", session_id, exc)
+                    proposer, tally.fallback_reason = NoProposer(), f"draft service unavailable: {exc}"
+                    tally.proposer, draft, draft_len = proposer.name, None, 0
+                    proposal = Proposal(tokens=[], cache_length=0)
+            drafted = proposal.tokens[:k]
+            if proposal.call is not None:
+                tally.draft_calls += 1
+                rpc_ms += tally.add_call(proposal.call, "draft")
+                server_ms += proposal.call.server_ms
+            tally.cache_misses += proposal.cache_misses
+
+            # 2. Score: one target forward over the uncached tokens and the drafts.
+            response, call, misses = await _score(
+                target, session_id, tokens, fps, target_len, drafted, spec.sampling
+            )
+            tally.target_passes += 1
+            tally.cache_misses += misses
+            rpc_ms += tally.add_call(call, "target")
+            server_ms += call.server_ms
+
+            # 3. Verify.
+            if spec.sampling.greedy:
+                verdict = verify_greedy(drafted, list(response.argmax_ids))
+            else:
+                q = proposal.probs[: len(drafted)] if proposal.probs is not None else None
+                verdict = verify_sampled(drafted, q, decode_probs(response.probs),
+                                         seed=tally.seed, position=len(tokens))
+            tally.add_verdict(len(drafted), verdict)
+
+            # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
+            kept, finish = clip_to_stop(verdict.tokens, eos_ids=engine.eos_ids, remaining=remaining)
+            text, kept, hit = _detokenize(kept, decoder, holdback)
+            if hit:
+                finish = STOP
+            target_len, draft_len = keep_lengths(
+                committed_before=len(tokens),
+                n_drafted=len(drafted),
+                n_accepted=verdict.accepted,
+                draft_held=proposal.cache_length,
+                n_committed=len(kept),
+            )
+            for token in kept:
+                fps.append(extend(fps[-1], token))
+            tokens.extend(kept)
+            generated += len(kept)
+            tally.new_tokens = generated
+            if finish:
+                finished = True
+                tally.finish_reason = finish
+                if not hit:
+                    text += _release_held(decoder, holdback)
+
+            with _Timer(tally, "redis_ms"):
+                record = await store.save(replace(
+                    record, tokens=tuple(tokens), target=target.address, target_len=target_len,
+                    draft=draft.address if draft else record.draft,
+                    draft_len=draft_len if draft else record.draft_len,
+                    sampling=_sampling_dict(spec.sampling), seed=tally.seed,
+                    counter=record.counter + 1,
+                ))
+            round_ms = (time.perf_counter() - round_start) * 1e3
+            tally.orchestrator_ms += round_ms - rpc_ms - (tally.redis_ms - redis_before)
+            tally.overhead_ms.append(round_ms - server_ms)
+            if not tally.ttft_ms:
+                tally.ttft_ms = (time.perf_counter() - started) * 1e3
+            yield ChunkEvent(text=text, token_ids=kept)
+    except BaseException:
+        # A client that went away (cancellation) or any failure mid-stream: the
+        # session's KV must not linger on either service.
+        await asyncio.shield(forget_session(session_id, store, [target, draft]))
+        raise
+    tally.total_ms = (time.perf_counter() - started) * 1e3
+    yield tally
+
+
+def _detokenize(
+    kept: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None
+) -> tuple[str, list[int], bool]:
+    """Text for newly committed tokens; with stop strings, cut after the token completing one."""
+    if holdback is None:
+        return decoder.push(kept), kept, False
+    text = ""
+    for i, token in enumerate(kept):
+        emit, hit = holdback.push(decoder.push([token]))
+        text += emit
+        if hit:
+            return text, kept[: i + 1], True
+    return text, kept, False
+
+
+def _release_held(decoder: IncrementalDecoder, holdback: StopStringHoldback | None) -> str:
+    """At a finish without a stop hit: the decoder's and the hold-back's remaining text."""
+    tail = decoder.flush()
+    if holdback is None:
+        return tail
+    emit, hit = holdback.push(tail)
+    return emit if hit else emit + holdback.flush()
+
+
+def _sampling_dict(params: SamplingParams) -> dict:
+    return {"temperature": params.temperature, "top_k": params.top_k,
+            "top_p": params.top_p, "min_p": params.min_p}

@@ -1,0 +1,94 @@
+"""Calls to the model services: one place that times them, counts bytes and maps failures.
+
+Every call returns the response with a `Call` record (client-side RPC time,
+the server's own reported time, serialized bytes each way), so the loop can
+split a round's time into compute and network honestly. A cache-miss status
+becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
+service becomes `ServiceDown`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from specdec.errors import CacheMiss, Unavailable, is_cache_miss
+from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
+
+CHANNEL_OPTIONS = [
+    # Distributions for a long Check can exceed gRPC's 4 MB default.
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    # A restarted replica is back within seconds: retry the connection soon
+    # (gRPC's default backoff grows to two minutes).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class ServiceDown(Unavailable):
+    """A model service did not answer (down, restarting, or too slow)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """Cost of one RPC as seen from the orchestrator."""
+
+    rpc_ms: float  # client-side: serialize + wire + server + deserialize
+    server_ms: float  # the service's own total_ms
+    bytes_sent: int
+    bytes_received: int
+
+    @property
+    def network_ms(self) -> float:
+        return max(0.0, self.rpc_ms - self.server_ms)
+
+
+class ModelClient:
+    """A channel to one target or draft replica."""
+
+    def __init__(self, address: str, role: str, *, timeout_s: float = 60.0) -> None:
+        self.address = address
+        self.role = role
+        self.timeout_s = timeout_s
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        stub_type = model_pb2_grpc.TargetServiceStub if role == "target" else model_pb2_grpc.DraftServiceStub
+        self._stub = stub_type(self.channel)
+
+    async def _call(self, method, request, timeout_s: float | None = None):
+        start = time.perf_counter()
+        try:
+            response = await method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if is_cache_miss(exc):
+                raise CacheMiss(f"{self.role} {self.address}: {exc.details()}") from None
+            if exc.code() in _DOWN:
+                raise ServiceDown(
+                    f"{self.role} service at {self.address} unavailable: {exc.code().name}: {exc.details()}"
+                ) from None
+            raise
+        rpc_ms = (time.perf_counter() - start) * 1e3
+        timing = getattr(response, "timing", None)  # GetInfo/Release carry none
+        server_ms = timing.total_ms if timing is not None else 0.0
+        return response, Call(rpc_ms, server_ms, request.ByteSize(), response.ByteSize())
+
+    async def get_info(self, timeout_s: float = 5.0) -> common_pb2.ModelInfo:
+        response, _ = await self._call(self._stub.GetInfo, common_pb2.GetInfoRequest(), timeout_s)
+        return response
+
+    async def release(self, session_id: str, timeout_s: float = 5.0) -> bool:
+        request = common_pb2.ReleaseRequest(session_id=session_id)
+        response, _ = await self._call(self._stub.Release, request, timeout_s)
+        return response.released
+
+    async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:
+        return await self._call(self._stub.Score, request)
+
+    async def propose(self, request: model_pb2.ProposeRequest) -> tuple[model_pb2.ProposeResponse, Call]:
+        return await self._call(self._stub.Propose, request)
+
+    async def close(self) -> None:
+        await self.channel.close()

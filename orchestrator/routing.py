@@ -1,0 +1,82 @@
+"""Which replica serves a session: registry discovery, session affinity, static fallback.
+
+Replicas come from the Redis service registry (live heartbeats, matching the
+target's tokenizer fingerprint). When the registry has none of a role, the
+static `--target` / `--draft` addresses are used. A session stays on the
+replica holding its KV while that replica is live; a new session goes to the
+least-loaded replica, counting sessions this process sent there since the
+replica's last heartbeat (so a burst does not pile onto one replica).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from orchestrator.remote import ModelClient
+from specdec.store import ServiceRegistry
+
+
+class Router:
+    def __init__(
+        self,
+        registry: ServiceRegistry | None,
+        static: dict[str, Sequence[str]],
+        *,
+        fingerprint: str = "",
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.registry = registry
+        self.static = {role: list(addrs) for role, addrs in static.items()}
+        self.fingerprint = fingerprint
+        self.timeout_s = timeout_s
+        self._clients: dict[str, ModelClient] = {}
+        self._picks: dict[str, list[float]] = {}  # address -> times this process routed to it
+        self._rr = 0
+
+    def client(self, address: str, role: str) -> ModelClient:
+        """One channel per (address); reused by every session."""
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = ModelClient(address, role, timeout_s=self.timeout_s)
+        return client
+
+    async def candidates(self, role: str) -> list[tuple[str, float, float]]:
+        """(address, load, last heartbeat) of usable replicas of `role`."""
+        if self.registry is not None:
+            live = [
+                (e.address, e.load, e.seen)
+                for e in await self.registry.live(role)
+                if not self.fingerprint or not e.tokenizer_fingerprint
+                or e.tokenizer_fingerprint == self.fingerprint
+            ]
+            if live:
+                return live
+        return [(address, 0.0, 0.0) for address in self.static.get(role, [])]
+
+    async def pick(self, role: str, preferred: str = "") -> ModelClient | None:
+        """The replica for a session: `preferred` if still usable, else the least loaded."""
+        options = await self.candidates(role)
+        if not options:
+            return None
+        addresses = [a for a, _, _ in options]
+        if preferred in addresses:
+            return self.client(preferred, role)
+        now = time.time()
+
+        def pending(address: str, seen: float) -> int:
+            picks = self._picks.setdefault(address, [])
+            picks[:] = [t for t in picks if t > max(seen, now - 60.0)]
+            return len(picks)
+
+        self._rr += 1
+        ranked = sorted(
+            enumerate(options),
+            key=lambda io: (io[1][1] + pending(io[1][0], io[1][2]), (io[0] + self._rr) % len(options)),
+        )
+        address = ranked[0][1][0]
+        self._picks.setdefault(address, []).append(now)
+        return self.client(address, role)
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()

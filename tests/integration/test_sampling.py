@@ -1,0 +1,115 @@
+"""Sampling is exact end to end, whatever the draft.
+
+With a deliberately mismatched tiny draft, the first two generated tokens over
+many seeds must follow the target's own joint distribution, computed directly
+with transformers (top-k 4 at temperature 1 keeps the support at 16 pairs).
+
+Test: Pearson chi-square of the observed joint counts against the target's
+joint, cells with expected count < 5 pooled. Pass when p > 1e-3 (a false alarm
+one run in a thousand). Power check: the same counts against the draft's own
+joint distribution must be rejected (p < 1e-3), so the test can tell the two
+apart at this sample size.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from tests.integration.stack import Stack
+
+PROMPT = "The capital of France is"
+TOP_K = 4
+SEEDS = 1200
+
+
+@pytest.fixture(scope="module")
+def mismatched(tiny_pair, tmp_path_factory):
+    from specdec.tiny import build_model
+
+    target_dir, _ = tiny_pair
+    root = tmp_path_factory.mktemp("mismatched")
+    torch.set_num_threads(1)
+    draft_dir = build_model(root / "draft", seed=7, perturb_from=target_dir, perturb_std=0.06)
+    s = Stack(logs=root)
+    try:
+        t = s.start_service("target", "target", target_dir, register=False)
+        d = s.start_service("draft", "draft", draft_dir, register=False)
+        s.start_orchestrator("orch", target_dir, targets=[t], drafts=[d])
+        yield s, target_dir, draft_dir
+    finally:
+        s.stop()
+
+
+def joint(model_dir, prompt_ids: list[int]) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of a model under temperature 1 + top-k, computed directly."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def dist(ids: list[int]) -> dict[int, float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        top = torch.topk(logits, TOP_K)
+        probs = torch.softmax(top.values.double(), dim=-1)
+        return dict(zip(top.indices.tolist(), probs.tolist()))
+
+    out = {}
+    for t1, p1 in dist(prompt_ids).items():
+        for t2, p2 in dist(prompt_ids + [t1]).items():
+            out[(t1, t2)] = p1 * p2
+    return out
+
+
+def chi2_pvalue(counts: dict, expected_p: dict, n: int) -> float:
+    cells = sorted(expected_p, key=lambda c: -expected_p[c])
+    obs, exp, pooled_o, pooled_e = [], [], 0, 0.0
+    for c in cells:
+        e = expected_p[c] * n
+        if e >= 5:
+            obs.append(counts.get(c, 0))
+            exp.append(e)
+        else:
+            pooled_o += counts.get(c, 0)
+            pooled_e += e
+    unexpected = sum(v for c, v in counts.items() if c not in expected_p)
+    pooled_o += unexpected
+    pooled_e = max(pooled_e, 1e-9)  # an impossible pair makes the statistic explode
+    obs.append(pooled_o)
+    exp.append(pooled_e)
+    scale = sum(obs) / sum(exp)
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def test_first_two_tokens_follow_the_target_distribution(mismatched):
+    from transformers import AutoTokenizer
+
+    from client import Client
+
+    stack, target_dir, draft_dir = mismatched
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    with Client(stack.addresses["orch"]) as c:
+        for seed in range(1, SEEDS + 1):
+            out = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
+                             proposer="draft", k=2)
+            assert out.stats.seed == seed and out.stats.proposer == "draft"
+            pair = tuple(out.token_ids[:2])
+            counts[pair] = counts.get(pair, 0) + 1
+            drafted += out.stats.drafted_tokens
+            accepted += out.stats.accepted_tokens
+        again = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
+                           proposer="draft", k=2)
+        first = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
+                           proposer="draft", k=2)
+    assert again.token_ids == first.token_ids  # same seed, same text
+    target_p = joint(target_dir, prompt_ids)
+    draft_p = joint(draft_dir, prompt_ids)
+    rate = accepted / drafted
+    assert 0.05 < rate < 0.9, f"the draft should be wrong often enough to test rejections ({rate:.2f})"
+    p_target = chi2_pvalue(counts, target_p, SEEDS)
+    p_draft = chi2_pvalue(counts, draft_p, SEEDS)
+    assert p_target > 1e-3, f"sampled pairs do not follow the target (p={p_target:.2e}): {counts}"
+    assert p_draft < 1e-3, f"test has no power: cannot tell the draft apart (p={p_draft:.2e})"
