@@ -10,7 +10,10 @@ to it, so all repetitions see the same cache length):
      in this process, same model, same thread count): the difference is what
      gRPC, serialisation and the event-loop hop cost (goal: <= 2 ms);
   c) the default draft (early exit: first 2 of 30 layers) 1-token forward vs
-     the full target's, in-process, and a Propose(k=4) through gRPC.
+     the full target's, in-process, and a Propose(k=4) through gRPC;
+  d) the transport alone, where compute noise cannot hide it: GetInfo round
+     trip, and a 1-token Score on the tiny test target (forward < 1 ms) minus
+     its server-side total time.
 """
 from __future__ import annotations
 
@@ -28,6 +31,47 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
+
+
+def _transport(args: argparse.Namespace, env: dict, log_dir: Path) -> dict:
+    """Per-call gRPC cost on the tiny target, whose forward is too small to add noise."""
+    import grpc
+
+    from specdec import procs
+    from specdec.core.fingerprint import fingerprint
+    from specdec.tiny import build_model
+    from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
+
+    model_dir = build_model(log_dir / "tiny-target")
+    port = procs.free_port()
+    proc = procs.start(["python", "-m", "target_service", "--model", str(model_dir), "--port",
+                        str(port), "--threads", str(args.threads)], env=env,
+                       log_path=log_dir / "tiny.log")
+    try:
+        procs.wait_healthy(f"127.0.0.1:{port}", proc, timeout=120)
+        stub = model_pb2_grpc.TargetServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        prompt = [5] * 37
+        stub.Score(model_pb2.ScoreRequest(session_id="t", tokens=prompt), timeout=60)
+        h = fingerprint(prompt)
+        info, rtt, total, fwd = [], [], [], []
+        for _ in range(max(args.reps * 5, 100)):
+            t0 = time.perf_counter()
+            stub.GetInfo(common_pb2.GetInfoRequest(), timeout=60)
+            info.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            reply = stub.Score(model_pb2.ScoreRequest(
+                session_id="t", cache_position=37, prefix_hash=h, tokens=[11]), timeout=60)
+            rtt.append(time.perf_counter() - t0)
+            total.append(reply.timing.total_ms)
+            fwd.append(reply.timing.forward_ms)
+    finally:
+        procs.stop(proc)
+    return {
+        "getinfo_rtt_ms": _median_ms(info),
+        "tiny_score_rtt_ms": _median_ms(rtt),
+        "tiny_server_total_ms": statistics.median(total),
+        "tiny_server_forward_ms": statistics.median(fwd),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,16 +133,24 @@ def main(argv: list[str] | None = None) -> int:
                 host.score(session, n, h, tokens, len(tokens) - 1, greedy, False)
             return time.perf_counter() - t0
 
-        def forward(model, cache_len: int) -> float:
-            from transformers import DynamicCache
+        from transformers import DynamicCache
 
-            cache = DynamicCache(config=model.config)
+        caches = {}
+
+        def forward(model) -> float:
+            """A raw 1-token forward after the prompt (cache prefilled once, cropped back)."""
             with torch.inference_mode():
-                model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+                if id(model) not in caches:
+                    caches[id(model)] = DynamicCache(config=model.config)
+                    model(input_ids=torch.tensor([prompt]), cache=caches[id(model)], use_cache=True,
+                          logits_to_keep=1)
+                cache = caches[id(model)]
                 t0 = time.perf_counter()
-                model(input_ids=torch.tensor([one]), position_ids=torch.tensor([[cache_len]]),
+                model(input_ids=torch.tensor([one]), position_ids=torch.tensor([[n]]),
                       cache=cache, use_cache=True, logits_to_keep=1)
-            return time.perf_counter() - t0
+                elapsed = time.perf_counter() - t0
+                cache.crop(-1)
+            return elapsed
 
         # Prefill the session everywhere, then warm up.
         target.Score(model_pb2.ScoreRequest(session_id="bench", tokens=prompt), timeout=60)
@@ -115,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             wall, server = rpc(one)
             s["rpc1"].append(wall), s["srv1"].append(server)
             s["local1"].append(local(one))
-            s["fwd_full"].append(forward(full.model, n))
-            s["fwd_early"].append(forward(early.model, n))
+            s["fwd_full"].append(forward(full.model))
+            s["fwd_early"].append(forward(early.model))
             t0 = time.perf_counter()
             draft.Propose(model_pb2.ProposeRequest(
                 session_id="bench", cache_position=n, prefix_hash=h, tokens=one, k=4), timeout=60)
@@ -139,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             "draft_cost_ratio_c": med["fwd_early"] / med["fwd_full"],
             "propose4_ms": med["propose4"],
         }
+        figures.update(_transport(args, env, log_dir))
     finally:
         for proc in started:
             procs.stop(proc)
@@ -154,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  c) 1-token forward: early-exit draft (2/30 layers) {figures['forward1_early_exit2_ms']:.1f} ms"
           f" vs full target {figures['forward1_full_ms']:.1f} ms -> c = {figures['draft_cost_ratio_c']:.2f};"
           f" Propose(k=4) via gRPC {figures['propose4_ms']:.1f} ms")
+    print(f"  d) transport: GetInfo round trip {figures['getinfo_rtt_ms']:.2f} ms; tiny-model 1-token Score"
+          f" {figures['tiny_score_rtt_ms']:.2f} ms of which server {figures['tiny_server_total_ms']:.2f} ms"
+          f" (forward {figures['tiny_server_forward_ms']:.2f} ms)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

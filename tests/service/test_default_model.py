@@ -42,6 +42,33 @@ def test_default_target_answers_a_chat_prompt(default_pair) -> None:
     assert "Paris" in text, text
 
 
+def test_one_pass_equals_one_token_steps_on_the_real_model(default_pair) -> None:
+    """Greedy identity and probabilities within 1e-5 on SmolLM2 in float32."""
+    import torch
+
+    from specdec.wire import decode_probs
+
+    target, _ = default_pair
+    tokenizer = AutoTokenizer.from_pretrained(resolve(None)[0])
+    probs = {"output_mode": common_pb2.OUTPUT_MODE_PROBS,
+             "sampling": common_pb2.SamplingParams(temperature=1.0)}
+    for j, question in enumerate(["Write a Python function that adds two numbers.",
+                                  "List three colors of the rainbow."]):
+        prompt = tokenizer(tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False,
+        ))["input_ids"]
+        seq, rows = list(prompt), []
+        reply = score(target.stub, f"steps-{j}", seq, 0, seq, **probs)
+        for _ in range(8):  # greedy, one token per call
+            seq.append(reply.argmax_ids[0])
+            reply = score(target.stub, f"steps-{j}", seq, len(seq) - 1, seq[-1:], **probs)
+            rows.append((reply.argmax_ids[0], decode_probs(reply.probs)))
+        one = score(target.stub, f"one-{j}", seq, 0, seq, n_draft=8, **probs)
+        assert list(one.argmax_ids[1:]) == [a for a, _ in rows]
+        torch.testing.assert_close(decode_probs(one.probs)[1:], torch.cat([p for _, p in rows]),
+                                   atol=1e-5, rtol=0)
+
+
 def test_default_draft_is_an_early_exit_of_the_target(default_pair) -> None:
     target, draft = default_pair
     t_info = target.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
