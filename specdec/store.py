@@ -150,6 +150,22 @@ class SessionStore:
         await _guard("ping", self._url, self._r.ping())
 
 
+async def delete_prefix(url: str, prefix: str) -> int:
+    """Delete every key under `prefix` (a test's or a launch's own namespace); returns the count."""
+    if not prefix:
+        raise ValueError("refusing to delete with an empty prefix")
+    client = connect(url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+        if keys:
+            await _guard("delete", url, client.delete(*keys))
+        return len(keys)
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable(f"redis at {url} unavailable during delete: {exc}") from exc
+    finally:
+        await client.aclose()
+
+
 # --------------------------------------------------------------------- registry
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec import procs
-from specdec.store import connect
+from specdec.store import delete_prefix
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -65,13 +65,3 @@ class Stack:
             self.stop_one(name)
         asyncio.run(delete_prefix(self.redis_url, self.prefix))
 
-
-async def delete_prefix(url: str, prefix: str) -> None:
-    """Delete this test's own Redis keys (and nothing else)."""
-    client = connect(url)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()

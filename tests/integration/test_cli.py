@@ -1,0 +1,89 @@
+"""The `specdec` console command: generate against a stack, `up` with tiny models, the demo."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specdec import procs
+
+SPECDEC = [sys.executable, "-m", "specdec.cli"]
+
+
+def _closed(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return False
+    except OSError:
+        return True
+
+
+def test_generate_streams_text_and_prints_stats(stack, client):
+    ref = client.complete("The cat sat on the", max_new_tokens=12, proposer="none")
+    out = subprocess.run(
+        [*SPECDEC, "generate", "--address", stack.addresses["orch"], "--raw", "--max-new-tokens",
+         "12", "--proposer", "draft", "-k", "3", "The cat sat on the"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ref.text + "\n"
+    assert re.search(r"12 tokens in .* tokens/s", out.stderr)
+    assert "target passes" in out.stderr and "acceptance" in out.stderr
+
+
+def test_generate_reports_bad_input_clearly(stack):
+    out = subprocess.run(
+        [*SPECDEC, "generate", "--address", stack.addresses["orch"], "--max-new-tokens", "0", "hi"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "INVALID_ARGUMENT" in out.stderr and "max_new_tokens" in out.stderr
+
+
+def test_up_starts_everything_and_ctrl_c_leaves_no_orphans(tiny_pair, tmp_path):
+    target_dir, draft_dir = tiny_pair
+    log = tmp_path / "up.log"
+    proc = procs.start([*SPECDEC, "up", "--port", str(procs.free_port()), "--threads", "1",
+                        "--target-model", str(target_dir), "--draft-model", str(draft_dir),
+                        "--logs", str(tmp_path / "logs")], log_path=log)
+    try:
+        deadline = time.monotonic() + 180
+        while "ready:" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        text = log.read_text()
+        addresses = dict(re.findall(r"^(target|draft|orchestrator)\s+(\S+)$", text, re.M))
+        assert set(addresses) == {"target", "draft", "orchestrator"}
+        out = subprocess.run([*SPECDEC, "generate", "--address", addresses["orchestrator"],
+                              "--max-new-tokens", "5", "Hello"], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "5 tokens in" in out.stderr, out.stderr
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert all(_closed(a) for a in addresses.values()), "a child outlived `specdec up`"
+    finally:
+        procs.stop(proc)
+
+
+@pytest.mark.slow
+def test_demo_on_the_embedded_default_models(tmp_path):
+    started = time.monotonic()
+    out = subprocess.run(
+        [*SPECDEC, "demo", "What is the capital of France?", "--max-new-tokens", "24",
+         "--logs", str(tmp_path), "--port", str(procs.free_port())],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "tokens/s" in out.stderr and "everything stopped" in out.stderr
+    addresses = re.findall(r"^(?:target|draft|orchestrator)\s+(\S+)$", out.stderr, re.M)
+    assert len(addresses) == 3 and all(_closed(a) for a in addresses)
+    print(f"demo took {time.monotonic() - started:.1f} s")

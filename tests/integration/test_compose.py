@@ -1,0 +1,64 @@
+"""compose.yaml validates against the Compose specification (offline) and says what the issue asks."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compose_file_validates_against_the_compose_spec_offline():
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "check-jsonschema"), "--builtin-schema",
+         "vendor.compose-spec", str(ROOT / "compose.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok" in out.stdout
+
+
+def test_compose_gpus_profiles_and_health_checks():
+    spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = spec["services"]
+    assert {"redis", "target", "draft", "orchestrator", "target-cpu", "draft-cpu"} <= set(services)
+
+    def gpu_ids(name):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        return [d["device_ids"] for d in devices if "gpu" in d["capabilities"]]
+
+    assert gpu_ids("target") == [["0"]] and gpu_ids("draft") == [["1"]]
+    assert services["target"]["environment"]["SPECDEC_DEVICE"] == "cuda:0"
+    assert services["draft"]["environment"]["SPECDEC_DEVICE"] == "cuda:1"
+    for name in ("target-cpu", "draft-cpu"):
+        assert services[name]["profiles"] == ["cpu"] and "deploy" not in services[name]
+        assert services[name]["environment"]["SPECDEC_DEVICE"] == "cpu"
+    for name, svc in services.items():
+        assert "healthcheck" in svc, name
+    for name in ("target", "draft", "target-cpu", "draft-cpu", "orchestrator"):
+        test = services[name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "specdec", "health"], name
+        port = services[name]["environment"]["SPECDEC_PORT"]
+        assert test[3] == f"127.0.0.1:{port}", name
+        assert services[name]["environment"]["SPECDEC_REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_dockerfile_copies_what_exists_and_installs_the_package():
+    text = (ROOT / "Dockerfile").read_text()
+    for src in re.findall(r"^COPY (\S+) ", text, re.M):
+        assert (ROOT / src).exists(), src
+    assert "pip install ." in text and "torch==2.13.0" in text
+
+
+def test_health_subcommand(stack):
+    ok = subprocess.run([sys.executable, "-m", "specdec.cli", "health", stack.addresses["orch"]],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "SERVING" in ok.stdout
+    from specdec.procs import free_port
+
+    dead = subprocess.run([sys.executable, "-m", "specdec.cli", "health", f"127.0.0.1:{free_port()}",
+                           "--timeout", "1"], capture_output=True, text=True, timeout=60)
+    assert dead.returncode == 1 and "UNAVAILABLE" in dead.stderr

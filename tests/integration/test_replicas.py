@@ -1,0 +1,65 @@
+"""Two target and two draft replicas discovered from Redis; two orchestrators sharing sessions."""
+from __future__ import annotations
+
+import pytest
+
+from client import Client
+from tests.integration.stack import Stack
+
+PROMPTS = ["The cat sat on the", "A quick brown fox", "def add(a, b):", "mat is", "The capital of"]
+
+
+@pytest.fixture(scope="module")
+def replicas(tiny_pair, tmp_path_factory):
+    target_dir, draft_dir = tiny_pair
+    s = Stack(logs=tmp_path_factory.mktemp("replicas"))
+    try:
+        for i in (1, 2):
+            s.start_service(f"target{i}", "target", target_dir)
+            s.start_service(f"draft{i}", "draft", draft_dir)
+        s.start_orchestrator("orchA", target_dir)
+        s.start_orchestrator("orchB", target_dir)
+        yield s
+    finally:
+        s.stop()
+
+
+def test_sessions_spread_over_replicas_and_stick_to_their_kv(replicas):
+    targets = {replicas.addresses["target1"], replicas.addresses["target2"]}
+    drafts = {replicas.addresses["draft1"], replicas.addresses["draft2"]}
+    with Client(replicas.addresses["orchA"]) as a, Client(replicas.addresses["orchB"]) as b:
+        runs = []
+        for prompt in PROMPTS * 2:
+            out = a.complete(prompt, max_new_tokens=12, proposer="draft", k=3)
+            ref = a.complete(prompt, max_new_tokens=12, proposer="none")
+            assert out.token_ids == ref.token_ids
+            runs.append(out)
+        assert {r.stats.target_replica for r in runs} == targets
+        assert {r.stats.draft_replica for r in runs} == drafts
+
+        # Continue every session through the OTHER orchestrator: it finds the
+        # record in Redis and routes to the replicas holding the KV.
+        for prompt, first in zip(PROMPTS, runs):
+            follow = prompt + " and then"
+            cont = b.complete(follow, max_new_tokens=8, proposer="draft", k=3,
+                              session_id=first.stats.session_id)
+            assert cont.stats.target_replica == first.stats.target_replica
+            assert cont.stats.draft_replica == first.stats.draft_replica
+            assert cont.stats.reused_prompt_tokens > 0
+            assert cont.stats.cache_misses == 0
+            fresh = b.complete(follow, max_new_tokens=8, proposer="none")
+            assert cont.token_ids == fresh.token_ids
+
+
+def test_a_dead_replica_drops_out_and_its_sessions_move(replicas, tiny_pair):
+    with Client(replicas.addresses["orchA"]) as a:
+        first = a.complete(PROMPTS[0], max_new_tokens=8, proposer="draft", k=3)
+        holder = next(n for n in ("target1", "target2")
+                      if replicas.addresses[n] == first.stats.target_replica)
+        replicas.stop_one(holder)  # deregisters on SIGTERM
+        cont = a.complete(PROMPTS[0] + " and", max_new_tokens=8, proposer="draft", k=3,
+                          session_id=first.stats.session_id)
+        assert cont.stats.target_replica != first.stats.target_replica
+        assert cont.stats.reused_prompt_tokens == 0  # the new replica had nothing cached
+        fresh = a.complete(PROMPTS[0] + " and", max_new_tokens=8, proposer="none")
+        assert cont.token_ids == fresh.token_ids
