@@ -132,7 +132,8 @@ def markdown(result: dict) -> str:
                   f"{result.get('link', {}).get('note', '')}", "",
                   "Speed-up is against target-only through the same link (svc-none at the same "
                   "RTT / rate); × svc-none direct compares with target-only with no emulated "
-                  "link, measured interleaved in the same phase.", "",
+                  "link, measured interleaved in the same phase. The rate phase samples with "
+                  f"top_p {result['settings'].get('rate_top_p')}.", "",
                   "| phase | mode | link | config | tokens/s (min–max) | speed-up same link "
                   "| × svc-none direct | network ms/round | bytes → / ← per round |",
                   "|---|---|---|---|---|---|---|---|---|"]

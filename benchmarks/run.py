@@ -21,9 +21,10 @@ the services token for token; otherwise the run exits 1 and lists the prompts.
 Sizes. --quick (with --tiny: the tiny test models) finishes in well under
 5 minutes. Full mode on the embedded models is sized for <= 25 minutes on a
 2-core CPU: 5 prompts (one per category), 32 new tokens, 3 repetitions,
-k = 1..8 greedy and 1,2,4,8 sampling, the RTT sweep on 2 prompts at k = 2, 4
-and the rate cap on 2 prompts at k = 4. Scale with --per-category,
---max-new-tokens, --reps.
+k = 1..8 greedy and 1,2,4,8 sampling, the RTT sweep (0, 1, 2, 5, 10, 20 ms) on
+2 prompts at k = 2, 4, and the rate cap (1000, 100 Mbit/s; top_p 1 so the
+distributions travel dense) on 1 prompt at k = 4; one torch thread per process.
+Scale with --per-category, --max-new-tokens, --reps.
 
 Outputs (--out, default benchmarks/results/latest): results.json (every raw
 figure + environment), results.md, PNG plots.
@@ -36,6 +37,7 @@ import math
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,6 +79,7 @@ class Item:
     prompt: suite.Prompt
     rep: int
     link: LinkSettings | None = None
+    top_p: float | None = None  # overrides --top-p (the rate phase ships dense distributions)
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -99,10 +102,10 @@ def _floats(text: str) -> list[float]:
 
 FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="1,2,4,8",
             lookup_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
-            rates="0,100,20", rate_k="4", rate_rtt=0.0)
+            rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1)
 QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2",
              lookup_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
-             rates="0,10", rate_k="2", rate_rtt=0.0)
+             rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,8 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="layers of the early-exit draft when --draft is not given (default 2)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per process (default: all cores; 1 with --quick)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per process (default 1: on 2 shared cores, 2 threads per "
+                        "process oversubscribe and a forward pass gets several times slower)")
     p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
     p.add_argument("--per-category", type=int, help=f"prompts per category (full {FULL['per_category']})")
     p.add_argument("--max-new-tokens", type=int, help=f"(full {FULL['max_new_tokens']})")
@@ -140,6 +144,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rates", help=f"link rate caps, Mbit/s, 0 = uncapped (full {FULL['rates']})")
     p.add_argument("--rate-k", help=f"draft k values under the rate cap (full {FULL['rate_k']})")
     p.add_argument("--rate-rtt", type=float, help="RTT during the rate phase, ms (default 0)")
+    p.add_argument("--rate-prompts", type=int, help=f"prompts in the rate phase (full {FULL['rate_prompts']})")
+    p.add_argument("--rate-top-p", type=float, default=1.0,
+                   help="top_p in the rate phase (default 1.0: nothing truncated, so the "
+                        "distributions travel dense, the case a rate cap hurts)")
     p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
     p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -148,8 +156,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in sizes.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.threads is None:
-        args.threads = 1 if args.quick else (os.cpu_count() or 1)
     args.k, args.sampling_k = _ints(args.k), _ints(args.sampling_k)
     args.lookup_k, args.peer_k = _ints(args.lookup_k), _ints(args.peer_k)
     args.rtts, args.rtt_k = _floats(args.rtts), _ints(args.rtt_k)
@@ -180,7 +186,7 @@ def main_configs(args, mode: str) -> list[Config]:
 
 
 def interleave(cells: list[tuple[str, Config, LinkSettings | None]], prompts, reps: int,
-               phase: str) -> list[Item]:
+               phase: str, top_p: float | None = None) -> list[Item]:
     """Every cell once per prompt and repetition, the cell order rotated each time."""
     items = []
     turn = 0
@@ -188,7 +194,7 @@ def interleave(cells: list[tuple[str, Config, LinkSettings | None]], prompts, re
         for prompt in prompts:
             shift = turn % len(cells)
             for mode, config, link in cells[shift:] + cells[:shift]:
-                items.append(Item(phase, mode, config, prompt, rep, link))
+                items.append(Item(phase, mode, config, prompt, rep, link, top_p))
             turn += 1
     return items
 
@@ -198,19 +204,20 @@ def plan(args, prompts: list[suite.Prompt]) -> list[Item]:
     items = interleave(cells, prompts, args.reps, "main")
     if args.no_network:
         return items
-    net_prompts = suite.subset(prompts, 1)[: args.rtt_prompts]
+    net_prompts = suite.subset(prompts, 1)
     if args.rtts and GREEDY in args.modes:
         configs = [Config("svc", "none")] + [Config("svc", "draft", k) for k in args.rtt_k]
         # The direct svc-none cell, interleaved with the rest, shows what the link itself costs.
         cells = [(GREEDY, Config("svc", "none"), None)]
         cells += [(GREEDY, c, LinkSettings(rtt_ms=r)) for r in args.rtts for c in configs]
-        items += interleave(cells, net_prompts, args.reps, "rtt")
+        items += interleave(cells, net_prompts[: args.rtt_prompts], args.reps, "rtt")
     if args.rates and SAMPLING in args.modes:
         configs = [Config("svc", "none")] + [Config("svc", "draft", k) for k in args.rate_k]
         cells = [(SAMPLING, Config("svc", "none"), None)]
         cells += [(SAMPLING, c, LinkSettings(rtt_ms=args.rate_rtt, rate_mbps=r))
                   for r in args.rates for c in configs]
-        items += interleave(cells, net_prompts, args.reps, "rate")
+        items += interleave(cells, net_prompts[: args.rate_prompts], args.reps, "rate",
+                            top_p=args.rate_top_p)
     return items
 
 
@@ -244,7 +251,8 @@ class ServiceRunner:
         proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT,
                     "lookup": pb.PROPOSER_LOOKUP}[item.config.proposer]
         sampling = (common_pb2.SamplingParams(temperature=0.0) if item.mode == GREEDY else
-                    common_pb2.SamplingParams(temperature=args.temperature, top_p=args.top_p))
+                    common_pb2.SamplingParams(temperature=args.temperature,
+                                              top_p=item.top_p or args.top_p))
         request = pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in item.prompt.messages],
             max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer=proposer,
@@ -390,8 +398,17 @@ def _progress(total: int):
         return None
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: stop the stack and write what was measured."""
+
+
+def _on_sigterm(signum, _frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -458,42 +475,49 @@ def main(argv: list[str] | None = None) -> int:
                 return runners["linked"]
             return runners["direct"]
 
-        # Warm-up: each distinct (runner, mode, config) once, short, not recorded.
-        seen = set()
+        # Warm-up: each distinct (runner, mode, config) once, short, not recorded; its
+        # seconds per token give a rough estimate of the whole run.
+        per_token: dict[tuple, float] = {}
         for item in items:
-            key = (item.link is not None, item.mode, item.config)
-            if key not in seen:
-                seen.add(key)
-                runner_for(item).run(item, args, _seed(args, 0), min(8, args.max_new_tokens))
+            key = (item.link, item.mode, item.config)
+            if key not in per_token:
+                r = runner_for(item).run(item, args, _seed(args, 0), min(8, args.max_new_tokens))
+                per_token[key] = r["wall_s"] / max(1, r["new_tokens"])
+        eta = sum(per_token[(i.link, i.mode, i.config)] for i in items) * args.max_new_tokens
+        print(f"estimated measuring time ~{eta / 60:.1f} min (from the warm-up)", file=sys.stderr)
 
+        raw = (args.out / "records.jsonl").open("w")
         bar = _progress(len(items))
         for item in items:
             if bar is not None:
                 bar.set_description(f"{item.phase} {item.mode[:4]} {item.config.name}", refresh=False)
             result = runner_for(item).run(item, args, _seed(args, index[item.prompt.id]),
                                           args.max_new_tokens)
-            records.append({
+            record = {
                 "phase": item.phase, "mode": item.mode, "config": item.config.name,
                 "family": item.config.family, "proposer": item.config.proposer,
                 "k": item.config.k, "prompt_id": item.prompt.id,
                 "category": item.prompt.category, "rep": item.rep,
                 "max_new_tokens": args.max_new_tokens,
+                "top_p": (item.top_p or args.top_p) if item.mode == SAMPLING else None,
                 "rtt_ms": item.link.rtt_ms if item.link else None,
                 "rate_mbps": item.link.rate_mbps if item.link else None,
                 **result,
-            })
+            }
+            records.append(record)
+            raw.write(json.dumps(record) + "\n")
+            raw.flush()
             if bar is not None:
                 bar.update()
         if bar is not None:
             bar.close()
+        raw.close()
     except BaseException as exc:  # noqa: BLE001 - still write what was measured
         failure = f"{type(exc).__name__}: {exc}"
         if stack is not None:
             for log in stack.logs():
                 tail = log.read_text(errors="replace").splitlines()[-15:]
                 print(f"--- {log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
         raise
     finally:
         for runner in runners.values():
@@ -528,7 +552,8 @@ def _write(args, records, stack, link_note, started, failure, model_info) -> Non
         "sampling_k": args.sampling_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
         "modes": args.modes, "temperature": args.temperature, "top_p": args.top_p,
         "rtts": args.rtts, "rtt_k": args.rtt_k, "rates": args.rates, "rate_k": args.rate_k,
-        "rate_rtt": args.rate_rtt, "seed": args.seed, "elapsed_s": time.time() - started,
+        "rate_rtt": args.rate_rtt, "rate_prompts": args.rate_prompts,
+        "rate_top_p": args.rate_top_p, "rtt_prompts": args.rtt_prompts, "seed": args.seed, "elapsed_s": time.time() - started,
         "failure": failure,
     }
     result = {
