@@ -271,6 +271,27 @@ def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict
     return {"mode": mode, "alpha_pooled": alpha, "t1_ms": t1, "rows": rows}
 
 
+def rtt_prediction(summaries: list[dict], config: str, rtt_ms: float, phase: str = "rtt",
+                   mode: str = "greedy") -> float:
+    """Speed-up over the same link predicted from the RTT-0 cells: E (T_t + R) / (T_r + 2 R).
+
+    T_t = seconds per token of svc-none, T_r / E = seconds per token of `config`,
+    both through the link at RTT 0; E = tokens per round. Target-only pays one
+    round trip per token, a speculative round two (propose, then score).
+    """
+    cells = {s["config"]: s for s in summaries if s["phase"] == phase and s["mode"] == mode
+             and s.get("rtt_ms") == 0.0}
+    base, spec = cells.get("svc-none"), cells.get(config)
+    if not base or not spec or not base["tps_median"] or not spec["tps_median"]:
+        return math.nan
+    e = spec["tokens_per_pass"]
+    rtts = 2.0 if spec["proposer"] == "draft" else 1.0  # lookup runs in the orchestrator
+    t_t = 1.0 / base["tps_median"]
+    per_token = 1.0 / spec["tps_median"]
+    r = rtt_ms / 1000.0
+    return (t_t + r) / (per_token + rtts * r / e)
+
+
 def greedy_mismatches(records: list[dict]) -> list[dict]:
     """Greedy service outputs that differ from target-only through the services.
 

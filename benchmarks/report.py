@@ -135,8 +135,9 @@ def markdown(result: dict) -> str:
                   "link, measured interleaved in the same phase. The rate phase samples with "
                   f"top_p {result['settings'].get('rate_top_p')}.", "",
                   "| phase | mode | link | config | tokens/s (min–max) | speed-up same link "
-                  "| × svc-none direct | network ms/round | bytes → / ← per round |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| predicted from RTT 0 | × svc-none direct | network ms/round "
+                  "| bytes → / ← per round |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         direct = {(s["phase"], s["mode"]): s for s in net
                   if s.get("rtt_ms") is None and s["config"] == "svc-none"}
         for s in net:
@@ -145,7 +146,7 @@ def markdown(result: dict) -> str:
             lines.append(
                 f"| {s['phase']} | {s['mode']} | {_link(s)} | {s['config']} | "
                 f"{_f(s['tps_median'], '.1f')} ({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | "
-                f"{_f(s['vs_svc_none'])} | "
+                f"{_f(s['vs_svc_none'])} | {_f(_rtt_pred(summaries, s))} | "
                 f"{_f(s['tps_median'] / d['tps_median']) if d else '–'} | "
                 f"{_f(b['network_ms']['median'], '.1f')} | "
                 f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
@@ -158,6 +159,12 @@ def markdown(result: dict) -> str:
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in result.get("plots", [])]
     lines.append("")
     return "\n".join(lines)
+
+
+def _rtt_pred(summaries: list[dict], s: dict) -> float:
+    if s["phase"] != "rtt" or s.get("rtt_ms") is None or s["config"] == "svc-none":
+        return math.nan
+    return analysis.rtt_prediction(summaries, s["config"], s["rtt_ms"])
 
 
 def best_k_per_rtt(summaries: list[dict]) -> list[tuple[float, str, float]]:
@@ -262,7 +269,11 @@ def plots(result: dict, out_dir: Path) -> list[str]:
                           and s["rtt_ms"] is not None), key=lambda s: s["rtt_ms"])
             xs = [s["rtt_ms"] for s in pts]
             if cfg != "svc-none":
-                axes[0].plot(xs, [s["vs_svc_none"] for s in pts], "o-", label=cfg)
+                line, = axes[0].plot(xs, [s["vs_svc_none"] for s in pts], "o-", label=cfg)
+                grid = [x / 4 for x in range(int(4 * max(xs, default=0)) + 1)]
+                axes[0].plot(grid, [analysis.rtt_prediction(summaries, cfg, x) for x in grid],
+                             "--", color=line.get_color(), alpha=0.5,
+                             label=f"{cfg}: E(T_t+R)/(T_r+2R)")
             if direct:
                 axes[1].plot(xs, [s["tps_median"] / direct["tps_median"] for s in pts], "o-",
                              label=cfg)
