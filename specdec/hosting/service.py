@@ -87,14 +87,17 @@ def build_parser(role: str, default_port: int) -> argparse.ArgumentParser:
                         "SmolLM2-135M-Instruct (converted once to a cached folder) [SPECDEC_MODEL]")
     g.add_argument("--device", default=env_default("device", "cpu"),
                    help="cpu, cuda, cuda:N [SPECDEC_DEVICE]")
-    g.add_argument("--dtype", default=env_default("dtype", "float32"),
-                   choices=sorted(loader.DTYPES), help="weights and KV dtype [SPECDEC_DTYPE]")
+    g.add_argument("--dtype", default=env_default("dtype", None),
+                   choices=sorted(loader.DTYPES), help="weights and KV dtype; default float32, or the "
+                   "dtype a distilled draft folder names if the device supports it [SPECDEC_DTYPE]")
     g.add_argument("--threads", type=int, default=env_default("threads", os.cpu_count() or 1),
                    help="torch CPU threads [SPECDEC_THREADS] (default %(default)s)")
     layers_help = ("keep only the first N decoder layers (early exit; Llama-like models)"
                    " [SPECDEC_NUM_LAYERS]")
     if role == "draft":
-        layers_help += "; default 2 for the embedded model, all layers for --model"
+        layers_help += ("; without --model the committed distilled draft (drafts/smollm2-135m) is "
+                        "served, or, if absent or with --num-layers, the embedded model's first N "
+                        "layers (default 2)")
     g.add_argument("--num-layers", "--draft-layers", dest="num_layers", type=int,
                    default=env_default("num_layers", None), help=layers_help)
     c = parser.add_argument_group("sessions and limits")
@@ -203,10 +206,13 @@ def main(
     configure_logging(options.log_level)
     torch.set_num_threads(max(1, int(args.threads)))
     num_layers = args.num_layers
-    if role == "draft" and num_layers is None and not args.model:
+    model = args.model
+    if role == "draft" and num_layers is None and not model:
+        model = loader.default_draft()  # the committed distilled draft, if present
+    if role == "draft" and num_layers is None and not model:
         num_layers = 2
     try:
-        loaded = loader.load(args.model, device=args.device, dtype=args.dtype,
+        loaded = loader.load(model, device=args.device, dtype=args.dtype,
                              num_layers=int(num_layers) if num_layers is not None else None)
     except (FileNotFoundError, ValueError) as exc:
         log.error("cannot load the model: %s", exc)

@@ -1,0 +1,7 @@
+"""Distil a draft model from a target: `python -m specdec.distill --help`.
+
+prompts (the shipped prompt set) -> data (target greedy responses + top-k
+log-probs) -> train (a few target layers, soft cross-entropy) -> evaluate
+(held-out agreement, tokens per target pass, cost) -> a draft folder
+(draft.py) that specdec.hosting.loader serves like any model.
+"""

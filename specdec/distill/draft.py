@@ -1,0 +1,214 @@
+"""The distilled draft: the target's embedding, its first L decoder layers
+(trained), its final norm (trained) and its tied head (frozen), optionally
+restricted to a vocabulary subset.
+
+A draft folder holds only what training changed, plus a manifest:
+  specdec-draft.json   format, base target, layers, vocabulary subset size, recipe, eval
+  draft.safetensors    model.layers.*, model.norm.weight, and `vocab_subset` (int64 ids) if any
+The frozen embedding/head come from the target at load time, so a draft of a
+135M target is ~14 MB (bf16) instead of 270 MB. specdec.hosting.loader loads
+such a folder like any model (the manifest selects this path).
+
+Reduced vocabulary: the head keeps only the rows of the N most frequent tokens
+of the distillation data. Logits outside the subset are -inf, so the draft's
+q is exactly 0 there; rejection sampling stays exact (a token the draft never
+proposes is covered by the recovered distribution norm(max(0, p - q))), and
+the draft service still returns full-vocabulary q rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.hosting.loader import DRAFT_MANIFEST
+
+MANIFEST = DRAFT_MANIFEST  # the loader serves any folder holding this file
+WEIGHTS = "draft.safetensors"
+FORMAT = "specdec-draft/1"
+EMBEDDED = "embedded default"
+
+
+class SubsetHead(torch.nn.Module):
+    """A tied LM head over a vocabulary subset; -inf logits elsewhere.
+
+    `weight` is the full (shared, frozen) embedding, so the head still reports
+    the full vocabulary size; `sub_weight` holds the subset's rows.
+    """
+
+    def __init__(self, weight: torch.nn.Parameter, subset: torch.Tensor):
+        super().__init__()
+        self.weight = weight  # [vocab, hidden], shared with the input embedding
+        self.register_buffer("subset", subset.to(device=weight.device, dtype=torch.long))  # [n]
+        self.register_buffer("sub_weight", weight.detach()[self.subset].clone())  # [n, hidden]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.weight.shape[0])
+
+    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., n]
+        return torch.nn.functional.linear(hidden, self.sub_weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., vocab]
+        sub = self.subset_logits(hidden)
+        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.subset] = sub
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What specdec-draft.json says about a draft folder."""
+
+    target: str  # EMBEDDED, or the path of the target folder / .gguf file
+    target_name: str
+    tokenizer_fingerprint: str
+    num_layers: int
+    vocab_subset: int  # rows of the reduced head; 0 = full vocabulary
+    dtype: str  # dtype of the stored tensors (and the suggested serving dtype)
+    format: str = FORMAT
+    recipe: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, folder: Path) -> None:
+        (folder / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> "Manifest":
+        data = json.loads((Path(folder) / MANIFEST).read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{folder / MANIFEST}: unknown format {data.get('format')!r}, expected {FORMAT!r}")
+        return cls(**data)
+
+
+def is_draft_folder(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def target_spec(target: str | None) -> str:
+    """The manifest's name for a --target value (None/"default" = the embedded model)."""
+    if not target or target == "default":
+        return EMBEDDED
+    return str(Path(target).expanduser().resolve())
+
+
+def load_target_spec(spec: str) -> str | None:
+    """The loader's spec for a manifest target (None = the embedded default)."""
+    return None if spec == EMBEDDED else spec
+
+
+def build_from_target(model: Any, num_layers: int, subset: torch.Tensor | None) -> Any:
+    """Turn a loaded target model into an (untrained) draft, in place.
+
+    Keeps the first `num_layers` decoder layers; freezes the embedding and the
+    head; with `subset`, swaps the head for a SubsetHead over those token ids.
+    """
+    from specdec.hosting.loader import truncate_layers
+
+    truncate_layers(model, num_layers)
+    embedding = model.get_input_embeddings()
+    if subset is not None:
+        model.lm_head = SubsetHead(embedding.weight, subset)
+    model.requires_grad_(False)
+    for p in trainable_parameters(model):
+        p.requires_grad_(True)
+    return model
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    return [p for _, p in trainable_named(model)]
+
+
+def trainable_named(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    """The decoder layers and the final norm: everything but embedding and head."""
+    return [
+        (name, p) for name, p in model.named_parameters()
+        if name.startswith("model.layers.") or name.startswith("model.norm.")
+    ]
+
+
+def subset_of(model: Any) -> torch.Tensor | None:
+    head = model.get_output_embeddings()
+    return head.subset if isinstance(head, SubsetHead) else None
+
+
+def save(model: Any, folder: Path, manifest: Manifest) -> Path:
+    """Write the trained tensors (in manifest.dtype) and the manifest to `folder`."""
+    from safetensors.torch import save_file
+
+    from specdec.hosting.loader import DTYPES
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = DTYPES[manifest.dtype]
+    tensors = {name: p.detach().to("cpu", dtype).contiguous() for name, p in trainable_named(model)}
+    subset = subset_of(model)
+    if subset is not None:
+        tensors["vocab_subset"] = subset.detach().to("cpu", torch.long).contiguous()
+    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt", "specdec": FORMAT})
+    manifest.write(folder)
+    return folder
+
+
+def load_trained(model: Any, folder: Path) -> Any:
+    """Build the draft from a loaded target `model` (in place) with `folder`'s tensors."""
+    from safetensors.torch import load_file
+
+    manifest = Manifest.read(folder)
+    tensors = load_file(str(Path(folder) / WEIGHTS))
+    subset = tensors.pop("vocab_subset", None)
+    if manifest.vocab_subset and (subset is None or subset.numel() != manifest.vocab_subset):
+        raise ValueError(f"{folder}: manifest says vocab_subset={manifest.vocab_subset}, tensors disagree")
+    build_from_target(model, manifest.num_layers, subset)
+    expected = {name for name, _ in trainable_named(model)}
+    if set(tensors) != expected:
+        missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        raise ValueError(f"{folder / WEIGHTS}: tensors do not fit the target (missing {missing[:3]}, extra {extra[:3]})")
+    params = dict(trainable_named(model))
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
+    return model
+
+
+def load_for_serving(folder: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """(model, tokenizer, name) for the loader: the target's frozen parts + the trained draft."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.hosting.loader import resolve, tokenizer_fingerprint
+
+    folder = Path(folder)
+    manifest = Manifest.read(folder)
+    target_folder, _ = resolve(load_target_spec(manifest.target))
+    model = AutoModelForCausalLM.from_pretrained(target_folder, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(target_folder)
+    if tokenizer_fingerprint(tokenizer) != manifest.tokenizer_fingerprint:
+        raise ValueError(
+            f"{folder}: the draft was distilled from a target with a different tokenizer "
+            f"than {manifest.target!r} has now"
+        )
+    load_trained(model, folder)
+    model.requires_grad_(False)
+    return model, tokenizer, f"{folder.name}:distilled-{manifest.num_layers}L-from-{manifest.target_name}"
+
+
+def serving_dtype(folder: Path, device: str | torch.device) -> str:
+    """The dtype to serve `folder` in when none is asked for: the draft's own where the device has it.
+
+    bfloat16 on a CPU without native bf16 kernels is slower than float32, so it falls back.
+    """
+    if not is_draft_folder(folder):
+        return "float32"
+    wanted = Manifest.read(folder).dtype
+    kind = torch.device(device).type
+    if wanted in ("bfloat16", "bf16"):
+        if kind == "cuda":
+            return wanted if torch.cuda.is_bf16_supported() else "float16"
+        check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        return wanted if kind == "cpu" and check is not None and check() else "float32"
+    if wanted in ("float16", "fp16") and kind == "cpu":
+        return "float32"
+    return wanted
