@@ -69,19 +69,6 @@ class _FirstTokenClock:
         pass
 
 
-def chat_input_ids(tokenizer, messages: list[dict], device) -> torch.Tensor:
-    """Render chat messages with the model's template, as the orchestrator does."""
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    ids = torch.as_tensor(ids, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids[None]  # [1, prompt_len]
-    return ids.to(device)
-
-
 def generate(
     target,
     draft,

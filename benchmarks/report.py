@@ -105,6 +105,19 @@ def markdown(result: dict) -> str:
             f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
             f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
         )
+    accept = [s for s in main if s.get("acceptance_by_position")]
+    if accept:
+        lines += ["", "## Acceptance by position (services, draft)", "",
+                  "P(draft token i accepted | tokens 1..i−1 accepted), pooled over requests.", "",
+                  "| mode | config | α | " + " | ".join(f"pos {i}" for i in range(1, max(
+                      len(s["acceptance_by_position"]) for s in accept) + 1)) + " |"]
+        width = max(len(s["acceptance_by_position"]) for s in accept)
+        lines.append("|---|---|---|" + "---|" * width)
+        for s in accept:
+            rates = [_f(x) for x in s["acceptance_by_position"]] + [""] * (
+                width - len(s["acceptance_by_position"]))
+            lines.append(f"| {s['mode']} | {s['config']} | {_f(s.get('alpha'), '.3f')} | "
+                         + " | ".join(rates) + " |")
     for model in result.get("models", []):
         if not model:
             continue
