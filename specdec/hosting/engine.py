@@ -220,7 +220,7 @@ class ModelHost:
                     u = torch.tensor([uniform(seed, position + i, Purpose.DRAFT)], dtype=torch.float64)
                     token = int(sample(q, u).item())
                 drafted.append(token)
-                if q is not None:
+                if want_probs:
                     rows.append(q)
                 if token in self._eos:
                     break
