@@ -231,7 +231,7 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
         record = await store.load(spec.session_id) if spec.session_id else None
     if spec.session_id and record is None:
         raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
-    record = record or SessionRecord(session_id=uuid.uuid4().hex)
+    record = record or SessionRecord(session_id=uuid.uuid4().hex, created=time.time())
     session_id = tally.session_id = record.session_id
     with _Timer(tally, "redis_ms"):
         target = await engine.router.pick("target", record.target)
@@ -261,6 +261,7 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
     generated = 0
     finished = False
+    saving: asyncio.Future | None = None  # the previous round's Redis write
 
     try:
         while not finished:
@@ -332,14 +333,21 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 if not hit:
                     text += _release_held(decoder, holdback)
 
+            # The write overlaps the next round's RPCs; each round first waits for
+            # the previous write, so records land in order and a failure surfaces.
             with _Timer(tally, "redis_ms"):
-                record = await store.save(replace(
-                    record, tokens=tuple(tokens), target=target.address, target_len=target_len,
-                    draft=draft.address if draft else record.draft,
-                    draft_len=draft_len if draft else record.draft_len,
-                    sampling=_sampling_dict(spec.sampling), seed=tally.seed,
-                    counter=record.counter + 1,
-                ))
+                if saving is not None:
+                    await saving
+            record = replace(
+                record, tokens=tuple(tokens), target=target.address, target_len=target_len,
+                draft=draft.address if draft else record.draft,
+                draft_len=draft_len if draft else record.draft_len,
+                sampling=_sampling_dict(spec.sampling), seed=tally.seed, counter=record.counter + 1,
+            )
+            saving = asyncio.ensure_future(store.save(record))
+            if finished:
+                with _Timer(tally, "redis_ms"):
+                    await saving
             round_ms = (time.perf_counter() - round_start) * 1e3
             tally.orchestrator_ms += round_ms - rpc_ms - (tally.redis_ms - redis_before)
             tally.overhead_ms.append(round_ms - server_ms)
@@ -349,10 +357,21 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
     except BaseException:
         # A client that went away (cancellation) or any failure mid-stream: the
         # session's KV must not linger on either service.
-        await asyncio.shield(forget_session(session_id, store, [target, draft]))
+        await asyncio.shield(_abandon(saving, session_id, store, [target, draft]))
         raise
     tally.total_ms = (time.perf_counter() - started) * 1e3
     yield tally
+
+
+async def _abandon(saving: asyncio.Future | None, session_id: str, store: SessionStore,
+                   clients: Sequence[ModelClient | None]) -> None:
+    """Let an in-flight write land (so it cannot resurrect the record), then forget the session."""
+    if saving is not None:
+        try:
+            await saving
+        except Exception:  # noqa: BLE001 - the session is being dropped anyway
+            pass
+    await forget_session(session_id, store, clients)
 
 
 def _detokenize(
