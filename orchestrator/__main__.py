@@ -1,8 +1,10 @@
 """python -m orchestrator: serve the Orchestrator gRPC API.
 
-    python -m orchestrator --target 127.0.0.1:50051 --draft 127.0.0.1:50052 \\
+    python -m orchestrator --target 127.0.0.1:50061 --draft 127.0.0.1:50062 \\
         --redis-url redis://127.0.0.1:6379/0 --tokenizer /path/to/target/folder
 
+Redis (--redis-url, default redis://127.0.0.1:6379/0) holds the sessions and
+the service registry, under --redis-prefix.
 Replicas are discovered from the Redis service registry; --target/--draft are
 the fallback when the registry lists none. At start-up the orchestrator asks
 the target (and draft) for GetInfo and refuses to serve when their tokenizers
@@ -56,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: the embedded default target [SPECDEC_TOKENIZER]")
     g.add_argument("--session-ttl", type=int, default=env_default("session_ttl", SESSION_TTL_S),
                    help="seconds an idle session is kept [SPECDEC_SESSION_TTL]")
-    g.add_argument("--default-proposer", choices=KINDS,
+    g.add_argument("--default-proposer", choices=[k for k in KINDS if k != "guess"],
                    default=env_default("default_proposer", "draft"),
                    help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
     g.add_argument("--default-k", type=int, default=env_default("default_k", 5),

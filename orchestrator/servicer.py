@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from orchestrator import check as checking
+from orchestrator import metrics
 from orchestrator.loop import ChunkEvent, Engine, GenerateSpec, Tally, forget_session, generate
 from orchestrator.proposers import DRAFT, GUESS, LOOKUP, NONE
 from orchestrator.text import encode_prompt, encode_text
@@ -101,6 +102,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             if isinstance(event, ChunkEvent):
                 yield pb.GenerateResponse(chunk=pb.Chunk(text=event.text, token_ids=event.token_ids))
             else:
+                metrics.observe(event)
                 yield pb.GenerateResponse(stats=stats_to_proto(event))
 
     async def Check(  # noqa: N802

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from specdec import procs
 from tests.integration.stack import Stack
 
 
@@ -14,7 +15,8 @@ def stack(tiny_pair, tmp_path_factory) -> Stack:
     try:
         s.start_service("target", "target", target_dir)
         s.start_service("draft", "draft", draft_dir)
-        s.start_orchestrator("orch", target_dir)
+        s.metrics_port = procs.free_port()
+        s.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(s.metrics_port)))
         yield s
     finally:
         s.stop()

@@ -197,3 +197,22 @@ def test_async_client_twin(stack):
     chunks, done = asyncio.run(body())
     assert [t for c in chunks for t in c.token_ids] == list(done.token_ids)
     assert done.stats.new_tokens == 10
+
+
+def test_prometheus_metrics_count_generations(client, stack):
+    import urllib.request
+
+    def scrape() -> str:
+        url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+        return urllib.request.urlopen(url, timeout=5).read().decode()
+
+    def value(text: str, name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
+
+    before = scrape()
+    client.complete(PROMPTS[0], max_new_tokens=9, proposer="lookup")
+    after = scrape()
+    assert value(after, "specdec_generated_tokens_total") - value(before, "specdec_generated_tokens_total") == 9
+    assert value(after, "specdec_generations_total") == value(before, "specdec_generations_total") + 1
+    assert 'specdec_requests_total{code="OK",method="/specdec.v1.Orchestrator/Generate"}' in after
