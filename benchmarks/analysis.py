@@ -192,6 +192,9 @@ def breakdown(records: list[dict]) -> dict:
         if total > 0:
             shares.append(1 - (s.get("draft_ms", 0.0) + s.get("target_ms", 0.0)) / total)
     out["non_compute_share"] = {"median": median(shares), "p90": quantile(shares, 0.9)}
+    # The orchestrator's own per-round median of everything but server compute.
+    over = [r["stats"]["overhead_p50_ms"] for r in records if "overhead_p50_ms" in r["stats"]]
+    out["overhead_p50_ms"] = {"median": median(over), "p90": quantile(over, 0.9)}
     # Client wall time the orchestrator's own clock does not see (client <-> orchestrator).
     gaps = [r["wall_s"] * 1000 - r["stats"].get("total_ms", 0.0) for r in records]
     out["client_gap_ms"] = {"median": median(gaps), "p90": quantile(gaps, 0.9)}

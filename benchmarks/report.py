@@ -86,10 +86,12 @@ def markdown(result: dict) -> str:
     lines += ["", "## Per-round breakdown (services)", "",
               "Milliseconds per round (a request's totals / its target passes), median over "
               "requests [p90]. network = RPC time minus the service's own time (wire + "
-              "serialisation); non-compute = 1 − (draft + target) / orchestrator total.", ""]
+              "serialisation); non-compute = 1 − (draft + target) / orchestrator total; "
+              "overhead/round is the orchestrator's own per-round median of everything but "
+              "server compute (Stats.overhead_p50_ms), median [p90] over requests.", ""]
     lines.append("| mode | config | draft | target | network | orchestrator | Redis | round total "
-                 "| non-compute | bytes → / ← per round |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+                 "| non-compute | overhead/round (Stats p50) | bytes → / ← per round |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for s in main:
         b = s.get("breakdown")
         if not b:
@@ -102,6 +104,7 @@ def markdown(result: dict) -> str:
             f"| {s['mode']} | {s['config']} | {mp('draft_ms')} | {mp('target_ms')} | "
             f"{mp('network_ms')} | {mp('orchestrator_ms')} | {mp('redis_ms')} | {mp('total_ms')} | "
             f"{_f(100 * b['non_compute_share']['median'], '.0f')}% | "
+            f"{mp('overhead_p50_ms')} | "
             f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
             f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
         )
