@@ -21,7 +21,7 @@ the services token for token; otherwise the run exits 1 and lists the prompts.
 Sizes. --quick (with --tiny: the tiny test models) finishes in well under
 5 minutes. Full mode on the embedded models is sized for <= 25 minutes on a
 2-core CPU: 5 prompts (one per category), 32 new tokens, 3 repetitions,
-k = 1..8 greedy and 1,2,4,8 sampling, the RTT sweep (0, 1, 2, 5, 10, 20 ms) on
+k = 1..8 greedy and 2, 4, 8 sampling, the RTT sweep (0, 1, 2, 5, 10, 20 ms) on
 2 prompts at k = 2, 4, and the rate cap (1000, 100 Mbit/s; top_p 1 so the
 distributions travel dense) on 1 prompt at k = 4; one torch thread per process.
 Scale with --per-category, --max-new-tokens, --reps.
@@ -100,7 +100,7 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="1,2,4,8",
+FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8",
             lookup_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
             rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1)
 QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2",
