@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from specdec.errors import CacheMiss, Unavailable, is_cache_miss
+from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
 CHANNEL_OPTIONS = [
@@ -31,6 +31,14 @@ _DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 class ServiceDown(Unavailable):
     """A model service did not answer (down, restarting, or too slow)."""
+
+
+class UpstreamError(SpecdecError):
+    """Any other status from a model service, passed on with its code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class ModelClient:
                 raise ServiceDown(
                     f"{self.role} service at {self.address} unavailable: {exc.code().name}: {exc.details()}"
                 ) from None
-            raise
+            raise UpstreamError(exc.code(), f"{self.role} service at {self.address}: {exc.details()}") from None
         rpc_ms = (time.perf_counter() - start) * 1e3
         timing = getattr(response, "timing", None)  # GetInfo/Release carry none
         server_ms = timing.total_ms if timing is not None else 0.0

@@ -1,6 +1,7 @@
 """Bad input gets a clear status naming the field; sessions: multi-turn reuse, disconnects."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -110,11 +111,24 @@ def test_disconnect_mid_stream_frees_the_session_on_both_services(client, stack)
         if received == 3:
             stream.cancel()
             break
-    time.sleep(2.0)  # the orchestrator releases as soon as it sees the cancellation
+    # The orchestrator releases both caches, then drops the Redis record: wait for that.
+    deadline = time.monotonic() + 20
+    while asyncio.run(_record_exists(stack, sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     # One probe each: Release answers whether the service still held the session.
     held = {role: _release(stack.addresses[role], role, sid) for role in ("target", "draft")}
     assert held == {"target": False, "draft": False}, "KV still held after the client left"
     assert client.end_session(sid) is False  # the record went too
+
+
+async def _record_exists(stack, session_id: str) -> bool:
+    from specdec.store import SessionStore, connect
+
+    redis = connect(stack.redis_url)
+    try:
+        return await SessionStore(redis, prefix=stack.prefix).load(session_id) is not None
+    finally:
+        await redis.aclose()
 
 
 def _release(address: str, role: str, session_id: str) -> bool:
