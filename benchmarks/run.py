@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -518,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             for log in stack.logs():
                 tail = log.read_text(errors="replace").splitlines()[-15:]
                 print(f"--- {log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
+            print(f"service logs kept in {workdir / 'logs'}", file=sys.stderr)
         raise
     finally:
         for runner in runners.values():
@@ -528,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         if records or failure:
             _write(args, records, stack, link_note, started, failure, model_info)
 
+    shutil.rmtree(workdir, ignore_errors=True)  # kept (with the service logs) only on failure
     checks = json.loads((args.out / "results.json").read_text())["checks"]
     print(f"wrote {args.out}/results.json, results.md, plots "
           f"({time.time() - started:.0f} s)", file=sys.stderr)
