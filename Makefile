@@ -26,7 +26,7 @@ test: install
 	$(PY) -m pytest -q
 
 bench-quick: install
-	$(PY) -m benchmarks.run --quick
+	$(PY) -m benchmarks.run --quick --tiny
 
 proto: install
 	$(PY) scripts/gen_proto.py
