@@ -12,6 +12,9 @@ Stages (each resumable, each reads what the previous one wrote under --out):
          specdec.hosting.loader, as the draft service loads it) and of the
          early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json
 Serve the result with `python -m draft_service --model OUT/draft`.
+The defaults (every shipped prompt, 36 + 18 minute budgets for data and
+training) finish in about an hour on a 2-core CPU; on a GPU, the budgets do
+not bind: raise --prompts (with a larger --prompt-file), --max-new-tokens and --steps.
 """
 from __future__ import annotations
 
@@ -37,28 +40,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="default",
                    help="target: 'default' (the embedded SmolLM2-135M-Instruct), a HF folder or a .gguf file")
     p.add_argument("--out", required=True, type=Path, help="working folder (data, checkpoints, draft, eval)")
-    p.add_argument("--prompts", type=int, default=1600, help="training prompts (default %(default)s)")
+    p.add_argument("--prompts", type=int, default=0, help="training prompts; 0 = all of the prompt file's (default)")
     p.add_argument("--prompt-file", type=Path, default=None, help="JSONL of {messages: [...]} (default: shipped set)")
     p.add_argument("--heldout", type=int, default=64, help="held-out prompts (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="response length cap (default %(default)s)")
-    p.add_argument("--gen-batch", type=int, default=48, help="prompts per generation batch (default %(default)s)")
+    p.add_argument("--gen-batch", type=int, default=64, help="prompts per generation batch (default %(default)s)")
     p.add_argument("--gen-dtype", default="bfloat16",
                    help="target dtype for training data (default %(default)s; held-out data is always float32)")
     p.add_argument("--top-k", type=int, default=20, help="target log-probs stored per position (default %(default)s)")
     p.add_argument("--layers", type=int, default=2, help="draft decoder layers (default %(default)s)")
     p.add_argument("--vocab", type=int, default=8192,
                    help="reduced head: the N most frequent tokens; 0 = full vocabulary (default %(default)s)")
-    p.add_argument("--steps", type=int, default=1200, help="optimiser steps (default %(default)s)")
+    p.add_argument("--steps", type=int, default=3000, help="optimiser steps (default %(default)s)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="response positions per step (default %(default)s)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default %(default)s)")
-    p.add_argument("--amp", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default %(default)s)")
+    p.add_argument("--amp", default="auto", choices=("auto", "bfloat16", "float32"),
                    help="training autocast dtype; auto = bfloat16 where supported (default %(default)s)")
     p.add_argument("--draft-dtype", default="bfloat16",
                    help="dtype of the stored draft tensors and of evaluation (default %(default)s)")
-    p.add_argument("--data-minutes", type=float, default=0,
-                   help="time budget of the data stage: no new shard after it (0 = none; a rerun resumes)")
-    p.add_argument("--train-minutes", type=float, default=0,
-                   help="time budget of training: fewer steps if --steps would not fit (0 = none)")
+    p.add_argument("--data-minutes", type=float, default=36,
+                   help="time budget of the data stage: no new shard after it; a rerun resumes "
+                        "(0 = none; default %(default)s)")
+    p.add_argument("--train-minutes", type=float, default=18,
+                   help="time budget of training: fewer steps if --steps would not fit "
+                        "(0 = none; default %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default %(default)s)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -70,7 +75,7 @@ def _amp(args: argparse.Namespace, device: torch.device) -> str:
     if args.amp != "auto":
         return args.amp
     if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"  # fp16 would need loss scaling
     mkldnn_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return "bfloat16" if mkldnn_bf16 is not None and mkldnn_bf16() else "float32"
 
@@ -89,7 +94,7 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
     from specdec.distill import data, prompts
 
     prompt_set = prompts.load(args.prompt_file) if args.prompt_file else prompts.load()
-    train_prompts, heldout_prompts = prompts.split(prompt_set, args.prompts, args.heldout)
+    train_prompts, heldout_prompts = prompts.split(prompt_set, args.prompts or None, args.heldout)
     info_path = args.out / "data" / "info.json"
     config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k)
     summary: dict[str, Any] = {"target": args.target, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k}

@@ -35,7 +35,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     warmup: float = 0.05  # fraction of steps
     min_lr: float = 0.1  # cosine floor, as a fraction of lr
-    amp: str = "bfloat16"  # autocast dtype, or "float32" for none
+    amp: str = "bfloat16"  # "bfloat16" autocast, or "float32" for none
     ckpt_every: int = 100
     seed: int = 0
 
@@ -142,7 +142,7 @@ def soft_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor], cmap: torch.
 def autocast(device: torch.device, amp: str):
     if amp == "float32":
         return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[amp])
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def lr_at(step: int, config: TrainConfig) -> float:

@@ -94,3 +94,4 @@ def test_draft_service_serves_the_distilled_folder(services, distilled: tuple[Pa
     outside[subset] = False
     assert torch.all(q[:, outside] == 0.0)
     assert set(sampled.tokens) <= set(subset.tolist())
+

@@ -1,0 +1,135 @@
+"""Write a draft card (markdown) from a distill run: python -m specdec.distill.card OUT [--name NAME].
+
+Everything in the card is read from the run folder (data/info.json, the draft
+manifest, eval.json), so the numbers are the measured ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _row(cells: list[Any]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def render(out: Path, name: str, licence: str) -> str:
+    info = json.loads((out / "data" / "info.json").read_text())
+    manifest = json.loads((out / "draft" / "specdec-draft.json").read_text())
+    result = json.loads((out / "eval.json").read_text())
+    d, s = result["draft"], result["stand_in"]
+    train = manifest["recipe"]["train"]
+    final = train.get("final", {})
+    ks = sorted(d["tokens_per_pass"], key=int)
+    best_tpp = max(ks, key=lambda k: d["tokens_per_pass"][k])
+    lines = [
+        f"# Draft card: `{name}`",
+        "",
+        f"A draft model for **{manifest['target_name']}** ({manifest['target']}), made by "
+        "`python -m specdec.distill` (self-distillation). The draft service serves it when it is "
+        "given no `--model`; any draft folder loads with `python -m draft_service --model DIR`.",
+        "",
+        "## What is in the folder",
+        f"- `specdec-draft.json`: the manifest (base target, tokenizer fingerprint, recipe, eval).",
+        f"- `draft.safetensors`: only the trained tensors, stored in {manifest['dtype']}: decoder layers "
+        f"0..{manifest['num_layers'] - 1} and the final norm"
+        + (f", plus the ids of the {manifest['vocab_subset']}-token head vocabulary." if manifest["vocab_subset"] else "."),
+        "- The embedding and the (tied) LM head are the target's, frozen, taken from the target at load "
+        "time" + (" (the embedded GGUF, converted once to the model cache)." if manifest["target"] == "embedded default"
+                  else "."),
+        "",
+        "## Data",
+        f"- Prompts: the shipped set `specdec/data/distill_prompts.jsonl` (templated single-turn chat tasks: "
+        "explanations, creative writing, code, arithmetic, rewriting, advice, comparisons, emails); "
+        f"{info['train']['prompts']} training prompts, {info['heldout']['prompts']} held-out prompts "
+        "(disjoint: every 20th prompt of the shuffled set is held out).",
+        f"- Responses: the target's own greedy continuations, at most {info['max_new_tokens']} tokens, "
+        f"with its top-{info['top_k']} log-probs at every position (stored during generation). "
+        f"Training data: {info['train']['tokens']:,} response tokens generated with the target in "
+        f"{info['train']['dtype']}" + (" (3x faster than float32 on this CPU; a near-identical distribution)"
+                                       if info["train"]["dtype"] != "float32" else "") + ". Held-out data: "
+        f"{info['heldout']['tokens']:,} tokens generated in {info['heldout']['dtype']}, the dtype the target "
+        "is served in, so held-out labels are its true greedy tokens.",
+        "",
+        "## Recipe",
+        f"- Architecture: the target's embedding + its first {manifest['num_layers']} decoder layers "
+        "(initialised from the target) + final norm + tied head"
+        + (f" restricted to the {manifest['vocab_subset']} most frequent tokens of the training responses "
+           "(logits -inf elsewhere, so q = 0 there; rejection sampling stays exact)." if manifest["vocab_subset"] else "."),
+        f"- Loss: soft cross-entropy to the target's top-{info['top_k']} distribution (renormalised over the "
+        "tokens the head can emit), on response positions only.",
+        f"- Optimiser: AdamW, peak lr {train['lr']}, weight decay {train['weight_decay']}, "
+        f"{int(train['warmup'] * 100)}% linear warm-up, cosine to {train['min_lr']} x peak; "
+        f"{train['steps']} steps of ~{train['batch_tokens']} response positions "
+        f"({train['epochs']} passes over the data), {train['amp']} autocast, {train['seconds']:.0f} s.",
+        f"- Final training loss {final.get('loss', '?')}, training agreement {final.get('train_agreement', '?')}.",
+        "",
+        "## Held-out results",
+        f"Teacher-forced on the {d['positions']:,} response positions of the held-out prompts "
+        f"({result['threads']} CPU threads for the timings).",
+        "",
+        _row(["", "greedy agreement", f"tokens / target pass (best k = {best_tpp})", "forward ms", "c"]),
+        _row(["---"] * 5),
+        _row([f"this draft ({d.get('dtype', manifest['dtype'])})", f"{100 * d['agreement']:.1f}%",
+              d["tokens_per_pass"][best_tpp], d["cost"]["draft_ms"], d["cost"]["c"]]),
+        _row([f"early-exit stand-in ({manifest['num_layers']} layers, float32, full head)",
+              f"{100 * s['agreement']:.1f}%", s["tokens_per_pass"][best_tpp], s["cost"]["draft_ms"], s["cost"]["c"]]),
+        _row(["target decode step (float32)", "", "", d["cost"]["target_ms"], 1.0]),
+        "",
+        f"Vocabulary coverage of the head: {100 * result['vocab_coverage']['heldout']:.1f}% of held-out "
+        f"response tokens ({100 * result['vocab_coverage']['train']:.1f}% of training tokens).",
+        "",
+        "Tokens per target pass at k drafted tokens, simulated exactly from the per-position agreement "
+        "pattern (greedy: a round accepts the agreeing run, at most k, plus one target token), the i.i.d. "
+        "formula (1 - a^(k+1)) / (1 - a) at the measured agreement a, the measured verify cost v(k) "
+        "(target forward over k + 1 tokens / one token), the expected speed-up E / (v(k) + k c) and "
+        "the break-even acceptance rate for this c and v(k):",
+        "",
+        _row(["k"] + ks),
+        _row(["---"] * (len(ks) + 1)),
+        _row(["tokens / pass (simulated)"] + [d["tokens_per_pass"][k] for k in ks]),
+        _row(["tokens / pass (i.i.d. formula)"] + [d["tokens_per_pass_iid"][k] for k in ks]),
+        _row(["v(k)"] + [d["cost"]["v"][k] for k in ks]),
+        _row(["expected speed-up"] + [d["speedup"][k] for k in ks]),
+        _row(["break-even alpha"] + [d["break_even_alpha"][k] if d["break_even_alpha"][k] is not None else "never"
+                                     for k in ks]),
+        "",
+        "What the reduced head and the dtype buy (untrained drafts of the same shape, one-token forward "
+        "with a KV cache, interleaved with the target):",
+        "",
+        _row(["draft weights / head", "draft ms", "target ms", "c"]),
+        _row(["---"] * 4),
+    ]
+    for key, cost in result.get("cost_variants", {}).items():
+        lines.append(_row([key, cost["draft_ms"], cost["target_ms"], cost["c"]]))
+    lines += [
+        "",
+        "## Licence",
+        licence,
+        "",
+        "## Reproduce",
+        "```",
+        f"python -m specdec.distill all --target default --out OUT --threads {result['threads']}",
+        "python -m specdec.distill.card OUT > docs/draft-card.md   # this page",
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specdec.distill.card", description=__doc__)
+    p.add_argument("out", type=Path, help="the --out folder of a distill run")
+    p.add_argument("--name", default="drafts/smollm2-135m")
+    p.add_argument("--licence", default=(
+        "SmolLM2-135M-Instruct is released by Hugging Face under the Apache-2.0 licence; this draft is "
+        "derived from its weights and outputs and is distributed under Apache-2.0 as well."))
+    args = p.parse_args(argv)
+    sys.stdout.write(render(args.out, args.name, args.licence))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
