@@ -23,7 +23,7 @@ import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator.proposers import DRAFT, DraftContext, NoProposer, Proposal, Proposer, make_proposer
@@ -220,25 +220,21 @@ async def forget_session(session_id: str, store: SessionStore, clients: Sequence
         log.warning("dropping session record %s failed: %s", session_id, exc)
 
 
-async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEvent | Tally]:
-    """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
-    started = time.perf_counter()
-    tally = Tally(prompt_tokens=len(spec.prompt_ids), seed=spec.seed or secrets.randbits(63) + 1)
-    store = engine.store
-
-    # 0. Open the session: resume the Redis record, route to the replicas holding its KV.
+async def _open_session(
+    spec: GenerateSpec, engine: Engine, tally: Tally
+) -> tuple[SessionRecord, ModelClient, ModelClient | None, Proposer]:
+    """Step 0: resume the Redis record (or start one), route to the replicas holding its KV."""
     with _Timer(tally, "redis_ms"):
-        record = await store.load(spec.session_id) if spec.session_id else None
+        record = await engine.store.load(spec.session_id) if spec.session_id else None
     if spec.session_id and record is None:
         raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
     record = record or SessionRecord(session_id=uuid.uuid4().hex, created=time.time())
-    session_id = tally.session_id = record.session_id
+    tally.session_id = record.session_id
     with _Timer(tally, "redis_ms"):
         target = await engine.router.pick("target", record.target)
         draft = await engine.router.pick("draft", record.draft) if spec.proposer == DRAFT else None
     if target is None:
         raise Unavailable("no target service replica is available")
-
     proposer: Proposer
     if spec.proposer == DRAFT and draft is None:
         if spec.strict:
@@ -249,7 +245,17 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
     tally.proposer = proposer.name
     tally.target_replica = target.address
     tally.draft_replica = draft.address if draft else ""
+    return record, target, draft, proposer
 
+
+async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEvent | Tally]:
+    """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
+    started = time.perf_counter()
+    tally = Tally(prompt_tokens=len(spec.prompt_ids), seed=spec.seed or secrets.randbits(63) + 1)
+    store = engine.store
+
+    record, target, draft, proposer = await _open_session(spec, engine, tally)
+    session_id = record.session_id
     tokens = list(spec.prompt_ids)
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
     reuse = common_prefix(record.tokens, tokens)
@@ -342,7 +348,7 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 record, tokens=tuple(tokens), target=target.address, target_len=target_len,
                 draft=draft.address if draft else record.draft,
                 draft_len=draft_len if draft else record.draft_len,
-                sampling=_sampling_dict(spec.sampling), seed=tally.seed, counter=record.counter + 1,
+                sampling=asdict(spec.sampling), seed=tally.seed, counter=record.counter + 1,
             )
             saving = asyncio.ensure_future(store.save(record))
             if finished:
@@ -397,7 +403,3 @@ def _release_held(decoder: IncrementalDecoder, holdback: StopStringHoldback | No
     emit, hit = holdback.push(tail)
     return emit if hit else emit + holdback.flush()
 
-
-def _sampling_dict(params: SamplingParams) -> dict:
-    return {"temperature": params.temperature, "top_k": params.top_k,
-            "top_p": params.top_p, "min_p": params.min_p}
