@@ -36,7 +36,8 @@ class Service:
 
 
 def launch(
-    role: str, model: Path | None, tmp: Path, *extra: str, port: int | None = None, timeout: float = 120
+    role: str, model: Path | None, tmp: Path, *extra: str, port: int | None = None,
+    timeout: float = 120, env: dict[str, str] | None = None,
 ) -> Service:
     """Start `python -m {role}_service` with one thread and wait for SERVING."""
     port = port or procs.free_port()
@@ -47,7 +48,7 @@ def launch(
         argv += ["--model", str(model)]
     log_path = tmp / f"{role}-{port}.log"
     env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", **(env or {})}
     proc = procs.start(argv, env=env, log_path=log_path)
     try:
         procs.wait_healthy(f"127.0.0.1:{port}", proc, timeout=timeout)
@@ -66,8 +67,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...,
     tmp = tmp_path_factory.mktemp("services")
 
     def factory(role: str, model: Path | None, *extra: str, port: int | None = None,
-                timeout: float = 120) -> Service:
-        svc = launch(role, model, tmp, *extra, port=port, timeout=timeout)
+                timeout: float = 120, env: dict[str, str] | None = None) -> Service:
+        svc = launch(role, model, tmp, *extra, port=port, timeout=timeout, env=env)
         started.append(svc)
         return svc
 

@@ -80,3 +80,12 @@ def test_bad_model_path_fails_fast(services, tmp_path) -> None:
 
     with pytest.raises(ServiceDied, match="expected a local Hugging Face folder"):
         services("target", tmp_path / "nothing-here", timeout=60)
+
+
+def test_environment_variables_configure_a_service(services, tiny_pair) -> None:
+    env = {"SPECDEC_MODEL": str(tiny_pair[1]), "SPECDEC_MAX_DRAFT": "5",
+           "SPECDEC_REPLICA_ID": "draft-from-env", "SPECDEC_NUM_LAYERS": "1"}
+    svc = services("draft", None, env=env)
+    info = svc.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert info.model_name == "draft:early-exit-1of2"
+    assert (info.max_draft_tokens, info.replica_id) == (5, "draft-from-env")

@@ -103,3 +103,11 @@ def test_sigterm_finishes_the_call_in_flight(services) -> None:
     reply = call.result()
     assert reply.cache_length == 1000 and len(reply.argmax_ids) == 1
     assert svc.proc.wait(timeout=30) == 0
+
+
+def test_a_gguf_path_uses_the_same_cached_conversion(default_pair) -> None:
+    from specdec.hosting.loader import embedded_gguf_path
+
+    folder, name = resolve(str(embedded_gguf_path()))
+    assert folder == resolve(None)[0] and (folder / "model.safetensors").is_file()
+    assert name == "SmolLM2-135M-Instruct.Q4_1"
