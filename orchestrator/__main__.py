@@ -61,8 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--default-proposer", choices=[k for k in KINDS if k != "guess"],
                    default=env_default("default_proposer", "draft"),
                    help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
-    g.add_argument("--default-k", type=int, default=env_default("default_k", 5),
-                   help="drafted tokens per round when a request sends k = 0 [SPECDEC_DEFAULT_K]")
+    g.add_argument("--default-k", default=env_default("default_k", "5"),
+                   help="drafted tokens per round when a request sends k = 0, or 'auto': pick k "
+                        "each round from the observed acceptance and draft/target costs "
+                        "[SPECDEC_DEFAULT_K]")
     g.add_argument("--max-new-tokens-limit", type=int,
                    default=env_default("max_new_tokens_limit", 4096),
                    help="largest max_new_tokens a request may ask for")
@@ -126,7 +128,8 @@ async def build_engine(args: argparse.Namespace) -> Engine:
         eos_ids=frozenset(target_info.eos_token_ids),
         context_length=int(target_info.context_length),
         max_k=max_k,
-        default_k=min(args.default_k, max_k),
+        default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
+        adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,
         max_new_tokens_limit=args.max_new_tokens_limit,
     )

@@ -33,6 +33,7 @@ from orchestrator.text import IncrementalDecoder
 from specdec.core.fingerprint import extend, prefix_fingerprints
 from specdec.core.kv import keep_lengths
 from specdec.core.sampling import SamplingParams
+from specdec.core.speedup import AcceptanceEstimator
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 from specdec.errors import CacheMiss, NotFound, Unavailable
@@ -70,6 +71,7 @@ class Engine:
     context_length: int
     max_k: int = 16
     default_k: int = 5
+    adaptive_k: bool = False  # k = 0 in a request: pick k per round from observed acceptance
     default_proposer: str = DRAFT
     max_new_tokens_limit: int = 4096
 
@@ -99,6 +101,7 @@ class Tally:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # ... and accepted it
     cache_misses: int = 0
@@ -142,6 +145,7 @@ class Tally:
         self.drafted_tokens += n_drafted
         self.accepted_tokens += verdict.accepted
         self.accepted_per_round.append(verdict.accepted)
+        self.drafted_per_round.append(n_drafted)
         while len(self.drafted_at) < n_drafted:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -263,6 +267,9 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
     draft_len = min(reuse, record.draft_len) if draft and draft.address == record.draft else 0
     tally.reused_prompt_tokens = min(target_len, len(tokens) - 1)
     k_max = spec.k or engine.default_k
+    adaptive = AcceptanceEstimator() if not spec.k and engine.adaptive_k and proposer.name == DRAFT else None
+    if adaptive is not None:
+        k_max = engine.max_k
     decoder = IncrementalDecoder(engine.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
     generated = 0
@@ -275,7 +282,8 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
             rpc_ms = server_ms = 0.0
             redis_before = tally.redis_ms
             remaining = spec.max_new_tokens - generated
-            k = min(k_max, remaining - 1)  # the round's extra token fills the last slot
+            k = min(k_max if adaptive is None else _adaptive_k(adaptive, tally, k_max),
+                    remaining - 1)  # the round's extra token fills the last slot
 
             # 1. Propose.
             proposal = Proposal(tokens=[], cache_length=draft_len)
@@ -315,6 +323,8 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 verdict = verify_sampled(drafted, q, decode_probs(response.probs),
                                          seed=tally.seed, position=len(tokens))
             tally.add_verdict(len(drafted), verdict)
+            if adaptive is not None and proposer.name == DRAFT:
+                adaptive.observe(len(drafted), verdict.accepted)
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
             kept, finish = clip_to_stop(verdict.tokens, eos_ids=engine.eos_ids, remaining=remaining)
@@ -367,6 +377,19 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
         raise
     tally.total_ms = (time.perf_counter() - started) * 1e3
     yield tally
+
+
+def _adaptive_k(estimator: AcceptanceEstimator, tally: Tally, k_max: int) -> int:
+    """The k with the best expected speed-up at the observed acceptance and costs.
+
+    c = a drafted token's cost relative to a target pass, both measured so far
+    (server-side); at least 1, so acceptance keeps being observed.
+    """
+    if tally.drafted_tokens and tally.target_passes:
+        c = (tally.draft_ms / tally.drafted_tokens) / max(tally.target_ms / tally.target_passes, 1e-6)
+    else:
+        c = 0.1  # before any measurement: a draft ~10x cheaper than the target
+    return max(1, estimator.best_k(c=c, k_max=k_max))
 
 
 async def _abandon(saving: asyncio.Future | None, session_id: str, store: SessionStore,

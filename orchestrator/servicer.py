@@ -81,6 +81,7 @@ def stats_to_proto(t: Tally) -> pb.Stats:
         target_passes=t.target_passes, draft_calls=t.draft_calls,
         drafted_tokens=t.drafted_tokens, accepted_tokens=t.accepted_tokens,
         acceptance_rate=t.acceptance_rate, accepted_per_round=t.accepted_per_round,
+        drafted_per_round=t.drafted_per_round,
         acceptance_by_position=t.acceptance_by_position, cache_misses=t.cache_misses,
         ttft_ms=t.ttft_ms, total_ms=t.total_ms, draft_ms=t.draft_ms, target_ms=t.target_ms,
         network_ms=t.network_ms, orchestrator_ms=t.orchestrator_ms, redis_ms=t.redis_ms,

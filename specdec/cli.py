@@ -216,7 +216,7 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
         "python", "-m", "orchestrator", "--port", str(port), "--tokenizer", str(target_folder),
         "--target", f"127.0.0.1:{target_port}", "--draft", f"127.0.0.1:{draft_port}",
         "--redis-url", redis_url, "--redis-prefix", launch.prefix, "--threads", "1",
-        "--default-proposer", args.default_proposer,
+        "--default-proposer", args.default_proposer, "--default-k", args.default_k,
     ])
     address = f"127.0.0.1:{port}"
     procs.wait_healthy(address, orch, timeout=args.timeout)
@@ -309,6 +309,8 @@ def _add_up_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--redis-url", default=None,
                    help="use this Redis (default: 127.0.0.1:6379 if it answers, else start one)")
     g.add_argument("--default-proposer", default="draft", choices=["draft", "lookup", "none"])
+    g.add_argument("--default-k", default="auto",
+                   help="k for requests that leave it 0: a number, or 'auto' (adaptive per round)")
     g.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each service")
     g.add_argument("--logs", default=None, help="folder for the processes' logs (default: a temp dir)")
 

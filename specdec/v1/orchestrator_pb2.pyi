@@ -64,7 +64,7 @@ class Chunk(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms")
+    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms", "drafted_per_round")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class Stats(_message.Message):
     TARGET_REPLICA_FIELD_NUMBER: _ClassVar[int]
     DRAFT_REPLICA_FIELD_NUMBER: _ClassVar[int]
     OVERHEAD_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     finish_reason: str
     proposer: str
@@ -121,7 +122,8 @@ class Stats(_message.Message):
     target_replica: str
     draft_replica: str
     overhead_p50_ms: float
-    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ...) -> None: ...
+    drafted_per_round: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ..., drafted_per_round: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk", "stats")

@@ -216,3 +216,26 @@ def test_prometheus_metrics_count_generations(client, stack):
     assert value(after, "specdec_generated_tokens_total") - value(before, "specdec_generated_tokens_total") == 9
     assert value(after, "specdec_generations_total") == value(before, "specdec_generations_total") + 1
     assert 'specdec_requests_total{code="OK",method="/specdec.v1.Orchestrator/Generate"}' in after
+
+
+def test_adaptive_k_stays_exact(stack, tiny_pair, references):
+    from client import Client
+
+    address = stack.start_orchestrator("orch-auto", tiny_pair[0], extra=("--default-k", "auto"))
+    try:
+        with Client(address) as c:
+            for prompt, ref in references.items():
+                out = c.complete(prompt, max_new_tokens=N_NEW, proposer="draft")  # k = 0: adaptive
+                assert out.token_ids == ref.token_ids
+                assert out.stats.drafted_per_round[0] >= 1
+                assert all(0 <= d <= 16 for d in out.stats.drafted_per_round)
+    finally:
+        stack.stop_one("orch-auto")
+
+
+def test_fixed_k_drafts_k_per_round(client):
+    out = client.complete(PROMPTS[0], max_new_tokens=N_NEW, proposer="draft", k=3)
+    left = N_NEW
+    for drafted, accepted in zip(out.stats.drafted_per_round, out.stats.accepted_per_round):
+        assert drafted == min(3, left - 1)
+        left -= accepted + 1
