@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", type=Path, default=None, help="JSONL of {messages: [...]} (default: shipped set)")
     p.add_argument("--heldout", type=int, default=64, help="held-out prompts (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="response length cap (default %(default)s)")
-    p.add_argument("--gen-batch", type=int, default=64, help="prompts per generation batch (default %(default)s)")
+    p.add_argument("--gen-batch", type=int, default=128, help="prompts per generation batch (default %(default)s)")
+    p.add_argument("--shard-prompts", type=int, default=128,
+                   help="prompts per data shard, the unit of resumption (default %(default)s)")
     p.add_argument("--gen-dtype", default="bfloat16",
                    help="target dtype for training data (default %(default)s; held-out data is always float32)")
     p.add_argument("--top-k", type=int, default=20, help="target log-probs stored per position (default %(default)s)")
@@ -96,7 +98,8 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
     prompt_set = prompts.load(args.prompt_file) if args.prompt_file else prompts.load()
     train_prompts, heldout_prompts = prompts.split(prompt_set, args.prompts or None, args.heldout)
     info_path = args.out / "data" / "info.json"
-    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k)
+    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
+                            shard_prompts=args.shard_prompts)
     summary: dict[str, Any] = {"target": args.target, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k}
     deadline = time.monotonic() + 60 * args.data_minutes if args.data_minutes > 0 else None
     for name, subset, dtype in (("heldout", heldout_prompts, "float32"), ("train", train_prompts, args.gen_dtype)):

@@ -32,7 +32,7 @@ class GenConfig:
     max_new_tokens: int = 256
     batch_size: int = 32
     top_k: int = 20
-    shard_prompts: int = 64  # prompts per shard (one resumable unit)
+    shard_prompts: int = 128  # prompts per shard (one resumable unit)
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:

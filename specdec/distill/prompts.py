@@ -40,6 +40,27 @@ TOPICS = [
     "the history of writing", "democracy", "the scientific method", "bridges", "airplanes",
     "trains", "lighthouses", "glaciers", "deserts", "penguins", "wolves", "mushrooms",
     "the color blue", "libraries of the future", "artificial intelligence ethics", "robots",
+    "the Renaissance", "the Industrial Revolution", "the Cold War", "the Maya civilization", "Vikings",
+    "samurai", "the Ottoman Empire", "ancient Greece", "the printing of money", "the gold standard",
+    "credit scores", "mortgages", "index funds", "cryptocurrency", "small business taxes",
+    "the theory of evolution", "cells", "photosynthesis in the ocean", "the human brain", "memory",
+    "habits", "motivation", "empathy", "negotiation", "leadership", "teamwork", "job interviews",
+    "resumes", "email etiquette", "time management", "the Pomodoro technique", "note taking",
+    "speed reading", "learning styles", "online courses", "homeschooling", "museums",
+    "classical music", "hip hop", "the guitar", "the piano", "film editing", "animation",
+    "video games", "virtual reality", "smartphones", "batteries", "nuclear power", "wind turbines",
+    "hydroelectric dams", "water purification", "soil erosion", "bees and pollination", "forests",
+    "wetlands", "the Arctic", "the Sahara desert", "the Himalayas", "rivers", "islands", "caves",
+    "weather forecasting", "lightning", "snowflakes", "the northern lights", "comets", "telescopes",
+    "the International Space Station", "satellites", "GPS", "maps", "the metric system", "calendars",
+    "clocks", "the history of medicine", "vaccines for children", "first aid", "yoga", "stretching",
+    "strength training", "vegetarian cooking", "fermentation", "spices", "pizza", "sushi", "tea",
+    "cheese making", "beekeeping", "knitting", "woodworking", "pottery", "calligraphy", "gardening tools",
+    "houseplants", "cats", "dogs", "horses", "elephants", "whales", "sharks", "butterflies", "ants",
+    "birds migration", "the Internet of Things", "databases", "encryption", "compilers", "operating systems",
+    "version control", "unit testing", "APIs", "web browsers", "search engines", "social media",
+    "misinformation", "privacy", "copyright", "voting", "the United Nations", "city planning",
+    "public transport", "electric scooters", "architecture", "skyscrapers", "castles", "pyramids",
 ]
 
 TOPIC_TEMPLATES = [
@@ -65,6 +86,14 @@ TOPIC_TEMPLATES = [
     "Tell me something surprising about {t}.",
     "Write a short dialogue between a teacher and a student about {t}.",
     "In one paragraph, what is {t}?",
+    "What are the main arguments for and against {t}?",
+    "Write a product description inspired by {t}.",
+    "Explain {t} as if you were a pirate.",
+    "Give me a fun fact about {t} that I can share at dinner.",
+    "What careers are related to {t}?",
+    "Write a short motivational speech that mentions {t}.",
+    "Create a simple lesson plan about {t} for a 30-minute class.",
+    "What are three questions students often ask about {t}, with short answers?",
 ]
 
 CODE_TASKS = [
@@ -81,6 +110,11 @@ CODE_TASKS = [
     "convert a decimal number to binary", "find the intersection of two lists", "implement a stack",
     "implement a queue using two stacks", "parse a date string", "find the longest word in a sentence",
     "compute the dot product of two vectors", "chunk a list into groups of n",
+    "merge two dictionaries", "find the mode of a list", "compute the median of a list",
+    "remove punctuation from a string", "convert a string to title case", "count lines in a file",
+    "find all prime numbers below n", "check if a list is sorted", "swap two variables",
+    "compute the power set of a list", "find the longest common prefix of strings",
+    "reverse the words in a sentence", "compute the area of a circle", "generate a random password",
 ]
 
 CODE_TEMPLATES = [
@@ -103,6 +137,12 @@ ADVICE = [
     "be more productive in the morning", "negotiate a salary", "give constructive feedback",
     "take better photos with my phone", "learn to code", "prepare for an exam", "clean my kitchen faster",
     "train my dog to sit", "reduce screen time", "host a dinner party",
+    "pay off debt faster", "learn to swim as an adult", "improve my handwriting", "meditate every day",
+    "become a better listener", "write a short story", "start a podcast", "learn to draw",
+    "eat more vegetables", "travel with less luggage", "stop procrastinating", "improve my posture",
+    "memorize vocabulary", "make my home more energy efficient", "keep my inbox organized",
+    "plan a wedding on a budget", "teach my child to read", "prepare for a marathon",
+    "get better sleep while travelling", "build a habit of exercising",
 ]
 
 ADVICE_TEMPLATES = [
@@ -121,6 +161,10 @@ PAIRS = [
     ("a democracy", "a republic"), ("affect", "effect"), ("a frog", "a toad"), ("latitude", "longitude"),
     ("a hurricane", "a tornado"), ("Python", "JavaScript"), ("a novel", "a novella"),
     ("an emulsion", "a suspension"), ("git merge", "git rebase"), ("a violin", "a viola"),
+    ("a CPU", "a GPU"), ("an ocean", "a sea"), ("empathy", "sympathy"), ("a loan", "a grant"),
+    ("a rabbit", "a hare"), ("a planet", "a star"), ("a recession", "a depression"), ("SQL", "NoSQL"),
+    ("a hypothesis", "a theory"), ("an alligator", "a caiman"), ("coffee", "tea"), ("a museum", "a gallery"),
+    ("renting", "buying a home"), ("cardio", "strength training"), ("a poem", "a song"), ("jam", "jelly"),
 ]
 
 PAIR_TEMPLATES = [
@@ -146,6 +190,14 @@ SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "Learning to cook is a useful skill that saves money and is fun.",
     "The train was late so I missed the beginning of the concert.",
+    "Their going to they're house after the game, but there car is broken.",
+    "Please find attached the document which I have attached to this email.",
+    "Our team worked really hard and did a really good job on the really big project.",
+    "The weather today is sunny with a light breeze from the west.",
+    "He said he will call me tomorrow but he never calls when he says.",
+    "Reading before bed helps many people relax and fall asleep faster.",
+    "Customers who buys two items gets a third item for free.",
+    "The museum will be closed on Monday for maintenance.",
 ]
 
 SENTENCE_TEMPLATES = [
@@ -163,6 +215,9 @@ EMAILS = [
     ("my neighbour", "a noisy party next weekend"), ("a hiring manager", "a follow-up after an interview"),
     ("my manager", "taking a day off"), ("a client", "a price increase"), ("a friend", "a birthday invitation"),
     ("the city council", "a broken street light"), ("a supplier", "a wrong delivery"),
+    ("my teacher", "missing a class"), ("a new colleague", "a welcome lunch"), ("my bank", "a wrong charge"),
+    ("a restaurant", "a great dinner"), ("my gym", "cancelling a membership"), ("a recruiter", "a job offer"),
+    ("my team", "a project launch"), ("a landlord", "renewing a lease"),
 ]
 
 EMAIL_TEMPLATES = [
@@ -223,7 +278,7 @@ def build() -> list[Prompt]:
     items += [("compare", t.format(a=a, b=b)) for t in PAIR_TEMPLATES for a, b in PAIRS]
     items += [("rewrite", t.format(s=s)) for t in SENTENCE_TEMPLATES for s in SENTENCES]
     items += [("email", t.format(who=w, what=x)) for t in EMAIL_TEMPLATES for w, x in EMAILS]
-    items += list(_math_prompts(rng, 200))
+    items += list(_math_prompts(rng, 500))
     items = list(dict.fromkeys(items))  # seeded numbers can repeat a word problem
     rng.shuffle(items)
     return [

@@ -14,7 +14,6 @@ import math
 import os
 import random
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,33 +36,24 @@ class TrainConfig:
     min_lr: float = 0.1  # cosine floor, as a fraction of lr
     amp: str = "bfloat16"  # "bfloat16" autocast, or "float32" for none
     ckpt_every: int = 100
+    label_temperature: float = 1.0  # < 1 sharpens the target's top-k towards its argmax
     seed: int = 0
 
 
 def choose_subset(records: Sequence[dict[str, Any]], size: int, vocab: int, always: Sequence[int] = ()) -> torch.Tensor:
     """The `size` most frequent response tokens (then top-k alternatives), sorted by id.
 
-    `always` (e.g. EOS ids) are included whatever their count.
+    `always` (e.g. EOS ids) are included whatever their count; ties go to the lower id.
     """
-    counts: Counter[int] = Counter()
-    for r in records:
-        counts.update(r["response"])
-    alternatives: Counter[int] = Counter()
-    for r in records:
-        alternatives.update(r["topk_ids"][:, 1:].flatten().tolist())
-    chosen = list(dict.fromkeys(int(t) for t in always))
-    for source in (counts, alternatives):
-        for token, _ in sorted(source.items(), key=lambda kv: (-kv[1], kv[0])):
-            if len(chosen) >= size:
-                break
-            if token not in chosen:
-                chosen.append(token)
-    for token in range(vocab):  # a tiny data set may not name enough tokens
-        if len(chosen) >= size:
-            break
-        if token not in chosen:
-            chosen.append(token)
-    return torch.tensor(sorted(set(chosen[:size])), dtype=torch.long)
+    responses = torch.tensor([t for r in records for t in r["response"]], dtype=torch.long)
+    alternatives = torch.cat([r["topk_ids"][:, 1:].flatten() for r in records]).long()
+    counts = torch.bincount(responses, minlength=vocab).double()  # [vocab]
+    alt = torch.bincount(alternatives, minlength=vocab).double()  # [vocab]
+    # Rank by response count, then alternative count (always < 1 response), then id.
+    score = counts + alt / (alt.max() + 1)
+    score[list(always)] = float("inf")
+    order = torch.sort(-score, stable=True).indices  # stable: equal scores keep id order
+    return torch.sort(order[:size]).values
 
 
 def make_batches(records: Sequence[dict[str, Any]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -121,7 +111,9 @@ def column_map(model: Any, vocab: int, device: torch.device) -> torch.Tensor:
     return cmap
 
 
-def soft_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor], cmap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def soft_loss(
+    logits: torch.Tensor, batch: dict[str, torch.Tensor], cmap: torch.Tensor, label_temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(soft cross-entropy to the target's top-k, greedy agreement) for one batch.
 
     logits: [n, head rows]. The target's top-k probabilities are renormalised
@@ -131,7 +123,7 @@ def soft_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor], cmap: torch.
     present = cols >= 0
     logp_t = batch["topk_logprobs"].masked_fill(~present, float("-inf"))
     usable = present.any(-1)  # [n]
-    p_t = torch.softmax(logp_t[usable], dim=-1)  # [m, k]
+    p_t = torch.softmax(logp_t[usable] / label_temperature, dim=-1)  # [m, k]
     logq = torch.log_softmax(logits[usable].float(), dim=-1)  # [m, rows]
     picked = logq.gather(-1, cols[usable].clamp(min=0))  # [m, k]
     loss = -(p_t * picked).masked_fill(~present[usable], 0.0).sum(-1).mean()
@@ -219,7 +211,7 @@ def train(
             with autocast(device, config.amp):
                 hidden = model.model(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
                 logits = head_logits(model, hidden[batch["rows"], batch["cols"]])  # [n, rows]
-            loss, agree = soft_loss(logits, batch, cmap)
+            loss, agree = soft_loss(logits, batch, cmap, config.label_temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
