@@ -12,7 +12,7 @@ Stages (each resumable, each reads what the previous one wrote under --out):
          specdec.hosting.loader, as the draft service loads it) and of the
          early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json
 Serve the result with `python -m draft_service --model OUT/draft`.
-The defaults (every shipped prompt, 36 + 18 minute budgets for data and
+The defaults (every shipped prompt, 34 + 17 minute budgets for data and
 training) finish in about an hour on a 2-core CPU; on a GPU, the budgets do
 not bind: raise --prompts (with a larger --prompt-file), --max-new-tokens and --steps.
 """
@@ -60,10 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training autocast dtype; auto = bfloat16 where supported (default %(default)s)")
     p.add_argument("--draft-dtype", default="bfloat16",
                    help="dtype of the stored draft tensors and of evaluation (default %(default)s)")
-    p.add_argument("--data-minutes", type=float, default=36,
+    p.add_argument("--data-minutes", type=float, default=34,
                    help="time budget of the data stage: no new shard after it; a rerun resumes "
                         "(0 = none; default %(default)s)")
-    p.add_argument("--train-minutes", type=float, default=18,
+    p.add_argument("--train-minutes", type=float, default=17,
                    help="time budget of training: fewer steps if --steps would not fit "
                         "(0 = none; default %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default %(default)s)")
