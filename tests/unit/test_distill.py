@@ -135,3 +135,12 @@ def test_training_raises_held_out_agreement(deep_target: Path, tmp_path: Path) -
     assert summary["steps"] == 100 and (tmp_path / "ckpt.pt").is_file()
     assert after["agreement"] >= before + 0.15, (before, after)
     assert after["tokens_per_pass"][4] > evaluate.quality(untrained, heldout)["tokens_per_pass"][4]
+
+
+def test_vocabulary_subset_is_the_most_frequent_response_tokens() -> None:
+    records = [{"response": [5, 5, 5, 7, 7, 9],
+                "topk_ids": torch.tensor([[5, 1], [5, 1], [5, 2], [7, 1], [7, 3], [9, 3]])}]
+    assert train.choose_subset(records, 4, 12, always=[11]).tolist() == [5, 7, 9, 11]
+    assert train.choose_subset(records, 2, 12, always=[11]).tolist() == [5, 11]  # EOS first, then by count
+    # Then the target's runner-up tokens by count (1 and 3 twice, 2 once), then the lowest ids.
+    assert train.choose_subset(records, 8, 12, always=[11]).tolist() == [0, 1, 2, 3, 5, 7, 9, 11]
