@@ -210,6 +210,39 @@ async def _score(
             misses, cached = misses + 1, 0
 
 
+async def _score_with_failover(
+    engine: Engine,
+    target: ModelClient,
+    session_id: str,
+    tokens: list[int],
+    fps: list[int],
+    cached: int,
+    drafted: list[int],
+    sampling: SamplingParams,
+    wait_s: float = 10.0,
+) -> tuple[model_pb2.ScoreResponse, Call, int, ModelClient]:
+    """_score, moving to another live target replica (or waiting for this one to
+    come back, up to `wait_s`) when the replica is down. A new replica holds
+    nothing: the session is resent from position 0, so the text is unchanged.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            response, call, misses = await _score(target, session_id, tokens, fps, cached,
+                                                  drafted, sampling)
+            return response, call, misses, target
+        except ServiceDown as exc:
+            if time.monotonic() > deadline:
+                raise
+            other = await engine.router.pick("target", exclude=target.address)
+            log.warning("session %s: %s; %s", session_id, exc,
+                        f"moving to {other.address}" if other else "retrying")
+            if other is None:
+                await asyncio.sleep(0.25)
+            else:
+                target, cached = other, 0
+
+
 async def forget_session(session_id: str, store: SessionStore, clients: Sequence[ModelClient | None]) -> None:
     """Free a session's KV on both services and drop its record (best effort)."""
     for client in clients:
@@ -307,9 +340,10 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
             tally.cache_misses += proposal.cache_misses
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
-            response, call, misses = await _score(
-                target, session_id, tokens, fps, target_len, drafted, spec.sampling
+            response, call, misses, target = await _score_with_failover(
+                engine, target, session_id, tokens, fps, target_len, drafted, spec.sampling
             )
+            tally.target_replica = target.address
             tally.target_passes += 1
             tally.cache_misses += misses
             rpc_ms += tally.add_call(call, "target")

@@ -53,9 +53,12 @@ class Router:
                 return live
         return [(address, 0.0, 0.0) for address in self.static.get(role, [])]
 
-    async def pick(self, role: str, preferred: str = "") -> ModelClient | None:
-        """The replica for a session: `preferred` if still usable, else the least loaded."""
-        options = await self.candidates(role)
+    async def pick(self, role: str, preferred: str = "", exclude: str = "") -> ModelClient | None:
+        """The replica for a session: `preferred` if still usable, else the least loaded.
+
+        `exclude` (a replica that just failed) is never picked.
+        """
+        options = [o for o in await self.candidates(role) if o[0] != exclude]
         if not options:
             return None
         addresses = [a for a, _, _ in options]

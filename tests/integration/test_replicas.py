@@ -17,6 +17,7 @@ def replicas(tiny_pair, tmp_path_factory):
         for i in (1, 2):
             s.start_service(f"target{i}", "target", target_dir)
             s.start_service(f"draft{i}", "draft", draft_dir)
+        s.target_dir = target_dir
         s.start_orchestrator("orchA", target_dir)
         s.start_orchestrator("orchB", target_dir)
         yield s
@@ -63,3 +64,41 @@ def test_a_dead_replica_drops_out_and_its_sessions_move(replicas, tiny_pair):
         assert cont.stats.reused_prompt_tokens == 0  # the new replica had nothing cached
         fresh = a.complete(PROMPTS[0] + " and", max_new_tokens=8, proposer="none")
         assert cont.token_ids == fresh.token_ids
+
+
+def test_killing_the_target_mid_stream_fails_over_with_identical_text(replicas):
+    import asyncio
+    import os
+    import signal
+
+    from specdec.store import SessionStore, connect
+
+    async def holder(session_id: str) -> str:
+        redis = connect(replicas.redis_url)
+        try:
+            record = await SessionStore(redis, prefix=replicas.prefix).load(session_id)
+            return record.target if record else ""
+        finally:
+            await redis.aclose()
+
+    live = [n for n in ("target1", "target2") if n in replicas.procs]
+    if len(live) < 2:
+        replicas.start_service("target2" if "target1" in live else "target1", "target",
+                               replicas.target_dir)
+    with Client(replicas.addresses["orchA"]) as a:
+        first = a.complete(PROMPTS[1], max_new_tokens=4, proposer="none")
+        expected = a.complete(PROMPTS[1] + " x", max_new_tokens=120, proposer="none")
+        stream = a.generate(PROMPTS[1] + " x", max_new_tokens=120, proposer="draft", k=2,
+                            session_id=first.stats.session_id)
+        chunks, killed = [], ""
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 5:
+                address = asyncio.run(holder(first.stats.session_id))
+                name = next(n for n, addr in replicas.addresses.items()
+                            if addr == address and n in replicas.procs)
+                os.kill(replicas.procs[name].pid, signal.SIGKILL)  # no goodbye, no deregistration
+                killed = address
+        assert killed
+        assert tuple(t for c in chunks for t in c.token_ids) == expected.token_ids
+        assert stream.stats.target_replica != killed
