@@ -326,11 +326,19 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 try:
                     proposal = await proposer.propose(ctx)
                 except ServiceDown as exc:
-                    if spec.strict:
+                    # This round goes on target-only; the next uses another draft
+                    # replica if one is live, else the request stays target-only.
+                    other = await engine.router.pick("draft", exclude=draft.address) if draft else None
+                    if other is not None:
+                        log.warning("session %s: %s; moving to %s", session_id, exc, other.address)
+                        proposer, draft, tally.draft_replica = make_proposer(DRAFT, draft=other), other, other.address
+                    elif spec.strict:
                         raise Unavailable(f"draft service down and strict is set: {exc}") from None
-                    log.warning("session %s: %s; falling back to target-only", session_id, exc)
-                    proposer, tally.fallback_reason = NoProposer(), f"draft service unavailable: {exc}"
-                    tally.proposer, draft, draft_len = proposer.name, None, 0
+                    else:
+                        log.warning("session %s: %s; falling back to target-only", session_id, exc)
+                        proposer, tally.fallback_reason = NoProposer(), f"draft service unavailable: {exc}"
+                        tally.proposer, draft = proposer.name, None
+                    draft_len = 0
                     proposal = Proposal(tokens=[], cache_length=0)
             drafted = proposal.tokens[:k]
             if proposal.call is not None:

@@ -17,7 +17,7 @@ def replicas(tiny_pair, tmp_path_factory):
         for i in (1, 2):
             s.start_service(f"target{i}", "target", target_dir)
             s.start_service(f"draft{i}", "draft", draft_dir)
-        s.target_dir = target_dir
+        s.target_dir, s.draft_dir = target_dir, draft_dir
         s.start_orchestrator("orchA", target_dir)
         s.start_orchestrator("orchB", target_dir)
         yield s
@@ -102,3 +102,47 @@ def test_killing_the_target_mid_stream_fails_over_with_identical_text(replicas):
         assert killed
         assert tuple(t for c in chunks for t in c.token_ids) == expected.token_ids
         assert stream.stats.target_replica != killed
+
+
+def test_killing_the_draft_mid_stream_moves_to_the_other_draft(replicas):
+    import os
+    import signal
+
+    for name in ("draft1", "draft2"):
+        if name not in replicas.procs:
+            replicas.start_service(name, "draft", replicas.draft_dir)
+    with Client(replicas.addresses["orchA"]) as a:
+        expected = a.complete(PROMPTS[2], max_new_tokens=100, proposer="none")
+        stream = a.generate(PROMPTS[2], max_new_tokens=100, proposer="draft", k=2)
+        chunks, killed = [], ""
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                # Both drafts may serve it; kill the one the session started on.
+                killed = _session_draft(replicas)
+                name = next(n for n, addr in replicas.addresses.items()
+                            if addr == killed and n in replicas.procs)
+                os.kill(replicas.procs[name].pid, signal.SIGKILL)
+        assert tuple(t for c in chunks for t in c.token_ids) == expected.token_ids
+        assert stream.stats.draft_replica != killed
+        assert stream.stats.proposer == "draft" and not stream.stats.fallback_reason
+        assert stream.stats.draft_calls > 5
+
+
+def _session_draft(replicas) -> str:
+    """The draft replica of the newest session in this test's Redis namespace."""
+    import asyncio
+
+    from specdec.store import SessionStore, connect
+
+    async def newest() -> str:
+        redis = connect(replicas.redis_url)
+        try:
+            store = SessionStore(redis, prefix=replicas.prefix)
+            keys = [k.decode() async for k in redis.scan_iter(match=f"{replicas.prefix}session:*")]
+            records = [await store.load(k.rsplit(":", 1)[1]) for k in keys]
+            return max((r for r in records if r), key=lambda r: r.created).draft
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(newest())
