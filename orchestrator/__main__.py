@@ -128,6 +128,7 @@ async def build_engine(args: argparse.Namespace) -> Engine:
         eos_ids=frozenset(target_info.eos_token_ids),
         context_length=int(target_info.context_length),
         max_k=max_k,
+        max_check=int(target_info.max_draft_tokens) or 16,
         default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,

@@ -69,7 +69,8 @@ class Engine:
     tokenizer: Any
     eos_ids: frozenset[int]
     context_length: int
-    max_k: int = 16
+    max_k: int = 16  # largest k both services accept
+    max_check: int = 16  # largest guess Check scores in one pass (the target's limit)
     default_k: int = 5
     adaptive_k: bool = False  # k = 0 in a request: pick k per round from observed acceptance
     default_proposer: str = DRAFT

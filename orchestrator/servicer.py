@@ -112,7 +112,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         tok = self.engine.tokenizer
         prompt_ids = _prompt_ids(self.engine, request)
         guess_ids = encode_text(tok, request.guess)
-        result = await checking.check(self.engine.router, prompt_ids, guess_ids, self.engine.max_k)
+        result = await checking.check(self.engine.router, prompt_ids, guess_ids, self.engine.max_check)
         decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
         mismatch = result.first_mismatch
         return pb.CheckResponse(
