@@ -13,6 +13,14 @@
 A cache miss from either service resends every committed token from position 0
 (the text cannot change: the tokens are the same). A draft service that is
 down switches the request to target-only (or fails it when `strict`).
+
+Each round is timed as a `RoundTally` (Stats.rounds): the services' compute,
+the orchestrator's protobuf work, the network (the rest of the RPC time), the
+time spent waiting on Redis, and the remainder. The Redis write of round i is
+started at its commit and runs while round i+1 proposes and scores; round i+1
+waits for it before starting its own write, and only that wait counts as its
+Redis time. The write's full duration is kept apart (round i's
+redis_write_ms) and is not part of any round's total.
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from orchestrator.proposers import DRAFT, DraftContext, NoProposer, Proposal, Proposer, make_proposer
+from orchestrator.proposers import DRAFT, NONE, DraftContext, NoProposer, Proposal, Proposer, make_proposer
 from orchestrator.remote import Call, ModelClient, ServiceDown
 from orchestrator.routing import Router
 from orchestrator.text import IncrementalDecoder
@@ -84,6 +92,45 @@ class ChunkEvent:
 
 
 @dataclass
+class RoundTally:
+    """One round's figures; becomes a Stats.Round.
+
+    Rounds are contiguous: the first starts with the request (it carries the
+    session load, routing and prompt fingerprints), each ends once its chunk
+    has been handed to the stream, so draft + target + serialize + network +
+    orchestrator + redis = total_ms, and the rounds add up to the request.
+    """
+
+    k: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    total_ms: float = 0.0
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+    serialize_ms: float = 0.0
+    network_ms: float = 0.0
+    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
+    redis_ms: float = 0.0  # waited on Redis in this round (not hidden behind RPCs)
+    redis_write_ms: float = 0.0  # this round's own write, start to ack (overlaps the next round)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    cache_misses: int = 0
+
+    def add_call(self, call: Call | None, role: str) -> None:
+        if call is None:
+            return
+        if role == "target":
+            self.target_ms += call.server_ms
+        else:
+            self.draft_ms += call.server_ms
+        self.serialize_ms += call.serialize_ms
+        self.network_ms += call.network_ms
+        self.bytes_sent += call.bytes_sent
+        self.bytes_received += call.bytes_received
+
+
+@dataclass
 class Tally:
     """Running statistics of one generation; becomes the final Stats message."""
 
@@ -110,12 +157,13 @@ class Tally:
     total_ms: float = 0.0
     draft_ms: float = 0.0
     target_ms: float = 0.0
+    serialize_ms: float = 0.0
     network_ms: float = 0.0
     orchestrator_ms: float = 0.0
     redis_ms: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
-    overhead_ms: list[float] = field(default_factory=list)  # per round: all but server compute
+    rounds: list[RoundTally] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -127,20 +175,21 @@ class Tally:
 
     @property
     def overhead_p50_ms(self) -> float:
-        return statistics.median(self.overhead_ms) if self.overhead_ms else 0.0
+        """Median over rounds of everything but the services' compute."""
+        over = [r.total_ms - r.draft_ms - r.target_ms for r in self.rounds]
+        return statistics.median(over) if over else 0.0
 
-    def add_call(self, call: Call | None, role: str) -> float:
-        """Account one RPC; returns its client-side time."""
-        if call is None:
-            return 0.0
-        if role == "target":
-            self.target_ms += call.server_ms
-        else:
-            self.draft_ms += call.server_ms
-        self.network_ms += call.network_ms
-        self.bytes_sent += call.bytes_sent
-        self.bytes_received += call.bytes_received
-        return call.rpc_ms
+    def add_round(self, r: RoundTally) -> None:
+        """Close a round: the running totals are the sums over rounds."""
+        self.rounds.append(r)
+        self.draft_ms += r.draft_ms
+        self.target_ms += r.target_ms
+        self.serialize_ms += r.serialize_ms
+        self.network_ms += r.network_ms
+        self.orchestrator_ms += r.orchestrator_ms
+        self.bytes_sent += r.bytes_sent
+        self.bytes_received += r.bytes_received
+        self.cache_misses += r.cache_misses
 
     def add_verdict(self, n_drafted: int, verdict: Verdict) -> None:
         self.drafted_tokens += n_drafted
@@ -310,14 +359,15 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
     finished = False
     saving: asyncio.Future | None = None  # the previous round's Redis write
 
+    # Round 1's clock starts with the request: it carries the set-up above.
+    round_start, redis_before = started, 0.0
     try:
         while not finished:
-            round_start = time.perf_counter()
-            rpc_ms = server_ms = 0.0
-            redis_before = tally.redis_ms
+            rnd = RoundTally()
             remaining = spec.max_new_tokens - generated
             k = min(k_max if adaptive is None else _adaptive_k(adaptive, tally, k_max),
                     remaining - 1)  # the round's extra token fills the last slot
+            rnd.k = max(k, 0) if proposer.name != NONE else 0  # target-only asks for nothing
 
             # 1. Propose.
             proposal = Proposal(tokens=[], cache_length=draft_len)
@@ -344,9 +394,8 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
             drafted = proposal.tokens[:k]
             if proposal.call is not None:
                 tally.draft_calls += 1
-                rpc_ms += tally.add_call(proposal.call, "draft")
-                server_ms += proposal.call.server_ms
-            tally.cache_misses += proposal.cache_misses
+                rnd.add_call(proposal.call, "draft")
+            rnd.cache_misses += proposal.cache_misses
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
             response, call, misses, target = await _score_with_failover(
@@ -354,9 +403,8 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
             )
             tally.target_replica = target.address
             tally.target_passes += 1
-            tally.cache_misses += misses
-            rpc_ms += tally.add_call(call, "target")
-            server_ms += call.server_ms
+            rnd.cache_misses += misses
+            rnd.add_call(call, "target")
 
             # 3. Verify.
             if spec.sampling.greedy:
@@ -366,6 +414,7 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 verdict = verify_sampled(drafted, q, decode_probs(response.probs),
                                          seed=tally.seed, position=len(tokens))
             tally.add_verdict(len(drafted), verdict)
+            rnd.drafted, rnd.accepted = len(drafted), verdict.accepted
             if adaptive is not None and proposer.name == DRAFT:
                 adaptive.observe(len(drafted), verdict.accepted)
 
@@ -385,6 +434,7 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 fps.append(extend(fps[-1], token))
             tokens.extend(kept)
             generated += len(kept)
+            rnd.committed = len(kept)
             tally.new_tokens = generated
             if finish:
                 finished = True
@@ -394,6 +444,8 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
 
             # The write overlaps the next round's RPCs; each round first waits for
             # the previous write, so records land in order and a failure surfaces.
+            # Only that wait counts as this round's Redis time (the hidden part of
+            # the write is in the previous round's redis_write_ms).
             with _Timer(tally, "redis_ms"):
                 if saving is not None:
                     await saving
@@ -403,16 +455,22 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
                 draft_len=draft_len if draft else record.draft_len,
                 sampling=asdict(spec.sampling), seed=tally.seed, counter=record.counter + 1,
             )
-            saving = asyncio.ensure_future(store.save(record))
+            saving = asyncio.ensure_future(_timed_save(store, record, rnd))
             if finished:
                 with _Timer(tally, "redis_ms"):
                     await saving
-            round_ms = (time.perf_counter() - round_start) * 1e3
-            tally.orchestrator_ms += round_ms - rpc_ms - (tally.redis_ms - redis_before)
-            tally.overhead_ms.append(round_ms - server_ms)
             if not tally.ttft_ms:
                 tally.ttft_ms = (time.perf_counter() - started) * 1e3
             yield ChunkEvent(text=text, token_ids=kept)
+
+            # The round ends once its chunk is on the stream; the next starts here.
+            now = time.perf_counter()
+            rnd.total_ms = (now - round_start) * 1e3
+            rnd.redis_ms = tally.redis_ms - redis_before
+            rnd.orchestrator_ms = max(0.0, rnd.total_ms - rnd.draft_ms - rnd.target_ms
+                                      - rnd.serialize_ms - rnd.network_ms - rnd.redis_ms)
+            tally.add_round(rnd)
+            round_start, redis_before = now, tally.redis_ms
     except BaseException:
         # A client that went away (cancellation) or any failure mid-stream: the
         # session's KV must not linger on either service.
@@ -420,6 +478,13 @@ async def generate(spec: GenerateSpec, engine: Engine) -> AsyncIterator[ChunkEve
         raise
     tally.total_ms = (time.perf_counter() - started) * 1e3
     yield tally
+
+
+async def _timed_save(store: SessionStore, record: SessionRecord, rnd: RoundTally) -> None:
+    """store.save, noting the write's own duration on the round that made it."""
+    start = time.perf_counter()
+    await store.save(record)
+    rnd.redis_write_ms = (time.perf_counter() - start) * 1e3
 
 
 def _adaptive_k(estimator: AcceptanceEstimator, tally: Tally, k_max: int) -> int:

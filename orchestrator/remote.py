@@ -1,8 +1,11 @@
 """Calls to the model services: one place that times them, counts bytes and maps failures.
 
 Every call returns the response with a `Call` record (client-side RPC time,
-the server's own reported time, serialized bytes each way), so the loop can
-split a round's time into compute and network honestly. A cache-miss status
+the server's own reported time, the orchestrator's own protobuf encode/decode
+time, serialized bytes each way), so the loop can split a round's time into
+compute, serialization and network honestly. The messages are serialized
+here, around a bytes-in/bytes-out channel call, so the encode and decode can
+be timed per call without copying the payload again. A cache-miss status
 becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
 service becomes `ServiceDown`.
 """
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
-from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
+from specdec.v1 import common_pb2, model_pb2
 
 CHANNEL_OPTIONS = [
     # Distributions for a long Check can exceed gRPC's 4 MB default.
@@ -49,10 +52,18 @@ class Call:
     server_ms: float  # the service's own total_ms
     bytes_sent: int
     bytes_received: int
+    serialize_ms: float = 0.0  # encoding the request + decoding the response, here
 
     @property
     def network_ms(self) -> float:
-        return max(0.0, self.rpc_ms - self.server_ms)
+        """Wire, gRPC and the service's own (de)serialization (outside its timer)."""
+        return max(0.0, self.rpc_ms - self.server_ms - self.serialize_ms)
+
+
+def _method_path(service: str, method: str) -> str:
+    """"/specdec.v1.TargetService/Score" from the generated descriptors (no hand-typed names)."""
+    full = model_pb2.DESCRIPTOR.services_by_name[service].methods_by_name[method].full_name
+    return "/" + full.rsplit(".", 1)[0] + "/" + method
 
 
 class ModelClient:
@@ -63,13 +74,21 @@ class ModelClient:
         self.role = role
         self.timeout_s = timeout_s
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        stub_type = model_pb2_grpc.TargetServiceStub if role == "target" else model_pb2_grpc.DraftServiceStub
-        self._stub = stub_type(self.channel)
+        service = "TargetService" if role == "target" else "DraftService"
+        # No serializer on either side: the call carries bytes, _call times the
+        # protobuf work itself.
+        self._methods = {
+            name: self.channel.unary_unary(_method_path(service, name))
+            for name in ("GetInfo", "Release", "Score" if role == "target" else "Propose")
+        }
 
-    async def _call(self, method, request, timeout_s: float | None = None):
+    async def _call(self, name: str, request, response_type, timeout_s: float | None = None):
+        method = self._methods[name]
         start = time.perf_counter()
+        payload = request.SerializeToString()
+        encoded = time.perf_counter()
         try:
-            response = await method(request, timeout=timeout_s or self.timeout_s)
+            raw = await method(payload, timeout=timeout_s or self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             if is_cache_miss(exc):
                 raise CacheMiss(f"{self.role} {self.address}: {exc.details()}") from None
@@ -78,25 +97,34 @@ class ModelClient:
                     f"{self.role} service at {self.address} unavailable: {exc.code().name}: {exc.details()}"
                 ) from None
             raise UpstreamError(exc.code(), f"{self.role} service at {self.address}: {exc.details()}") from None
-        rpc_ms = (time.perf_counter() - start) * 1e3
+        received = time.perf_counter()
+        response = response_type.FromString(raw)
+        end = time.perf_counter()
         timing = getattr(response, "timing", None)  # GetInfo/Release carry none
         server_ms = timing.total_ms if timing is not None else 0.0
-        return response, Call(rpc_ms, server_ms, request.ByteSize(), response.ByteSize())
+        call = Call(
+            rpc_ms=(end - start) * 1e3,
+            server_ms=server_ms,
+            bytes_sent=len(payload),
+            bytes_received=len(raw),
+            serialize_ms=((encoded - start) + (end - received)) * 1e3,
+        )
+        return response, call
 
     async def get_info(self, timeout_s: float = 5.0) -> common_pb2.ModelInfo:
-        response, _ = await self._call(self._stub.GetInfo, common_pb2.GetInfoRequest(), timeout_s)
+        response, _ = await self._call("GetInfo", common_pb2.GetInfoRequest(), common_pb2.ModelInfo, timeout_s)
         return response
 
     async def release(self, session_id: str, timeout_s: float = 5.0) -> bool:
         request = common_pb2.ReleaseRequest(session_id=session_id)
-        response, _ = await self._call(self._stub.Release, request, timeout_s)
+        response, _ = await self._call("Release", request, common_pb2.ReleaseResponse, timeout_s)
         return response.released
 
     async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:
-        return await self._call(self._stub.Score, request)
+        return await self._call("Score", request, model_pb2.ScoreResponse)
 
     async def propose(self, request: model_pb2.ProposeRequest) -> tuple[model_pb2.ProposeResponse, Call]:
-        return await self._call(self._stub.Propose, request)
+        return await self._call("Propose", request, model_pb2.ProposeResponse)
 
     async def close(self) -> None:
         await self.channel.close()

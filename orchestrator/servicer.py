@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 
 import grpc
 
@@ -87,7 +88,8 @@ def stats_to_proto(t: Tally) -> pb.Stats:
         network_ms=t.network_ms, orchestrator_ms=t.orchestrator_ms, redis_ms=t.redis_ms,
         bytes_sent=t.bytes_sent, bytes_received=t.bytes_received, seed=t.seed,
         target_replica=t.target_replica, draft_replica=t.draft_replica,
-        overhead_p50_ms=t.overhead_p50_ms,
+        overhead_p50_ms=t.overhead_p50_ms, serialize_ms=t.serialize_ms,
+        rounds=[pb.Round(**asdict(r)) for r in t.rounds],
     )
 
 

@@ -73,7 +73,7 @@ def format_stats(stats) -> str:
         f"tokens/pass), proposer {stats.proposer}, draft calls {stats.draft_calls}, "
         f"acceptance {stats.acceptance_rate:.0%} ({stats.accepted_tokens}/{stats.drafted_tokens})",
         f"time: target {stats.target_ms:.0f} ms, draft {stats.draft_ms:.0f} ms, network "
-        f"{stats.network_ms:.0f} ms, orchestrator {stats.orchestrator_ms:.0f} ms, redis "
+        f"{stats.network_ms:.0f} ms, serialization {stats.serialize_ms:.0f} ms, orchestrator {stats.orchestrator_ms:.0f} ms, redis "
         f"{stats.redis_ms:.0f} ms; bytes sent {stats.bytes_sent}, received {stats.bytes_received}",
         f"session {stats.session_id} (seed {stats.seed}, prompt {stats.prompt_tokens} tokens, "
         f"{stats.reused_prompt_tokens} reused)",
