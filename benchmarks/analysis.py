@@ -7,7 +7,9 @@ A record is one request: keys `phase` ("main", "rtt", "rate"), `mode`
 ("greedy", "sampling"), `config` (e.g. "svc-draft-k4", "hf-target"), `family`
 ("svc" / "hf"), `proposer`, `k`, `rtt_ms`, `rate_mbps`, `prompt_id`, `rep`,
 `new_tokens`, `wall_s`, `ttft_s`, `token_ids`, `target_passes`,
-`draft_passes`, and for "svc" records `stats` (the orchestrator's Stats).
+`draft_passes`, and for "svc" records `stats` (the orchestrator's Stats,
+`stats["rounds"]` a list of per-round dicts). Records saved before Stats had
+rounds still analyse: the breakdown then falls back to per-request averages.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from collections.abc import Iterable
 
 from specdec.core.speedup import expected_tokens_per_pass
 
-# Stats fields that make up a round, in the order the stacked bars show them.
-COMPONENTS = ("draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms")
+# Stats.Round fields that make up a round, in the order the stacked bars show
+# them; they sum to the round's total_ms.
+COMPONENTS = ("draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms")
+COMPUTE = ("draft_ms", "target_ms")
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -53,10 +57,24 @@ def rounds_of(rec: dict) -> int:
     return max(1, int(rec.get("target_passes") or 0))
 
 
-def drafted_per_round(accepted_per_round: list[int], k: int, max_new_tokens: int) -> list[int]:
-    """How many tokens each round drafted, as the orchestrator chose it.
+def rounds_drafted_accepted(rec: dict, k: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) per round of one request: from Stats.rounds when
+    present (or Stats.drafted_per_round), else reconstructed (older records)."""
+    stats = rec.get("stats", {})
+    if stats.get("rounds"):
+        return [(int(r.get("drafted", 0)), int(r.get("accepted", 0))) for r in stats["rounds"]]
+    accepted = [int(a) for a in stats.get("accepted_per_round") or []]
+    drafted = [int(d) for d in stats.get("drafted_per_round") or []]
+    if len(drafted) != len(accepted):
+        drafted = drafted_per_round(accepted, k, rec.get("max_new_tokens") or 10**9)
+    return list(zip(drafted, accepted))
 
-    Stats carries accepted counts per round only; the draft k of a round is
+
+def drafted_per_round(accepted_per_round: list[int], k: int, max_new_tokens: int) -> list[int]:
+    """How many tokens each round drafted, as the orchestrator chose it (for
+    records without Stats.rounds / drafted_per_round).
+
+    Such records carry accepted counts per round only; the draft k of a round is
     min(k, remaining - 1) (the round's extra token fills the last slot), and
     a round commits accepted + 1 tokens. Assumes the draft service always
     returns the k it was asked for.
@@ -69,7 +87,7 @@ def drafted_per_round(accepted_per_round: list[int], k: int, max_new_tokens: int
 
 
 def per_position_acceptance(records: list[dict], k: int) -> tuple[list[float], int, int]:
-    """Conditional acceptance per draft position from accepted_per_round.
+    """Conditional acceptance per draft position from the rounds' drafted/accepted counts.
 
     Entry i is P(draft token i+1 accepted | tokens 1..i accepted), over the
     rounds that drafted position i+1. Returns (rates, accepted, trials);
@@ -79,9 +97,8 @@ def per_position_acceptance(records: list[dict], k: int) -> tuple[list[float], i
     reached = [0] * k
     passed = [0] * k
     for rec in records:
-        per_round = [int(a) for a in rec.get("stats", {}).get("accepted_per_round") or []]
-        drafted = drafted_per_round(per_round, k, rec.get("max_new_tokens") or 10**9)
-        for a, d in zip(per_round, drafted):
+        for d, a in rounds_drafted_accepted(rec, k):
+            d = min(d, k)
             for i in range(min(a + 1, d)):  # positions 1..a accepted, a+1 tried (if drafted)
                 reached[i] += 1
             for i in range(min(a, d)):
@@ -172,32 +189,62 @@ def summarize_cell(records: list[dict]) -> dict:
     return out
 
 
-def breakdown(records: list[dict]) -> dict:
-    """Per-round milliseconds of each component (per-request averages), medians and p90.
+def _dist(values: list[float]) -> dict:
+    mean = statistics.fmean(values) if values else math.nan
+    return {"median": median(values), "p90": quantile(values, 0.9), "mean": mean}
 
-    Stats carries per-request totals, so a "round" figure here is a request's
-    total divided by its rounds; the distribution is over requests.
+
+def breakdown(records: list[dict]) -> dict:
+    """Per-round milliseconds of each component, bytes each way and the share
+    of a round that is not model compute: medians and p90.
+
+    With Stats.rounds the distributions are over every round of every request
+    in the cell (`per_round` True); older records only carry per-request
+    totals, so a "round" there is a request's total divided by its rounds and
+    the distribution is over requests.
     """
-    out: dict = {}
+    if records and all(r["stats"].get("rounds") for r in records):
+        return _breakdown_rounds(records)
+    out: dict = {"per_round": False}
     for field in (*COMPONENTS, "total_ms"):
-        vals = [r["stats"].get(field, 0.0) / rounds_of(r) for r in records]
-        out[field] = {"median": median(vals), "p90": quantile(vals, 0.9)}
+        out[field] = _dist([r["stats"].get(field, 0.0) / rounds_of(r) for r in records])
     for field in ("bytes_sent", "bytes_received"):
-        vals = [r["stats"].get(field, 0) / rounds_of(r) for r in records]
-        out[field + "_per_round"] = {"median": median(vals), "p90": quantile(vals, 0.9)}
+        out[field + "_per_round"] = _dist([r["stats"].get(field, 0) / rounds_of(r) for r in records])
     shares = []
     for r in records:
         s = r["stats"]
         total = s.get("total_ms", 0.0)
         if total > 0:
-            shares.append(1 - (s.get("draft_ms", 0.0) + s.get("target_ms", 0.0)) / total)
-    out["non_compute_share"] = {"median": median(shares), "p90": quantile(shares, 0.9)}
+            shares.append(1 - sum(s.get(c, 0.0) for c in COMPUTE) / total)
+    out["non_compute_share"] = _dist(shares)
+    out["non_compute_share_pooled"] = math.nan
+    return _request_level(out, records)
+
+
+def _breakdown_rounds(records: list[dict]) -> dict:
+    rounds = [rd for r in records for rd in r["stats"]["rounds"]]
+    out: dict = {"per_round": True, "rounds": len(rounds)}
+    for field in (*COMPONENTS, "total_ms", "redis_write_ms"):
+        out[field] = _dist([rd.get(field, 0.0) for rd in rounds])
+    for field in ("bytes_sent", "bytes_received"):
+        out[field + "_per_round"] = _dist([rd.get(field, 0) for rd in rounds])
+    compute = [sum(rd.get(c, 0.0) for c in COMPUTE) for rd in rounds]
+    totals = [rd.get("total_ms", 0.0) for rd in rounds]
+    out["non_compute_share"] = _dist([1 - c / t for c, t in zip(compute, totals) if t > 0])
+    # Time-weighted: the share of all round time that is not model compute.
+    out["non_compute_share_pooled"] = 1 - sum(compute) / sum(totals) if sum(totals) > 0 else math.nan
+    # Round 1 carries the prompt's prefill and the session set-up; shown apart.
+    out["first_round_ms"] = _dist([r["stats"]["rounds"][0].get("total_ms", 0.0) for r in records])
+    return _request_level(out, records)
+
+
+def _request_level(out: dict, records: list[dict]) -> dict:
+    """The figures that exist only per request, whichever way the rounds were read."""
     # The orchestrator's own per-round median of everything but server compute.
     over = [r["stats"]["overhead_p50_ms"] for r in records if "overhead_p50_ms" in r["stats"]]
-    out["overhead_p50_ms"] = {"median": median(over), "p90": quantile(over, 0.9)}
+    out["overhead_p50_ms"] = _dist(over)
     # Client wall time the orchestrator's own clock does not see (client <-> orchestrator).
-    gaps = [r["wall_s"] * 1000 - r["stats"].get("total_ms", 0.0) for r in records]
-    out["client_gap_ms"] = {"median": median(gaps), "p90": quantile(gaps, 0.9)}
+    out["client_gap_ms"] = _dist([r["wall_s"] * 1000 - r["stats"].get("total_ms", 0.0) for r in records])
     return out
 
 

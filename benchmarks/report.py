@@ -84,27 +84,39 @@ def markdown(result: dict) -> str:
             f"{_f(s['vs_hf_target'])} | {twin} |"
         )
     lines += ["", "## Per-round breakdown (services)", "",
-              "Milliseconds per round (a request's totals / its target passes), median over "
-              "requests [p90]. network = RPC time minus the service's own time (wire + "
-              "serialisation); non-compute = 1 − (draft + target) / orchestrator total; "
-              "overhead/round is the orchestrator's own per-round median of everything but "
-              "server compute (Stats.overhead_p50_ms), median [p90] over requests.", ""]
-    lines.append("| mode | config | draft | target | network | orchestrator | Redis | round total "
-                 "| non-compute | overhead/round (Stats p50) | bytes → / ← per round |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+              "Milliseconds per round from `Stats.rounds`, median [p90] over every round of "
+              "every request of a configuration (cells marked * come from records without "
+              "rounds: a request's totals / its target passes, over requests). draft / target = "
+              "the services' own compute; serialize = the orchestrator's protobuf encode + "
+              "decode; network = RPC time − service time − serialize (wire, gRPC, the "
+              "services' own (de)serialisation); Redis = time a round waited on Redis (the "
+              "write of the previous round overlaps this round's RPCs; hidden write time is "
+              "not counted); orchestrator = the rest (verify, bookkeeping, detokenise, "
+              "stream). non-compute = 1 − (draft + target) / round total, median over rounds "
+              "(time-weighted over all rounds in parentheses). Round 1 also carries the "
+              "prompt's prefill and the session set-up (its median total is shown apart).", ""]
+    lines.append("| mode | config | rounds | draft | target | serialize | network | orchestrator "
+                 "| Redis | round total | round 1 | non-compute | bytes → / ← per round |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in main:
         b = s.get("breakdown")
         if not b:
             continue
 
         def mp(name: str) -> str:
-            return f"{_f(b[name]['median'], '.1f')} [{_f(b[name]['p90'], '.1f')}]"
+            if name not in b:
+                return "–"
+            return f"{_f(b[name]['median'], '.2f')} [{_f(b[name]['p90'], '.2f')}]"
 
+        first = b.get("first_round_ms")
+        share = b.get("non_compute_share_pooled", math.nan)
+        pooled = "" if math.isnan(share) else f" ({100 * share:.0f}%)"
         lines.append(
-            f"| {s['mode']} | {s['config']} | {mp('draft_ms')} | {mp('target_ms')} | "
+            f"| {s['mode']} | {s['config']} | {b.get('rounds', '*') if b.get('per_round') else '*'} | "
+            f"{mp('draft_ms')} | {mp('target_ms')} | {mp('serialize_ms')} | "
             f"{mp('network_ms')} | {mp('orchestrator_ms')} | {mp('redis_ms')} | {mp('total_ms')} | "
-            f"{_f(100 * b['non_compute_share']['median'], '.0f')}% | "
-            f"{mp('overhead_p50_ms')} | "
+            f"{_f(first['median'], '.1f') if first else '–'} | "
+            f"{_f(100 * b['non_compute_share']['median'], '.0f')}%{pooled} | "
             f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
             f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
         )
@@ -243,14 +255,15 @@ def plots(result: dict, out_dir: Path) -> list[str]:
         x = range(len(cells))
         bottom = [0.0] * len(cells)
         for j, comp in enumerate(analysis.COMPONENTS):
-            vals = [s["breakdown"][comp]["median"] for s in cells]
+            # Means stack to the mean round (medians of parts would not add up).
+            vals = [s["breakdown"][comp].get("mean", s["breakdown"][comp]["median"]) for s in cells]
             vals = [0.0 if math.isnan(v) else v for v in vals]
             ax.bar(x, vals, bottom=bottom, color=f"C{j}", label=comp.removesuffix("_ms"))
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.set_xticks(list(x))
         ax.set_xticklabels([f"{s['config'].removeprefix('svc-')}\n{s['mode'][:4]}" for s in cells],
                            fontsize=7)
-        ax.set_ylabel("ms per round (median over requests)")
+        ax.set_ylabel("ms per round (mean over rounds)")
         ax.set_title("Where a round's time goes")
         ax.legend(fontsize=7)
         fig.tight_layout()

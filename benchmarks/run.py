@@ -225,11 +225,13 @@ def plan(args, prompts: list[suite.Prompt]) -> list[Item]:
 # ---------------------------------------------------------------------------- requests
 
 def _message_dict(message) -> dict:
-    """Every field of a flat protobuf message, repeated fields as lists."""
+    """Every field of a protobuf message, repeated fields as lists, nested
+    messages (Stats.rounds) as dicts."""
     out = {}
     for f in message.DESCRIPTOR.fields:
         value = getattr(message, f.name)
-        out[f.name] = list(value) if f.is_repeated else value
+        convert = _message_dict if f.message_type is not None else (lambda v: v)
+        out[f.name] = [convert(v) for v in value] if f.is_repeated else convert(value)
     return out
 
 

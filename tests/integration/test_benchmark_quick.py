@@ -63,6 +63,12 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     assert all(0 < s["passes_per_token"] <= 1.0 for s in drafts)
     assert all(s["breakdown"]["target_ms"]["median"] > 0 for s in drafts)
     assert all(s["breakdown"]["draft_ms"]["median"] > 0 for s in drafts)
+    # The breakdown is over rounds (Stats.rounds), with serialization its own part.
+    for s in (s for s in result["summaries"] if s["family"] == "svc"):
+        b = s["breakdown"]
+        assert b["per_round"] is True and b["rounds"] == s["target_passes"], s["config"]
+        assert b["serialize_ms"]["median"] > 0, s["config"]
+        assert 0 < b["non_compute_share"]["median"] < 1, s["config"]
 
     # An emulated RTT shows up as network time: ~RTT per RPC.
     rtt = {(s["rtt_ms"], s["config"]): s for s in result["summaries"] if s["phase"] == "rtt"}
