@@ -121,6 +121,17 @@ def build_parser(role: str, default_port: int) -> argparse.ArgumentParser:
     return parser
 
 
+def _canceller(task: asyncio.Task) -> Callable[[], Awaitable[None]]:
+    """The shutdown callback of an on_serving hook's background task."""
+
+    async def cleanup() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return cleanup
+
+
 def _registration(host: ModelHost, options: ServerOptions, role: str):
     """on_serving hook: announce this replica in Redis with a heartbeat (--redis-url)."""
 
@@ -142,13 +153,7 @@ def _registration(host: ModelHost, options: ServerOptions, role: str):
         )
         log.info("registering as %s %s at %s in %s", role, host.replica_id, entry.address,
                  options.redis_url)
-
-        async def cleanup() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        return cleanup
+        return _canceller(task)
 
     return on_serving
 
@@ -166,14 +171,7 @@ def _sweeper(host: ModelHost):
                 if expired:
                     log.info("freed %d idle session(s)", expired)
 
-        task = asyncio.create_task(loop())
-
-        async def cleanup() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        return cleanup
+        return _canceller(asyncio.create_task(loop()))
 
     return on_serving
 
