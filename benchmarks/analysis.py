@@ -10,6 +10,10 @@ A record is one request: keys `phase` ("main", "rtt", "rate"), `mode`
 `draft_passes`, and for "svc" records `stats` (the orchestrator's Stats,
 `stats["rounds"]` a list of per-round dicts). Records saved before Stats had
 rounds still analyse: the breakdown then falls back to per-request averages.
+
+"svc-draft-auto" (proposer "draft", k 0) is adaptive k: the orchestrator picks
+k each round, so it has no closed-form prediction; its summary carries the k
+it actually used per round (`k_mean`, `k_min`, `k_max` over Stats.rounds).
 """
 from __future__ import annotations
 
@@ -50,6 +54,11 @@ def group(records: Iterable[dict]) -> dict[tuple, list[dict]]:
     for rec in records:
         cells[key_of(rec)].append(rec)
     return dict(cells)
+
+
+def is_adaptive(cell: dict) -> bool:
+    """A record or summary of svc-draft-auto: draft through the services with k = 0."""
+    return cell.get("family") == "svc" and cell.get("proposer") == "draft" and not cell.get("k")
 
 
 def rounds_of(rec: dict) -> int:
@@ -172,8 +181,14 @@ def summarize_cell(records: list[dict]) -> dict:
             sum(s.get("draft_ms", 0.0) for s in stats) / drafted if drafted else math.nan),
         fallbacks=sorted({s.get("fallback_reason") for s in stats if s.get("fallback_reason")}),
     )
-    if first["proposer"] == "draft" and first["k"]:
-        rates, acc, trials = per_position_acceptance(records, first["k"])
+    # The k each round asked for (Stats.Round.k): the config's k, less in a
+    # request's last rounds; for svc-draft-auto whatever the orchestrator chose.
+    ks = [int(rd.get("k", 0)) for s in stats for rd in s.get("rounds") or []]
+    if ks and first["proposer"] != "none":
+        out.update(k_mean=statistics.fmean(ks), k_min=min(ks), k_max=max(ks))
+    width = first["k"] or (out.get("k_max") if is_adaptive(first) else 0)
+    if first["proposer"] == "draft" and width:
+        rates, acc, trials = per_position_acceptance(records, width)
         out["acceptance_by_position"] = rates
         out["alpha_accepted"] = acc
         out["alpha_trials"] = trials
@@ -258,8 +273,8 @@ def summarize(records: list[dict]) -> list[dict]:
         peer = cells.get(("main", mode, None, None, "hf-target"))
         s["vs_hf_target"] = s["tps_median"] / peer["tps_median"] if peer else math.nan
         twin = {"draft": f"hf-assisted-k{s['k']}", "lookup": f"hf-lookup-k{s['k']}"}.get(
-            s["proposer"] if s["family"] == "svc" else ""
-        )
+            s["proposer"] if s["family"] == "svc" and s["k"] else ""
+        )  # svc-draft-auto has no fixed-k twin
         twin_cell = cells.get(("main", mode, None, None, twin)) if twin else None
         s["hf_twin"] = twin if twin_cell else None
         s["vs_hf_twin"] = s["tps_median"] / twin_cell["tps_median"] if twin_cell else math.nan
@@ -276,7 +291,7 @@ def _order(s: dict) -> tuple:
         -1.0 if s.get("rate_mbps") is None else s["rate_mbps"],
         fam,
         prop.get(s["proposer"], 9),
-        s["k"],
+        s["k"] or 10**6,  # svc-draft-auto after the fixed k
     )
 
 
@@ -285,13 +300,16 @@ def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict
 
     T1 = target ms per pass with no proposer; v_k = target ms per pass at k / T1
     (verifying k+1 tokens); c = draft ms per drafted token / T1; a pooled over
-    every draft-k cell of this mode (maximum likelihood, censored last rounds).
+    every fixed-k draft cell of this mode (maximum likelihood, censored last
+    rounds). svc-draft-auto changes k from round to round, so it gets no
+    prediction: `adaptive` holds what it measured, with the mean k it used.
     """
     cells = [s for s in summaries if s["mode"] == mode and s["phase"] == phase
              and s["family"] == "svc" and s.get("rtt_ms") is None and s.get("rate_mbps") is None]
     base = next((s for s in cells if s["proposer"] == "none"), None)
-    drafts = sorted((s for s in cells if s["proposer"] == "draft"), key=lambda s: s["k"])
-    if base is None or not drafts:
+    drafts = sorted((s for s in cells if s["proposer"] == "draft" and s["k"]), key=lambda s: s["k"])
+    auto = next((s for s in cells if is_adaptive(s)), None)
+    if base is None or not (drafts or auto):
         return {}
     t1 = base["target_ms_per_pass"]
     acc = sum(s.get("alpha_accepted", 0) for s in drafts)
@@ -318,7 +336,16 @@ def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict
             "round_ms_measured": b["total_ms"]["median"],
             "round_ms_model": (v + k * c) * t1,
         })
-    return {"mode": mode, "alpha_pooled": alpha, "t1_ms": t1, "rows": rows}
+    adaptive = None
+    if auto is not None:
+        adaptive = {
+            "config": auto["config"], "k_mean": auto.get("k_mean"), "k_min": auto.get("k_min"),
+            "k_max": auto.get("k_max"), "alpha": auto.get("alpha"),
+            "tokens_per_pass_measured": auto["tokens_per_pass"],
+            "speedup_measured": auto["vs_svc_none"],
+            "round_ms_measured": auto["breakdown"]["total_ms"]["median"],
+        }
+    return {"mode": mode, "alpha_pooled": alpha, "t1_ms": t1, "rows": rows, "adaptive": adaptive}
 
 
 def rtt_prediction(summaries: list[dict], config: str, rtt_ms: float, phase: str = "rtt",

@@ -68,11 +68,13 @@ def markdown(result: dict) -> str:
                              for m in peer_bad[:12]) + ")" if peer_bad else "") + ".")
     lines += ["", "## Throughput", "",
               "tokens/s is the median over repetitions of (tokens / seconds summed over prompts), "
-              "with min–max; ratios divide medians.", ""]
+              "with min–max; ratios divide medians. k used = the k the rounds asked the proposer "
+              "for (`Stats.rounds[].k`), mean [min–max]: the config's k, less in a request's last "
+              "rounds; for svc-draft-auto what the orchestrator's adaptive k chose.", ""]
     main = [s for s in summaries if s["phase"] == "main"]
     lines.append("| mode | config | tokens/s (min–max) | target passes/token | mean accepted "
-                 "| TTFT ms | × svc-none | × hf-target | × hf twin |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "| k used | TTFT ms | × svc-none | × hf-target | × hf twin |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for s in main:
         twin = f"{_f(s['vs_hf_twin'])} ({s['hf_twin']})" if s.get("hf_twin") else "–"
         lines.append(
@@ -80,6 +82,7 @@ def markdown(result: dict) -> str:
             f"({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | "
             f"{_f(s['passes_per_token'], '.3f')} | "
             f"{_f(s.get('mean_accepted')) if s['proposer'] not in ('none', 'target') else '–'} | "
+            f"{_k_used(s)} | "
             f"{_f(s['ttft_ms_median'], '.0f')} | {_f(s['vs_svc_none'])} | "
             f"{_f(s['vs_hf_target'])} | {twin} |"
         )
@@ -137,7 +140,7 @@ def markdown(result: dict) -> str:
         if not model:
             continue
         lines += ["", f"## Model vs measurement ({model['mode']})", "",
-                  f"α pooled over draft configs = {_f(model['alpha_pooled'], '.3f')}; "
+                  f"α pooled over the fixed-k draft configs = {_f(model['alpha_pooled'], '.3f')}; "
                   f"T1 (target ms per pass, no proposer) = {_f(model['t1_ms'], '.1f')}. "
                   "Predicted tokens/pass = (1 − α^(k+1)) / (1 − α); predicted speed-up = "
                   "E / (v + k·c) with v = target ms per pass at k / T1, c = draft ms per drafted "
@@ -153,6 +156,16 @@ def markdown(result: dict) -> str:
                 f"{_f(r['speedup_measured'])} | {_f(r['speedup_predicted'])} | "
                 f"{_f(r['round_ms_measured'], '.1f')} | {_f(r['round_ms_model'], '.1f')} |"
             )
+        a = model.get("adaptive")
+        if a:
+            lines.append(
+                f"| auto (mean {_f(a['k_mean'])}, {_f(a['k_min'], 'd')}–{_f(a['k_max'], 'd')}) | "
+                f"{_f(a['alpha'], '.3f')} | {_f(a['tokens_per_pass_measured'])} | – | – | – | "
+                f"{_f(a['speedup_measured'])} | – | {_f(a['round_ms_measured'], '.1f')} | – |")
+            lines += ["", f"{a['config']}: the orchestrator picks k each round from the acceptance "
+                      "and draft/target costs it has observed so far, so k varies and the "
+                      "closed-form prediction does not apply; the row shows what it measured "
+                      "and the mean k its rounds used."]
     net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
     if net:
         lines += ["", "## Network between orchestrator and services", "",
@@ -187,6 +200,12 @@ def markdown(result: dict) -> str:
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in result.get("plots", [])]
     lines.append("")
     return "\n".join(lines)
+
+
+def _k_used(s: dict) -> str:
+    if s.get("k_mean") is None:
+        return "–"
+    return f"{_f(s['k_mean'])} [{s['k_min']}–{s['k_max']}]"
 
 
 def _rtt_pred(summaries: list[dict], s: dict) -> float:
@@ -224,10 +243,15 @@ def plots(result: dict, out_dir: Path) -> list[str]:
     for i, mode in enumerate(modes):
         color = f"C{i}"
         draft = sorted((s for s in main if s["mode"] == mode and s["proposer"] == "draft"
-                        and s["family"] == "svc"), key=lambda s: s["k"])
+                        and s["family"] == "svc" and s["k"]), key=lambda s: s["k"])
         if draft:
             ax.plot([s["k"] for s in draft], [s["vs_svc_none"] for s in draft], "o-",
                     color=color, label=f"{mode}: measured (services)")
+        auto = next((s for s in main if s["mode"] == mode and analysis.is_adaptive(s)
+                     and s.get("k_mean") is not None), None)
+        if auto:  # placed at the mean k its rounds used
+            ax.plot([auto["k_mean"]], [auto["vs_svc_none"]], "*", ms=12, color=color,
+                    label=f"{mode}: adaptive k (at its mean k)")
         model = next((m for m in result.get("models", []) if m and m["mode"] == mode), None)
         if model:
             ax.plot([r["k"] for r in model["rows"]], [r["speedup_predicted"] for r in model["rows"]],
@@ -275,9 +299,10 @@ def plots(result: dict, out_dir: Path) -> list[str]:
     fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(6 * max(1, len(modes)), 4), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for s in sorted((s for s in main if s["mode"] == mode and s.get("acceptance_by_position")),
-                        key=lambda s: s["k"]):
+                        key=lambda s: s["k"] or 10**6):
             rates = s["acceptance_by_position"]
-            ax.plot(range(1, len(rates) + 1), rates, "o-", ms=3, label=f"k={s['k']}")
+            ax.plot(range(1, len(rates) + 1), rates, "o-", ms=3,
+                    label=f"k={s['k']}" if s["k"] else "auto")
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted | earlier accepted)")

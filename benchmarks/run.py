@@ -5,7 +5,9 @@ configuration interleaved (round-robin per prompt and repetition, the order
 rotated each time) so drift hits all alike:
 
   services   svc-none (target-only through the same path), svc-draft-k{K} for
-             each K, svc-lookup-k{K} (prompt lookup)
+             each K, svc-draft-auto (k = 0 in the request: the orchestrator,
+             started with --default-k auto, picks k each round), svc-lookup-k{K}
+             (prompt lookup)
   in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
              with the same draft, constant K), hf-lookup-k{K}
              (`prompt_lookup_num_tokens=K`)
@@ -21,8 +23,8 @@ the services token for token; otherwise the run exits 1 and lists the prompts.
 Sizes. --quick (with --tiny: the tiny test models) finishes in well under
 5 minutes. Full mode on the embedded models is sized for <= 25 minutes on a
 2-core CPU: 5 prompts (one per category), 32 new tokens, 3 repetitions,
-k = 1..8 greedy and 2, 4, 8 sampling, the RTT sweep (0, 1, 2, 5, 10, 20 ms) on
-2 prompts at k = 2, 4, and the rate cap (1000, 100 Mbit/s; top_p 1 so the
+k = 1..8 greedy and 2, 4, 8 sampling (each plus adaptive k), the RTT sweep
+(0, 1, 2, 5, 10, 20 ms) on 2 prompts at k = 2, 4, and the rate cap (1000, 100 Mbit/s; top_p 1 so the
 distributions travel dense) on 1 prompt at k = 4; one torch thread per process.
 Scale with --per-category, --max-new-tokens, --reps.
 
@@ -61,12 +63,18 @@ class Config:
 
     family: str
     proposer: str  # svc: none / draft / lookup; hf: target / assisted / lookup
-    k: int = 0
+    k: int = 0  # svc-draft: 0 = adaptive (the orchestrator picks k each round)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.family == "svc" and self.proposer == "draft" and self.k == 0
 
     @property
     def name(self) -> str:
         if self.proposer in ("none", "target"):
             return f"{self.family}-{self.proposer}"
+        if self.adaptive:
+            return f"{self.family}-{self.proposer}-auto"
         return f"{self.family}-{self.proposer}-k{self.k}"
 
 
@@ -134,6 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sampling-k", help=f"sampling draft k list (full {FULL['sampling_k']})")
     p.add_argument("--lookup-k", help=f"prompt-lookup k list (full {FULL['lookup_k']})")
     p.add_argument("--peer-k", help=f"in-process assisted k list (full {FULL['peer_k']})")
+    p.add_argument("--no-auto", action="store_true",
+                   help="skip svc-draft-auto (adaptive k); with --orchestrator it is only adaptive "
+                        "if that orchestrator runs with --default-k auto")
     p.add_argument("--modes", default="greedy,sampling")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
@@ -178,6 +189,8 @@ def main_configs(args, mode: str) -> list[Config]:
     ks = args.k if mode == GREEDY else args.sampling_k
     configs = [Config("svc", "none")]
     configs += [Config("svc", "draft", k) for k in ks]
+    if not args.no_auto:
+        configs.append(Config("svc", "draft", 0))  # k = 0: adaptive
     configs += [Config("svc", "lookup", k) for k in args.lookup_k]
     if not args.no_peer:
         configs.append(Config("hf", "target"))
@@ -499,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             record = {
                 "phase": item.phase, "mode": item.mode, "config": item.config.name,
                 "family": item.config.family, "proposer": item.config.proposer,
-                "k": item.config.k, "prompt_id": item.prompt.id,
+                "k": item.config.k, "adaptive": item.config.adaptive,
+                "prompt_id": item.prompt.id,
                 "category": item.prompt.category, "rep": item.rep,
                 "max_new_tokens": args.max_new_tokens,
                 "top_p": (item.top_p or args.top_p) if item.mode == SAMPLING else None,
@@ -555,6 +569,7 @@ def _write(args, records, stack, link_note, started, failure, model_info) -> Non
         "per_category": args.per_category, "n_prompts": len({r["prompt_id"] for r in records}),
         "max_new_tokens": args.max_new_tokens, "reps": args.reps, "k": args.k,
         "sampling_k": args.sampling_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
+        "adaptive": not args.no_auto,
         "modes": args.modes, "temperature": args.temperature, "top_p": args.top_p,
         "rtts": args.rtts, "rtt_k": args.rtt_k, "rates": args.rates, "rate_k": args.rate_k,
         "rate_rtt": args.rate_rtt, "rate_prompts": args.rate_prompts,

@@ -26,7 +26,9 @@ class StackSpec:
     threads: int = 1
     redis_url: str = "redis://127.0.0.1:6379/0"
     log_dir: Path = Path("/tmp")
-    default_k: int = 4
+    # k for requests that send k = 0: "auto" picks it each round (svc-draft-auto); every
+    # other configuration sends its own k, so this touches nothing else.
+    default_k: str = "auto"
 
 
 @dataclass
@@ -82,7 +84,7 @@ class Stack:
             "python", "-m", "orchestrator", "--port", str(port),
             "--target", target, "--draft", draft,
             "--redis-url", self.spec.redis_url, "--redis-prefix", self.prefix,
-            "--default-k", str(self.spec.default_k), "--threads", "1",
+            "--default-k", self.spec.default_k, "--threads", "1",
             *(["--tokenizer", self.spec.target] if self.spec.target else []),
         ])
         address = f"127.0.0.1:{port}"

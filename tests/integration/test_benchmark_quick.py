@@ -51,6 +51,7 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
         assert ("main", mode, "svc-none") in by_config
         assert ("main", mode, "hf-target") in by_config
         assert any(c.startswith("svc-draft-k") for p, m, c in by_config if p == "main" and m == mode)
+        assert ("main", mode, "svc-draft-auto") in by_config
     assert any(p == "rtt" for p, _, _ in by_config)
     assert any(p == "rate" for p, _, _ in by_config)
 
@@ -63,6 +64,24 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     assert all(0 < s["passes_per_token"] <= 1.0 for s in drafts)
     assert all(s["breakdown"]["target_ms"]["median"] > 0 for s in drafts)
     assert all(s["breakdown"]["draft_ms"]["median"] > 0 for s in drafts)
+    # Fixed-k configs still send their k (no round asks for more, and some ask for exactly
+    # k); svc-draft-auto (k = 0) gets k chosen per round by the orchestrator.
+    for s in drafts:
+        if s["config"] == "svc-draft-auto":
+            assert s["k"] == 0 and 1 <= s["k_max"] <= 16 and 0 < s["k_mean"] <= s["k_max"]
+            assert s["acceptance_by_position"] and s["hf_twin"] is None
+        else:
+            assert s["k_max"] == s["k"] and s["k_mean"] <= s["k"], s["config"]
+    auto = [r for r in result["records"] if r["config"] == "svc-draft-auto"]
+    assert {r["mode"] for r in auto} == {"greedy", "sampling"}
+    assert all(r["adaptive"] and r["k"] == 0 for r in auto)
+    assert sum(1 for r in auto if r["mode"] == "greedy") == 3 * result["settings"]["n_prompts"]
+    # ... and its greedy outputs equal target-only through the services, token for token.
+    ref = {r["prompt_id"]: r["token_ids"] for r in result["records"] if r["mode"] == "greedy"
+           and r["config"] == "svc-none" and r["phase"] == "main" and r["rep"] == 0}
+    assert all(r["token_ids"] == ref[r["prompt_id"]] for r in auto if r["mode"] == "greedy")
+    assert any(m and m["adaptive"] and m["adaptive"]["config"] == "svc-draft-auto"
+               for m in result["models"])
     # The breakdown is over rounds (Stats.rounds), with serialization its own part.
     for s in (s for s in result["summaries"] if s["family"] == "svc"):
         b = s["breakdown"]
@@ -77,7 +96,7 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     assert slow - fast > 3.5, (slow, fast)
 
     md = (out / "results.md").read_text()
-    assert "PASSED" in md and "| greedy | svc-none |" in md
+    assert "PASSED" in md and "| greedy | svc-none |" in md and "| greedy | svc-draft-auto |" in md
     for png in ("speedup_vs_k.png", "breakdown.png", "acceptance_by_position.png",
                 "speedup_vs_rtt.png"):
         data = (out / png).read_bytes()
