@@ -126,11 +126,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--orchestrator", metavar="ADDR",
                    help="use a running orchestrator instead of starting a stack (no link phases)")
     p.add_argument("--target", help="target --model (folder or .gguf); default: the embedded one")
-    p.add_argument("--draft", help="draft --model; default: early exit of the target")
-    p.add_argument("--draft-layers", type=int, default=2,
-                   help="layers of the early-exit draft when --draft is not given (default 2)")
+    p.add_argument("--draft", help="draft --model; default: the draft service's own default "
+                                   "(the committed distilled draft)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="use an early-exit draft of the target with this many layers instead")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="target dtype (default %(default)s)")
+    p.add_argument("--draft-dtype", default=None,
+                   help="draft dtype (default: the draft's own choice; bfloat16 for the "
+                        "distilled draft where the device supports it)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process (default 1: on 2 shared cores, 2 threads per "
                         "process oversubscribe and a forward pass gets several times slower)")
@@ -303,14 +307,15 @@ class PeerRunner:
     """The in-process peer on the same weights, loaded with the services' loader."""
 
     def __init__(self, args) -> None:
-        from specdec.hosting.loader import load
+        from specdec.hosting.loader import default_draft, load
 
         self.target = load(args.target, device=args.device, dtype=args.dtype)
-        if args.draft:
-            self.draft = load(args.draft, device=args.device, dtype=args.dtype)
-        else:
-            self.draft = load(args.target, device=args.device, dtype=args.dtype,
+        if args.draft_layers and not args.draft:
+            self.draft = load(args.target, device=args.device, dtype=args.draft_dtype,
                               num_layers=args.draft_layers)
+        else:
+            self.draft = load(args.draft or default_draft(), device=args.device,
+                              dtype=args.draft_dtype)
         self.eos = list(self.target.eos_token_ids)
         self._ids: dict[str, object] = {}
 
@@ -373,7 +378,7 @@ def environment(args, stack, model_info: dict) -> dict:
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "target_model": model_info.get("target", {}).get("model_name", args.target or "embedded"),
-        "draft_model": model_info.get("draft", {}).get("model_name", args.draft or "early exit"),
+        "draft_model": model_info.get("draft", {}).get("model_name", args.draft or ("early exit" if args.draft_layers else "default draft")),
         "models": model_info,
         "stack": "started by benchmarks.run" if stack else f"external orchestrator {args.orchestrator}",
     }
@@ -470,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             stack = Stack(StackSpec(target=args.target, draft=args.draft,
                                     draft_layers=args.draft_layers, device=args.device,
-                                    dtype=args.dtype, threads=args.threads,
+                                    dtype=args.dtype, draft_dtype=args.draft_dtype,
+                                    threads=args.threads,
                                     redis_url=args.redis_url, log_dir=workdir / "logs"))
             print("starting target, draft and orchestrator...", file=sys.stderr)
             stack.start(with_link=not args.no_network)

@@ -19,10 +19,11 @@ from specdec import procs
 @dataclass(frozen=True)
 class StackSpec:
     target: str | None          # --model for the target; None = embedded default
-    draft: str | None           # --model for the draft; None = early exit of the target
-    draft_layers: int | None    # early-exit layers when draft is None
+    draft: str | None           # --model for the draft; None = the draft service's default
+    draft_layers: int | None    # early-exit layers of the target instead (when draft is None)
     device: str = "cpu"
     dtype: str = "float32"
+    draft_dtype: str | None = None  # None = the draft's own choice
     threads: int = 1
     redis_url: str = "redis://127.0.0.1:6379/0"
     log_dir: Path = Path("/tmp")
@@ -56,14 +57,24 @@ class Stack:
         self._procs.append(proc)
         return proc
 
-    def _model_args(self, model: str | None, layers: int | None) -> list[str]:
-        args = ["--device", self.spec.device, "--dtype", self.spec.dtype,
-                "--threads", str(self.spec.threads)]
+    def _model_args(self, model: str | None, layers: int | None, dtype: str | None) -> list[str]:
+        args = ["--device", self.spec.device, "--threads", str(self.spec.threads)]
+        if dtype:
+            args += ["--dtype", dtype]
         if model:
             args += ["--model", model]
         if layers:
             args += ["--num-layers", str(layers)]
         return args
+
+    def _draft_args(self) -> list[str]:
+        """--draft folder; else an early exit of the target; else the service's own default."""
+        s = self.spec
+        if s.draft:
+            return self._model_args(s.draft, None, s.draft_dtype)
+        if s.draft_layers:
+            return self._model_args(s.target, s.draft_layers, s.draft_dtype)
+        return self._model_args(None, None, s.draft_dtype)
 
     def start_services(self, timeout: float = 300.0) -> None:
         s = self.spec
@@ -71,10 +82,9 @@ class Stack:
         self.target_address = f"127.0.0.1:{tport}"
         self.draft_address = f"127.0.0.1:{dport}"
         target = self._start("target", ["python", "-m", "target_service", "--port", str(tport),
-                                        *self._model_args(s.target, None)])
+                                        *self._model_args(s.target, None, s.dtype)])
         draft = self._start("draft", ["python", "-m", "draft_service", "--port", str(dport),
-                                      *self._model_args(s.draft or s.target,
-                                                        None if s.draft else s.draft_layers)])
+                                      *self._draft_args()])
         procs.wait_healthy(self.target_address, target, timeout=timeout)
         procs.wait_healthy(self.draft_address, draft, timeout=timeout)
 

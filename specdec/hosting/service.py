@@ -95,7 +95,7 @@ def build_parser(role: str, default_port: int) -> argparse.ArgumentParser:
     layers_help = ("keep only the first N decoder layers (early exit; Llama-like models)"
                    " [SPECDEC_NUM_LAYERS]")
     if role == "draft":
-        layers_help += ("; without --model the committed distilled draft (drafts/smollm2-135m) is "
+        layers_help += ("; without --model the committed distilled draft (specdec/drafts/smollm2-135m) is "
                         "served, or, if absent or with --num-layers, the embedded model's first N "
                         "layers (default 2)")
     g.add_argument("--num-layers", "--draft-layers", dest="num_layers", type=int,

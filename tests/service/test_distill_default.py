@@ -1,4 +1,4 @@
-"""The committed default draft (drafts/smollm2-135m) served by a draft service started without --model."""
+"""The committed default draft (specdec/drafts/smollm2-135m) served by a draft service started without --model."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from tests.service.conftest import propose
 
 @pytest.mark.slow
 def test_draft_service_default_is_the_committed_distilled_draft(services) -> None:
-    """No --model: the draft service serves drafts/smollm2-135m, which beats the early-exit stand-in."""
+    """No --model: the draft service serves specdec/drafts/smollm2-135m, which beats the early-exit stand-in."""
     from transformers import AutoTokenizer
 
     from specdec.distill import data, evaluate, prompts
