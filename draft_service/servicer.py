@@ -8,7 +8,7 @@ from typing import Any
 from specdec.errors import InvalidArgument
 from specdec.hosting.service import ModelServicerBase, timing
 from specdec.v1 import model_pb2, model_pb2_grpc
-from specdec.wire import encode_probs, sampling_from_proto, wants_probs
+from specdec.wire import encode_probs
 
 SERVICE_NAME = model_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 DEFAULT_PORT = 50062
@@ -20,15 +20,10 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
     async def Propose(self, request: model_pb2.ProposeRequest, context: Any) -> model_pb2.ProposeResponse:
         started = time.perf_counter()
         host = self.host
-        tokens = list(request.tokens)
-        host.check_request(request.session_id, request.cache_position, tokens, min_tokens=1)
-        if request.k > host.limits.max_draft:
-            raise InvalidArgument(f"k {request.k} exceeds this server's max of {host.limits.max_draft}")
+        tokens, sampling, want_probs = self.decode(request, "k", request.k)
         p_min = request.p_min
         if not (math.isfinite(p_min) and 0.0 <= p_min <= 1.0):
             raise InvalidArgument(f"p_min must be in [0, 1], got {p_min}")
-        sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
-        want_probs = wants_probs(request.output_mode)
         timed = await host.run(
             host.propose, request.session_id, request.cache_position, request.prefix_hash,
             tokens, request.k, sampling, want_probs, request.seed, p_min,

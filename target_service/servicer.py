@@ -7,7 +7,7 @@ from typing import Any
 from specdec.errors import InvalidArgument
 from specdec.hosting.service import ModelServicerBase, timing
 from specdec.v1 import model_pb2, model_pb2_grpc
-from specdec.wire import encode_probs, sampling_from_proto, wants_probs
+from specdec.wire import encode_probs
 
 SERVICE_NAME = model_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 DEFAULT_PORT = 50061
@@ -19,17 +19,12 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     async def Score(self, request: model_pb2.ScoreRequest, context: Any) -> model_pb2.ScoreResponse:
         started = time.perf_counter()
         host = self.host
-        tokens = list(request.tokens)
-        host.check_request(request.session_id, request.cache_position, tokens, min_tokens=1)
         n_draft = request.n_draft
-        if n_draft > host.limits.max_draft:
-            raise InvalidArgument(f"n_draft {n_draft} exceeds this server's max of {host.limits.max_draft}")
+        tokens, sampling, want_probs = self.decode(request, "n_draft", n_draft)
         if n_draft > len(tokens) - 1:
             # The first drafted token is scored by the logits of the token before
             # it, which must be in this request.
             raise InvalidArgument(f"n_draft {n_draft} must be at most len(tokens) - 1 = {len(tokens) - 1}")
-        sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
-        want_probs = wants_probs(request.output_mode)
         timed = await host.run(
             host.score, request.session_id, request.cache_position, request.prefix_hash,
             tokens, n_draft, sampling, want_probs,

@@ -31,7 +31,9 @@ from specdec.hosting.server import (
     options_from_args,
     run_server,
 )
+from specdec.core.sampling import SamplingParams
 from specdec.v1 import common_pb2
+from specdec.wire import sampling_from_proto, wants_probs
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,19 @@ class ModelServicerBase:
 
     def __init__(self, host: ModelHost):
         self.host = host
+
+    def decode(self, request: Any, field: str, count: int) -> tuple[list[int], SamplingParams, bool]:
+        """Checks shared by Score and Propose: (tokens, sampling, want_probs).
+
+        `field`/`count` name the request's draft length (n_draft or k), bounded by --max-draft.
+        """
+        host = self.host
+        tokens = list(request.tokens)
+        host.check_request(request.session_id, request.cache_position, tokens, min_tokens=1)
+        if count > host.limits.max_draft:
+            raise InvalidArgument(f"{field} {count} exceeds this server's max of {host.limits.max_draft}")
+        sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
+        return tokens, sampling, wants_probs(request.output_mode)
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: Any) -> common_pb2.ReleaseResponse:
         if not request.session_id:
