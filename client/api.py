@@ -32,6 +32,7 @@ ProposerName = Literal["default", "draft", "lookup", "guess", "none"]
 _PROPOSERS = {"default": pb.PROPOSER_UNSPECIFIED, "draft": pb.PROPOSER_DRAFT,
               "lookup": pb.PROPOSER_LOOKUP, "guess": pb.PROPOSER_GUESS, "none": pb.PROPOSER_NONE}
 Stats = pb.Stats
+Metadata = Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ class Stream:
     """Chunks of one generation as they commit; `stats` is set once it is exhausted."""
 
     def __init__(self, call: grpc.UnaryStreamMultiCallable, request: pb.GenerateRequest,
-                 timeout: float | None) -> None:
-        self._call = call(request, timeout=timeout)
+                 timeout: float | None, metadata: Metadata | None = None) -> None:
+        self._call = call(request, timeout=timeout, metadata=metadata)
         self.stats: pb.Stats | None = None
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -119,8 +120,9 @@ class Stream:
 class AsyncStream:
     """The asyncio twin of `Stream`."""
 
-    def __init__(self, call, request: pb.GenerateRequest, timeout: float | None) -> None:
-        self._call = call(request, timeout=timeout)
+    def __init__(self, call, request: pb.GenerateRequest, timeout: float | None,
+                 metadata: Metadata | None = None) -> None:
+        self._call = call(request, timeout=timeout, metadata=metadata)
         self.stats: pb.Stats | None = None
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
@@ -153,9 +155,14 @@ class Client:
         self._channel = grpc.insecure_channel(address)
         self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
 
-    def generate(self, prompt: str | None = None, **options) -> Stream:
-        """Stream a generation; see `build_request` for the options."""
-        return Stream(self._stub.Generate, build_request(prompt, **options), self.timeout)
+    def generate(self, prompt: str | None = None, *, metadata: Metadata | None = None,
+                 **options) -> Stream:
+        """Stream a generation; see `build_request` for the options.
+
+        `metadata` ((key, value) pairs, e.g. ("authorization", "Bearer ...")) goes
+        with the call as gRPC metadata.
+        """
+        return Stream(self._stub.Generate, build_request(prompt, **options), self.timeout, metadata)
 
     def complete(self, prompt: str | None = None, **options) -> Completion:
         """Generate to the end; the whole text, its token ids and the stats."""
@@ -191,8 +198,10 @@ class AsyncClient:
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
 
-    def generate(self, prompt: str | None = None, **options) -> AsyncStream:
-        return AsyncStream(self._stub.Generate, build_request(prompt, **options), self.timeout)
+    def generate(self, prompt: str | None = None, *, metadata: Metadata | None = None,
+                 **options) -> AsyncStream:
+        return AsyncStream(self._stub.Generate, build_request(prompt, **options), self.timeout,
+                           metadata)
 
     async def complete(self, prompt: str | None = None, **options) -> Completion:
         stream = self.generate(prompt, **options)
