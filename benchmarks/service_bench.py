@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             reply = target.Score(model_pb2.ScoreRequest(
                 session_id=session, cache_position=n, prefix_hash=h, tokens=tokens,
-                n_draft=len(tokens) - 1), timeout=60)
+                k=len(tokens) - 1), timeout=60)
             return time.perf_counter() - t0, reply.timing.forward_ms / 1e3
 
         def local(tokens: list[int], session: str = "bench") -> float:

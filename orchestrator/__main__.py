@@ -104,7 +104,7 @@ async def build_engine(args: argparse.Namespace) -> Engine:
             f"the target {target_info.model_name!r} has another tokenizer than --tokenizer {folder} "
             f"(fingerprints {target_info.tokenizer_fingerprint[:12]} vs {fingerprint[:12]})"
         )
-    max_k = int(target_info.max_draft_tokens) or 16
+    max_k = int(target_info.max_k) or 16
     draft_info = await _first_info(router, "draft", 5.0)
     if draft_info is not None:
         if (draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint
@@ -115,7 +115,7 @@ async def build_engine(args: argparse.Namespace) -> Engine:
                 f"vs {target_info.tokenizer_fingerprint[:12]}, vocab sizes {draft_info.vocab_size} "
                 f"vs {target_info.vocab_size}); refusing to pair them"
             )
-        max_k = min(max_k, int(draft_info.max_draft_tokens) or max_k)
+        max_k = min(max_k, int(draft_info.max_k) or max_k)
     else:
         log.warning("no draft service answered; proposer 'draft' will fall back to target-only")
     log.info("target %s (vocab %d, context %d), draft %s, tokenizer %s",
@@ -128,7 +128,7 @@ async def build_engine(args: argparse.Namespace) -> Engine:
         eos_ids=frozenset(target_info.eos_token_ids),
         context_length=int(target_info.context_length),
         max_k=max_k,
-        max_check=int(target_info.max_draft_tokens) or 16,
+        max_check=int(target_info.max_k) or 16,
         default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,

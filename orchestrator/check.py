@@ -48,7 +48,7 @@ async def check(
         cache_position=0,
         prefix_hash=EMPTY,
         tokens=prompt_ids + guess_ids,
-        n_draft=len(guess_ids),
+        k=len(guess_ids),
         # Temperature 1 without truncation: p is the model's own softmax.
         sampling=sampling_to_proto(SamplingParams(temperature=1.0)),
         output_mode=common_pb2.OUTPUT_MODE_PROBS,

@@ -246,7 +246,7 @@ async def _score(
             cache_position=cached,
             prefix_hash=fps[cached],
             tokens=tokens[cached:] + drafted,
-            n_draft=len(drafted),
+            k=len(drafted),
             sampling=sampling_to_proto(sampling),
             output_mode=mode,
         )

@@ -19,15 +19,15 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     async def Score(self, request: model_pb2.ScoreRequest, context: Any) -> model_pb2.ScoreResponse:
         started = time.perf_counter()
         host = self.host
-        n_draft = request.n_draft
-        tokens, sampling, want_probs = self.decode(request, "n_draft", n_draft)
-        if n_draft > len(tokens) - 1:
+        k = request.k
+        tokens, sampling, want_probs = self.decode(request, "k", k)
+        if k > len(tokens) - 1:
             # The first drafted token is scored by the logits of the token before
             # it, which must be in this request.
-            raise InvalidArgument(f"n_draft {n_draft} must be at most len(tokens) - 1 = {len(tokens) - 1}")
+            raise InvalidArgument(f"k {k} must be at most len(tokens) - 1 = {len(tokens) - 1}")
         timed = await host.run(
             host.score, request.session_id, request.cache_position, request.prefix_hash,
-            tokens, n_draft, sampling, want_probs,
+            tokens, k, sampling, want_probs,
         )
         result = timed.value
         response = model_pb2.ScoreResponse(

@@ -38,14 +38,14 @@ class HostLimits:
     max_sessions: int = 64
     cache_budget_bytes: int = 2 << 30
     session_ttl_s: float = 600.0
-    max_draft: int = 16  # largest k (Propose) / n_draft (Score)
+    max_k: int = 16  # largest k (drafted tokens) in one Propose or Score
     max_request_tokens: int = 8192  # tokens in one request; more is RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True)
 class ScoreResult:
-    argmax_ids: list[int]  # [n_draft + 1]
-    probs: torch.Tensor | None  # [n_draft + 1, vocab] on the model's device, PROBS mode only
+    argmax_ids: list[int]  # [k + 1]
+    probs: torch.Tensor | None  # [k + 1, vocab] on the model's device, PROBS mode only
     cache_length: int
     forward_ms: float
 
@@ -156,15 +156,15 @@ class ModelHost:
         cache_position: int,
         prefix_hash: int,
         tokens: Sequence[int],
-        n_draft: int,
+        k: int,
         sampling: SamplingParams,
         want_probs: bool,
     ) -> ScoreResult:
-        """One forward over `tokens`; results for the last n_draft + 1 positions."""
+        """One forward over `tokens`; results for the last k + 1 positions."""
         session = self.sessions.acquire(session_id, cache_position, prefix_hash)
         started = time.perf_counter()
         try:
-            logits = self._forward(session, tokens, n_draft + 1)  # [n_draft + 1, vocab]
+            logits = self._forward(session, tokens, k + 1)  # [k + 1, vocab]
             argmax = logits.argmax(dim=-1).tolist()
             probs = probs_from_logits(logits, sampling) if want_probs else None
         except BaseException:

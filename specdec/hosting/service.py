@@ -49,13 +49,13 @@ class ModelServicerBase:
     def decode(self, request: Any, field: str, count: int) -> tuple[list[int], SamplingParams, bool]:
         """Checks shared by Score and Propose: (tokens, sampling, want_probs).
 
-        `field`/`count` name the request's draft length (n_draft or k), bounded by --max-draft.
+        `field`/`count` name the request's draft length (k), bounded by --max-k.
         """
         host = self.host
         tokens = list(request.tokens)
         host.check_request(request.session_id, request.cache_position, tokens, min_tokens=1)
-        if count > host.limits.max_draft:
-            raise InvalidArgument(f"{field} {count} exceeds this server's max of {host.limits.max_draft}")
+        if count > host.limits.max_k:
+            raise InvalidArgument(f"{field} {count} exceeds this server's max of {host.limits.max_k}")
         sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
         return tokens, sampling, wants_probs(request.output_mode)
 
@@ -77,7 +77,7 @@ class ModelServicerBase:
             device=str(m.device),
             dtype=str(m.dtype).removeprefix("torch."),
             parameter_count=m.parameter_count,
-            max_draft_tokens=self.host.limits.max_draft,
+            max_k=self.host.limits.max_k,
             replica_id=self.host.replica_id,
         )
 
@@ -124,8 +124,10 @@ def build_parser(role: str, default_port: int) -> argparse.ArgumentParser:
                         "[SPECDEC_CACHE_BUDGET_MB] (default %(default)s)")
     c.add_argument("--session-ttl", type=float, default=env_default("session_ttl", 600),
                    help="seconds before an idle session's cache is freed [SPECDEC_SESSION_TTL]")
-    c.add_argument("--max-draft", type=int, default=env_default("max_draft", 16),
-                   help="largest k (draft) / n_draft (target) accepted [SPECDEC_MAX_DRAFT]")
+    c.add_argument("--max-k", type=int, default=env_default("max_k", env_default("max_draft", 16)),
+                   help="largest k (drafted tokens in one Propose or Score) accepted [SPECDEC_MAX_K]")
+    # The old names (--max-draft, SPECDEC_MAX_DRAFT) still work, hidden.
+    c.add_argument("--max-draft", dest="max_k", type=int, help=argparse.SUPPRESS)
     c.add_argument("--max-request-tokens", type=int,
                    default=env_default("max_request_tokens", 8192),
                    help="tokens in one request before RESOURCE_EXHAUSTED "
@@ -234,7 +236,7 @@ def main(
         max_sessions=int(args.max_sessions),
         cache_budget_bytes=int(float(args.cache_budget_mb) * 2**20),
         session_ttl_s=float(args.session_ttl),
-        max_draft=int(args.max_draft),
+        max_k=int(args.max_k),
         max_request_tokens=int(args.max_request_tokens),
     )
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"

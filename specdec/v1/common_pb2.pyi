@@ -71,7 +71,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_draft_tokens", "replica_id")
+    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -81,7 +81,7 @@ class ModelInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_COUNT_FIELD_NUMBER: _ClassVar[int]
-    MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_K_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     role: str
@@ -92,6 +92,6 @@ class ModelInfo(_message.Message):
     device: str
     dtype: str
     parameter_count: int
-    max_draft_tokens: int
+    max_k: int
     replica_id: str
-    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_draft_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...

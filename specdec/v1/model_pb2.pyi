@@ -8,22 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "n_draft", "sampling", "output_mode")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
-    N_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    n_draft: int
+    k: int
     sampling: _common_pb2.SamplingParams
     output_mode: _common_pb2.OutputMode
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., n_draft: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("argmax_ids", "probs", "cache_length", "timing")

@@ -57,8 +57,8 @@ class TargetServiceServicer:
 
     def Score(self, request, context):
         """Append `tokens` after the first `cache_position` tokens and run ONE
-        forward pass; return results for the last n_draft + 1 positions.
-        Prefill and ordinary decoding are this call with n_draft = 0. Afterwards
+        forward pass; return results for the last k + 1 positions.
+        Prefill and ordinary decoding are this call with k = 0. Afterwards
         the cache holds every token sent, drafted ones included (cache_length =
         cache_position + len(tokens)); the next call crops rejected ones away.
         """

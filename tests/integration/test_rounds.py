@@ -85,7 +85,7 @@ def test_model_client_times_serialization(stack):
         try:
             request = model_pb2.ScoreRequest(
                 session_id="rounds-test-serialize", cache_position=0, prefix_hash=EMPTY,
-                tokens=list(range(5, 45)), n_draft=4,
+                tokens=list(range(5, 45)), k=4,
                 sampling=sampling_to_proto(SamplingParams(temperature=1.0)),
                 output_mode=common_pb2.OUTPUT_MODE_PROBS,
             )

@@ -78,18 +78,18 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...,
 
 
 # Small enough limits that tests can hit each of them.
-MAX_DRAFT = {"target": 32, "draft": 8}
+MAX_K = {"target": 32, "draft": 8}
 LIMITS = ("--max-request-tokens", "600")
 
 
 @pytest.fixture(scope="session")
 def target(services: Callable[..., Service], tiny_pair: tuple[Path, Path]) -> Service:
-    return services("target", tiny_pair[0], *LIMITS, "--max-draft", str(MAX_DRAFT["target"]))
+    return services("target", tiny_pair[0], *LIMITS, "--max-k", str(MAX_K["target"]))
 
 
 @pytest.fixture(scope="session")
 def draft(services: Callable[..., Service], tiny_pair: tuple[Path, Path]) -> Service:
-    return services("draft", tiny_pair[1], *LIMITS, "--max-draft", str(MAX_DRAFT["draft"]))
+    return services("draft", tiny_pair[1], *LIMITS, "--max-k", str(MAX_K["draft"]))
 
 
 @pytest.fixture(scope="session")
@@ -111,11 +111,11 @@ def reference(tiny_pair: tuple[Path, Path]):
 
 
 def score(stub, session: str, committed: list[int], cache_position: int, tokens: list[int],
-          n_draft: int = 0, **kw) -> model_pb2.ScoreResponse:
+          k: int = 0, **kw) -> model_pb2.ScoreResponse:
     """Score with the prefix hash of committed[:cache_position] filled in."""
     return stub.Score(model_pb2.ScoreRequest(
         session_id=session, cache_position=cache_position,
-        prefix_hash=fingerprint(committed[:cache_position]), tokens=tokens, n_draft=n_draft, **kw,
+        prefix_hash=fingerprint(committed[:cache_position]), tokens=tokens, k=k, **kw,
     ), timeout=60)
 
 

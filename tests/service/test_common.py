@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from specdec.hosting.loader import tokenizer_fingerprint
 from specdec.v1 import common_pb2
-from tests.service.conftest import MAX_DRAFT, ROOT
+from tests.service.conftest import MAX_K, ROOT
 
 
 @pytest.fixture(params=["target", "draft"])
@@ -33,7 +33,7 @@ def test_get_info(service, tokenizer, reference) -> None:
     assert info.context_length == 512
     assert (info.device, info.dtype) == ("cpu", "float32")
     assert info.parameter_count == sum(p.numel() for p in model.parameters())
-    assert info.max_draft_tokens == MAX_DRAFT[service.role]
+    assert info.max_k == MAX_K[service.role]
     assert info.replica_id.endswith(f":{service.port}")
 
 
@@ -83,9 +83,9 @@ def test_bad_model_path_fails_fast(services, tmp_path) -> None:
 
 
 def test_environment_variables_configure_a_service(services, tiny_pair) -> None:
-    env = {"SPECDEC_MODEL": str(tiny_pair[1]), "SPECDEC_MAX_DRAFT": "5",
+    env = {"SPECDEC_MODEL": str(tiny_pair[1]), "SPECDEC_MAX_K": "5",
            "SPECDEC_REPLICA_ID": "draft-from-env", "SPECDEC_NUM_LAYERS": "1"}
     svc = services("draft", None, env=env)
     info = svc.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
     assert info.model_name == "draft:early-exit-1of2"
-    assert (info.max_draft_tokens, info.replica_id) == (5, "draft-from-env")
+    assert (info.max_k, info.replica_id) == (5, "draft-from-env")

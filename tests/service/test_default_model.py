@@ -64,7 +64,7 @@ def test_one_pass_equals_one_token_steps_on_the_real_model(default_pair) -> None
             seq.append(reply.argmax_ids[0])
             reply = score(target.stub, f"steps-{j}", seq, len(seq) - 1, seq[-1:], **probs)
             rows.append((reply.argmax_ids[0], decode_probs(reply.probs)))
-        one = score(target.stub, f"one-{j}", seq, 0, seq, n_draft=8, **probs)
+        one = score(target.stub, f"one-{j}", seq, 0, seq, k=8, **probs)
         assert list(one.argmax_ids[1:]) == [a for a, _ in rows]
         torch.testing.assert_close(decode_probs(one.probs)[1:], torch.cat([p for _, p in rows]),
                                    atol=1e-5, rtol=0)

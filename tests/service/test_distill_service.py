@@ -69,7 +69,7 @@ def test_draft_service_serves_the_distilled_folder(services, distilled: tuple[Pa
     from specdec.hosting.loader import load
 
     target, out = distilled
-    svc = services("draft", out / "draft", "--max-draft", "8")
+    svc = services("draft", out / "draft", "--max-draft", "8")  # the deprecated alias of --max-k
     tokenizer = AutoTokenizer.from_pretrained(target)
     toks = tokenizer.apply_chat_template([{"role": "user", "content": "Explain rainbows."}],
                                          add_generation_prompt=True, tokenize=True)

@@ -27,7 +27,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog while the cat"
 def test_one_pass_predicts_every_position(target, tokenizer, reference, sampling) -> None:
     toks = tokenizer(PROMPT)["input_ids"]
     kw = {"output_mode": PROBS} | ({"sampling": sampling} if sampling else {})
-    one = score(target.stub, f"one-{id(sampling)}", toks, 0, toks, n_draft=len(toks) - 1, **kw)
+    one = score(target.stub, f"one-{id(sampling)}", toks, 0, toks, k=len(toks) - 1, **kw)
     assert one.cache_length == len(toks)
     ids, rows = [], []
     for i, token in enumerate(toks):
@@ -50,14 +50,14 @@ def test_rejection_then_append_equals_fresh_session(target, tokenizer) -> None:
     first = score(stub, "rej", prompt, 0, prompt, **opts)
     committed = prompt + list(first.argmax_ids)  # target holds len(prompt)
     drafts = [11, 12, 13]
-    round1 = score(stub, "rej", committed, len(prompt), committed[len(prompt):] + drafts, n_draft=3, **opts)
+    round1 = score(stub, "rej", committed, len(prompt), committed[len(prompt):] + drafts, k=3, **opts)
     assert round1.cache_length == len(committed) + 3
     # Accept one drafted token, then a recovered token the target did not see.
     committed += [drafts[0], 42]
     new_drafts = [7, 8]
     keep = len(committed) - 1
-    again = score(stub, "rej", committed, keep, committed[keep:] + new_drafts, n_draft=2, **opts)
-    fresh = score(stub, "rej-fresh", committed, 0, committed + new_drafts, n_draft=2, **opts)
+    again = score(stub, "rej", committed, keep, committed[keep:] + new_drafts, k=2, **opts)
+    fresh = score(stub, "rej-fresh", committed, 0, committed + new_drafts, k=2, **opts)
     assert again.cache_length == fresh.cache_length == len(committed) + 2
     assert list(again.argmax_ids) == list(fresh.argmax_ids)
     torch.testing.assert_close(decode_probs(again.probs), decode_probs(fresh.probs), atol=TOL, rtol=0)
@@ -104,7 +104,7 @@ def test_cache_miss_after_restart_then_recovers(services, tiny_pair, tokenizer) 
     svc = services("target", tiny_pair[0], port=port)
     _miss(lambda: score(svc.stub, "s", toks, 5, toks[5:7]))
     # Recovery: resend every committed token from cache_position 0.
-    again = score(svc.stub, "s", toks, 0, toks[:7], n_draft=2)
+    again = score(svc.stub, "s", toks, 0, toks[:7], k=2)
     assert again.argmax_ids[0] == before.argmax_ids[0]
 
 
@@ -149,7 +149,7 @@ def _rounds(stub, session: str, prompt: list[int], seed: int) -> list[list[int]]
     out = []
     for _ in range(6):
         drafts = [rng.randrange(3, 384) for _ in range(rng.randrange(0, 4))]
-        reply = score(stub, session, committed, held, committed[held:] + drafts, n_draft=len(drafts))
+        reply = score(stub, session, committed, held, committed[held:] + drafts, k=len(drafts))
         out.append(list(reply.argmax_ids))
         accepted = rng.randrange(0, len(drafts) + 1)
         held = len(committed) + accepted
@@ -197,8 +197,8 @@ BAD_SCORES = [
     ({"tokens": [5, 384]}, grpc.StatusCode.INVALID_ARGUMENT, "tokens[1]"),
     ({"tokens": [-1]}, grpc.StatusCode.INVALID_ARGUMENT, "tokens[0]"),
     ({"tokens": []}, grpc.StatusCode.INVALID_ARGUMENT, "tokens"),
-    ({"n_draft": 33, "tokens": [5] * 40}, grpc.StatusCode.INVALID_ARGUMENT, "n_draft"),
-    ({"n_draft": 3, "tokens": [5] * 3}, grpc.StatusCode.INVALID_ARGUMENT, "n_draft"),
+    ({"k": 33, "tokens": [5] * 40}, grpc.StatusCode.INVALID_ARGUMENT, "k 33"),
+    ({"k": 3, "tokens": [5] * 3}, grpc.StatusCode.INVALID_ARGUMENT, "k 3"),
     ({"tokens": [5] * 513}, grpc.StatusCode.OUT_OF_RANGE, "context length"),
     ({"tokens": [5] * 601}, grpc.StatusCode.RESOURCE_EXHAUSTED, "tokens"),
     ({"sampling": temperature(-1.0)}, grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
