@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CI smoke sizes (see the defaults below)")
     p.add_argument("--tiny", action="store_true",
-                   help="use tiny random models (specdec.tiny.build_pair) instead of the embedded ones")
+                   help="use tiny random models (tests.tiny.build_pair) instead of the embedded ones")
     p.add_argument("--orchestrator", metavar="ADDR",
                    help="use a running orchestrator instead of starting a stack (no link phases)")
     p.add_argument("--target", help="target --model (folder or .gguf); default: the embedded one")
@@ -307,7 +307,8 @@ class PeerRunner:
     """The in-process peer on the same weights, loaded with the services' loader."""
 
     def __init__(self, args) -> None:
-        from specdec.hosting.loader import default_draft, load
+        from draft_service.role import default_draft
+        from specdec.hosting.loader import load
 
         self.target = load(args.target, device=args.device, dtype=args.dtype)
         if args.draft_layers and not args.draft:
@@ -441,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="specdec-bench-"))
     if args.tiny:
-        from specdec.tiny import build_pair
+        from tests.tiny import build_pair
 
         target_dir, draft_dir = build_pair(workdir / "tiny")
         args.target, args.draft = str(target_dir), str(draft_dir)

@@ -6,7 +6,7 @@ Measures, interleaved and as medians over --reps repetitions, after a prompt
 prefill so every call appends to the same cached prefix (each call crops back
 to it, so all repetitions see the same cache length):
   a) Score of 5 new tokens vs Score of 1, through gRPC (goal: ratio <= 1.5x);
-  b) a 1-token Score through gRPC vs the same call in-process (ModelHost.score
+  b) a 1-token Score through gRPC vs the same call in-process (target_service.scoring.score
      in this process, same model, same thread count): the difference is what
      gRPC, serialisation and the event-loop hop cost (goal: <= 2 ms);
   c) the default draft (early exit: first 2 of 30 layers) 1-token forward vs
@@ -39,7 +39,7 @@ def _transport(args: argparse.Namespace, env: dict, log_dir: Path) -> dict:
 
     from specdec import procs
     from specdec.core.fingerprint import fingerprint
-    from specdec.tiny import build_model
+    from tests.tiny import build_model
     from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
     model_dir = build_model(log_dir / "tiny-target")
@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.core.fingerprint import fingerprint
     from specdec.core.sampling import SamplingParams
     from specdec.hosting import loader
-    from specdec.hosting.engine import HostLimits, ModelHost
+    from specdec.hosting.host import HostLimits, ModelHost
+    from specdec.hosting.requests import ModelRequest
     from specdec.v1 import model_pb2, model_pb2_grpc
+    from target_service.scoring import score
 
     torch.set_num_threads(args.threads)
     log_dir = Path(tempfile.mkdtemp(prefix="specdec-service-bench-"))
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         def local(tokens: list[int], session: str = "bench") -> float:
             t0 = time.perf_counter()
             with torch.inference_mode():
-                host.score(session, n, h, tokens, len(tokens) - 1, greedy, False)
+                score(host, ModelRequest(session, n, h, tokens, len(tokens) - 1, greedy, False))
             return time.perf_counter() - t0
 
         from transformers import DynamicCache

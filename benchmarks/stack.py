@@ -1,19 +1,19 @@
 """Start and stop the benchmark's own stack: target, draft, orchestrator(s), link emulators.
 
-Every process is started by specdec.procs and stopped by its own pid. The
+Command lines come from specdec.launch; every process is stopped by its own pid. The
 services run without Redis registration and the orchestrators use a private
 Redis key prefix, so nothing here routes to (or is routed to from) another
 stack sharing the same Redis; our keys are deleted at the end.
 """
 from __future__ import annotations
 
-import subprocess
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.linkemu import LinkEmulator
 from specdec import procs
+from specdec.launch import Processes, child_env, orchestrator_argv, service_argv
 
 
 @dataclass(frozen=True)
@@ -41,65 +41,48 @@ class Stack:
     orchestrator_address: str = ""
     linked_address: str = ""    # an orchestrator reaching the services through the emulators
     links: list[LinkEmulator] = field(default_factory=list)
-    _procs: list[subprocess.Popen] = field(default_factory=list)
+    _processes: Processes | None = None
 
     # ------------------------------------------------------------------ start
-    def _env(self) -> dict[str, str]:
-        n = str(self.spec.threads)
-        return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "SPECDEC_THREADS": n,
-                "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_VERBOSITY": "error",
-                "SPECDEC_REDIS_URL": ""}  # services: no registry entry another stack could route to
+    def _group(self) -> Processes:
+        if self._processes is None:
+            # SPECDEC_REDIS_URL="": services get no registry entry another stack could route to.
+            env = child_env(self.spec.threads, quiet=True, SPECDEC_THREADS=str(self.spec.threads),
+                            SPECDEC_REDIS_URL="")
+            self._processes = Processes(self.spec.log_dir, env=env)
+        return self._processes
 
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = self.spec.log_dir / f"{name}.log"
-        proc = procs.start(argv, env=self._env(), log_path=log)
-        self._procs.append(proc)
-        return proc
+    def _service_argv(self, role: str, port: int, model: str | None, layers: int | None,
+                      dtype: str | None) -> list[str]:
+        return service_argv(role, port, model=model, num_layers=layers, dtype=dtype,
+                            device=self.spec.device, threads=self.spec.threads)
 
-    def _model_args(self, model: str | None, layers: int | None, dtype: str | None) -> list[str]:
-        args = ["--device", self.spec.device, "--threads", str(self.spec.threads)]
-        if dtype:
-            args += ["--dtype", dtype]
-        if model:
-            args += ["--model", model]
-        if layers:
-            args += ["--num-layers", str(layers)]
-        return args
-
-    def _draft_args(self) -> list[str]:
+    def _draft_argv(self, port: int) -> list[str]:
         """--draft folder; else an early exit of the target; else the service's own default."""
         s = self.spec
         if s.draft:
-            return self._model_args(s.draft, None, s.draft_dtype)
+            return self._service_argv("draft", port, s.draft, None, s.draft_dtype)
         if s.draft_layers:
-            return self._model_args(s.target, s.draft_layers, s.draft_dtype)
-        return self._model_args(None, None, s.draft_dtype)
+            return self._service_argv("draft", port, s.target, s.draft_layers, s.draft_dtype)
+        return self._service_argv("draft", port, None, None, s.draft_dtype)
 
     def start_services(self, timeout: float = 300.0) -> None:
         s = self.spec
         tport, dport = procs.free_port(), procs.free_port()
+        group = self._group()
+        target = group.start("target", self._service_argv("target", tport, s.target, None, s.dtype))
+        draft = group.start("draft", self._draft_argv(dport))
         self.target_address = f"127.0.0.1:{tport}"
         self.draft_address = f"127.0.0.1:{dport}"
-        target = self._start("target", ["python", "-m", "target_service", "--port", str(tport),
-                                        *self._model_args(s.target, None, s.dtype)])
-        draft = self._start("draft", ["python", "-m", "draft_service", "--port", str(dport),
-                                      *self._draft_args()])
         procs.wait_healthy(self.target_address, target, timeout=timeout)
         procs.wait_healthy(self.draft_address, draft, timeout=timeout)
 
     def start_orchestrator(self, target: str, draft: str, name: str, timeout: float = 120.0) -> str:
         port = procs.free_port()
-        proc = self._start(name, [
-            "python", "-m", "orchestrator", "--port", str(port),
-            "--target", target, "--draft", draft,
-            "--redis-url", self.spec.redis_url, "--redis-prefix", self.prefix,
-            "--default-k", self.spec.default_k, "--threads", "1",
-            *(["--tokenizer", self.spec.target] if self.spec.target else []),
-        ])
-        address = f"127.0.0.1:{port}"
-        procs.wait_healthy(address, proc, timeout=timeout)
-        return address
+        argv = orchestrator_argv(port, tokenizer=self.spec.target, targets=[target], drafts=[draft],
+                                 redis_url=self.spec.redis_url, redis_prefix=self.prefix,
+                                 default_k=self.spec.default_k, threads=1)
+        return self._group().serve(name, argv, port, timeout=timeout)
 
     def start(self, *, with_link: bool) -> None:
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
@@ -116,9 +99,8 @@ class Stack:
     def stop(self) -> None:
         for link in self.links:
             link.stop()
-        for proc in reversed(self._procs):
-            procs.stop(proc)
-        self._procs.clear()
+        if self._processes is not None:
+            self._processes.stop_all()
         self._delete_keys()
 
     def _delete_keys(self) -> None:

@@ -3,12 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from draft_service.servicer import DEFAULT_PORT, SERVICE_NAME, DraftServicer
-from specdec.hosting.service import main
-from specdec.v1 import model_pb2_grpc
+from draft_service.role import ROLE
+from specdec.hosting.serve import main
 
 if __name__ == "__main__":
-    sys.exit(
-        main("draft", DraftServicer, model_pb2_grpc.add_DraftServiceServicer_to_server,
-             SERVICE_NAME, DEFAULT_PORT)
-    )
+    sys.exit(main(ROLE))

@@ -1,17 +1,12 @@
-"""DraftService: decode -> ModelHost.propose -> encode."""
+"""DraftService: decode -> draft_service.drafting.propose on the model worker -> encode."""
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
-from specdec.errors import InvalidArgument
-from specdec.hosting.service import ModelServicerBase, timing
+from draft_service.drafting import check_p_min, propose
+from specdec.hosting.servicer import ModelServicerBase, fill_response
 from specdec.v1 import model_pb2, model_pb2_grpc
-from specdec.wire import encode_probs
-
-SERVICE_NAME = model_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
-DEFAULT_PORT = 50062
 
 
 class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
@@ -19,21 +14,8 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
 
     async def Propose(self, request: model_pb2.ProposeRequest, context: Any) -> model_pb2.ProposeResponse:
         started = time.perf_counter()
-        host = self.host
-        tokens, sampling, want_probs = self.decode(request, "k", request.k)
-        p_min = request.p_min
-        if not (math.isfinite(p_min) and 0.0 <= p_min <= 1.0):
-            raise InvalidArgument(f"p_min must be in [0, 1], got {p_min}")
-        timed = await host.run(
-            host.propose, request.session_id, request.cache_position, request.prefix_hash,
-            tokens, request.k, sampling, want_probs, request.seed, p_min,
-        )
-        result = timed.value
-        response = model_pb2.ProposeResponse(
-            tokens=result.tokens,
-            cache_length=result.cache_length,
-            timing=timing(timed.queue_ms, result.forward_ms, started),
-        )
-        if result.probs is not None:
-            response.probs.CopyFrom(encode_probs(result.probs))
-        return response
+        req = self.decode(request)
+        p_min = check_p_min(request.p_min)
+        timed = await self.host.run(propose, self.host, req, request.seed, p_min)
+        drafts = timed.value.value
+        return fill_response(model_pb2.ProposeResponse(tokens=drafts.tokens), timed, started, drafts.probs)

@@ -14,15 +14,16 @@ import argparse
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from specdec.launch import Processes, orchestrator_argv, service_argv
+from specdec.procs import free_port, wait_healthy
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 REDIS_DEFAULT = ("127.0.0.1", 6379)
@@ -119,24 +120,15 @@ class Launch:
 
     logs: Path
     prefix: str = field(default_factory=lambda: f"specdec-up-{uuid.uuid4().hex[:8]}:")
-    children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     redis_url: str = ""  # set once Redis answers; its keys under `prefix` go at stop()
+    processes: Processes = field(init=False)
 
-    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen:
-        from specdec import procs
-
-        proc = procs.start(argv, env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
-                           log_path=self.logs / f"{name}.log")
-        self.children.append((name, proc))
-        return proc
+    def __post_init__(self) -> None:
+        self.processes = Processes(self.logs)
 
     def stop(self) -> None:
-        from specdec import procs
-
-        own_redis = any(name == "redis" for name, _ in self.children)
-        while self.children:
-            _, proc = self.children.pop()
-            procs.stop(proc)
+        own_redis = "redis" in self.processes.running
+        self.processes.stop_all()
         if self.redis_url and not own_redis:  # a shared Redis: drop our namespace
             self._forget_keys()
 
@@ -162,8 +154,6 @@ def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def _port_or_free(port: int) -> int:
-    from specdec.procs import free_port
-
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -177,10 +167,8 @@ def _ensure_redis(launch: Launch, url: str | None) -> str:
         return url
     if _answers(*REDIS_DEFAULT):
         return "redis://127.0.0.1:6379/0"
-    from specdec.procs import free_port
-
     port = free_port()
-    launch.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+    launch.processes.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                            "--save", "", "--appendonly", "no", "--dir", str(launch.logs)])
     deadline = time.monotonic() + 10
     while not _answers("127.0.0.1", port):
@@ -192,34 +180,26 @@ def _ensure_redis(launch: Launch, url: str | None) -> str:
 
 def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     """Start Redis (if none answers), target, draft, orchestrator; return the orchestrator address."""
-    from specdec import procs
     from specdec.hosting.loader import resolve
 
     redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
     say(f"redis         {redis_url} (key prefix {launch.prefix})")
     target_folder, _ = resolve(args.target_model)  # converts the embedded GGUF once (~15 s)
-    threads = str(args.threads or os.cpu_count() or 1)
-    common = ["--redis-url", redis_url, "--redis-prefix", launch.prefix, "--threads", threads,
-              "--device", args.device]
-    target_port, draft_port = procs.free_port(), procs.free_port()
-    target = launch.start("target", ["python", "-m", "target_service", "--model", str(target_folder),
-                                     "--port", str(target_port), *common])
-    draft_argv = ["python", "-m", "draft_service", "--port", str(draft_port), *common]
-    if args.draft_model:
-        draft_argv += ["--model", args.draft_model]
-    draft = launch.start("draft", draft_argv)
-    for name, proc, port in (("target", target, target_port), ("draft", draft, draft_port)):
-        procs.wait_healthy(f"127.0.0.1:{port}", proc, timeout=args.timeout)
-        say(f"{name:<13} 127.0.0.1:{port}")
+    common = dict(redis_url=redis_url, redis_prefix=launch.prefix,
+                  threads=args.threads or os.cpu_count() or 1, device=args.device)
+    ports = {"target": free_port(), "draft": free_port()}
+    models = {"target": target_folder, "draft": args.draft_model}
+    started = {role: launch.processes.start(role, service_argv(role, port, model=models[role], **common))
+               for role, port in ports.items()}
+    for role, proc in started.items():
+        wait_healthy(f"127.0.0.1:{ports[role]}", proc, timeout=args.timeout)
+        say(f"{role:<13} 127.0.0.1:{ports[role]}")
     port = _port_or_free(args.port)
-    orch = launch.start("orchestrator", [
-        "python", "-m", "orchestrator", "--port", str(port), "--tokenizer", str(target_folder),
-        "--target", f"127.0.0.1:{target_port}", "--draft", f"127.0.0.1:{draft_port}",
-        "--redis-url", redis_url, "--redis-prefix", launch.prefix, "--threads", "1",
-        "--default-proposer", args.default_proposer, "--default-k", args.default_k,
-    ])
-    address = f"127.0.0.1:{port}"
-    procs.wait_healthy(address, orch, timeout=args.timeout)
+    address = launch.processes.serve("orchestrator", orchestrator_argv(
+        port, tokenizer=target_folder, targets=[f"127.0.0.1:{ports['target']}"],
+        drafts=[f"127.0.0.1:{ports['draft']}"], redis_url=redis_url, redis_prefix=launch.prefix,
+        threads=1, default_proposer=args.default_proposer, default_k=args.default_k,
+    ), port, timeout=args.timeout)
     say(f"orchestrator  {address}")
     return address
 
@@ -250,13 +230,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"logs          {launch.logs}")
             print(f'ready: specdec generate --address {address} "Hello"   (Ctrl-C stops everything)',
                   flush=True)
-            while True:
-                for name, proc in launch.children:
-                    if proc.poll() is not None:
-                        print(f"{name} exited with {proc.returncode}; see {launch.logs}/{name}.log",
-                              file=sys.stderr)
-                        return 1
+            while (exited := launch.processes.exited()) is None:
                 time.sleep(0.5)
+            name, code = exited
+            print(f"{name} exited with {code}; see {launch.logs}/{name}.log", file=sys.stderr)
+            return 1
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
         return 0

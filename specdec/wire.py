@@ -90,11 +90,3 @@ def decode_probs(
     array[np.repeat(np.arange(rows), np.diff(offsets)), ids] = values
     return torch.from_numpy(array).to(device)
 
-
-def wants_probs(output_mode: int) -> bool:
-    """True for OUTPUT_MODE_PROBS; UNSPECIFIED means TOKENS; unknown values are rejected."""
-    if output_mode in (common_pb2.OUTPUT_MODE_UNSPECIFIED, common_pb2.OUTPUT_MODE_TOKENS):
-        return False
-    if output_mode == common_pb2.OUTPUT_MODE_PROBS:
-        return True
-    raise InvalidArgument(f"output_mode {output_mode} is not a known OutputMode")

@@ -22,6 +22,6 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     import torch
 
     torch.set_num_threads(1)
-    from specdec.tiny import build_pair
+    from tests.tiny import build_pair
 
     return build_pair(tmp_path_factory.mktemp("tiny"))

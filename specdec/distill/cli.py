@@ -119,7 +119,8 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, draft, train
+    from specdec.distill import data, train
+    from specdec.hosting import drafts
 
     records = data.load_records(args.out / "data" / "train")
     if not records:
@@ -131,19 +132,19 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     subset = None
     if 0 < args.vocab < vocab:
         subset = train.choose_subset(records, args.vocab, vocab, always=target.eos_token_ids)
-    draft.build_from_target(model, args.layers, subset)
+    drafts.build_from_target(model, args.layers, subset)
     config = train.TrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
                                amp=_amp(args, target.device), seed=args.seed)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
     log.info("training a %d-layer draft (%s head, %d trainable parameters) on %d sequences / %d tokens, amp %s",
              args.layers, f"{subset.numel()}-row" if subset is not None else "full", 
-             sum(p.numel() for p in draft.trainable_parameters(model)), len(records),
+             sum(p.numel() for p in drafts.trainable_parameters(model)), len(records),
              sum(len(r["response"]) for r in records), config.amp)
     summary = train.train(model, records, config, args.out / "train" / "checkpoint.pt", pad_id=pad, vocab=vocab,
                           budget_s=60 * args.train_minutes if args.train_minutes > 0 else None)
     config = train.TrainConfig(**summary["config"])
-    manifest = draft.Manifest(
-        target=draft.target_spec(_target_loader_spec(args.target)),
+    manifest = drafts.Manifest(
+        target=drafts.target_spec(_target_loader_spec(args.target)),
         target_name=target.name,
         tokenizer_fingerprint=target.tokenizer_fingerprint,
         num_layers=args.layers,
@@ -158,7 +159,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
                       "seconds": summary["seconds"], "final": summary["history"][-1] if summary["history"] else {}},
         },
     )
-    out = draft.save(model, args.out / "draft", manifest)
+    out = drafts.save(model, args.out / "draft", manifest)
     log.info("draft written to %s", out)
     return summary
 
@@ -169,13 +170,14 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
 
     Timed on untrained drafts of the same shape (cost does not depend on the weights).
     """
-    from specdec.distill import draft, evaluate
+    from specdec.distill import evaluate
+    from specdec.hosting import drafts
 
     out: dict[str, Any] = {}
     for dtype in ("float32", "bfloat16"):
         for head in ("full", "subset") if subset is not None else ("full",):
             model = load_target(args, dtype).model
-            draft.build_from_target(model, args.layers, subset if head == "subset" else None)
+            drafts.build_from_target(model, args.layers, subset if head == "subset" else None)
             model.eval()
             cost = evaluate.cost(model, target_model, context, repeats=20, ks=())
             out[f"{dtype}/{head}"] = {"draft_ms": cost["draft_ms"], "target_ms": cost["target_ms"], "c": cost["c"]}
@@ -185,7 +187,8 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
 
 
 def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, draft, evaluate
+    from specdec.distill import data, evaluate
+    from specdec.hosting import drafts
     from specdec.hosting import loader
 
     records = data.load_records(args.out / "data" / "heldout")
@@ -197,7 +200,7 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
                            num_layers=args.layers)
     context = (records[0]["prompt"] + records[0]["response"])[:256]
     result: dict[str, Any] = {"heldout_prompts": len(records)}
-    subset = draft.subset_of(trained.model)
+    subset = drafts.subset_of(trained.model)
     result["vocab_coverage"] = {"heldout": round(evaluate.coverage(records, subset), 4),
                                 "train": round(evaluate.coverage(train_records, subset), 4)}
     for name, model in (("draft", trained.model), ("stand_in", stand_in.model)):
@@ -210,11 +213,11 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     result["cost_variants"] = cost_variants(args, target.model, context, subset)
     result["threads"] = torch.get_num_threads()
     (args.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    manifest = draft.Manifest.read(folder)
+    manifest = drafts.Manifest.read(folder)
     summary = {k: result["draft"][k] for k in ("agreement", "tokens_per_pass", "best_k", "speedup", "cost")}
     summary |= {"stand_in_agreement": result["stand_in"]["agreement"], "vocab_coverage": result["vocab_coverage"],
                 "heldout_positions": result["draft"]["positions"]}
-    draft.Manifest(**{**manifest.__dict__, "eval": summary}).write(folder)
+    drafts.Manifest(**{**manifest.__dict__, "eval": summary}).write(folder)
     d = result["draft"]
     log.info("held-out agreement %.1f%% (stand-in %.1f%%); tokens/pass %s; c = %.3f (%.2f ms vs %.2f ms)",
              100 * d["agreement"], 100 * result["stand_in"]["agreement"], d["tokens_per_pass"],

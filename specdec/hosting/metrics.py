@@ -1,7 +1,8 @@
 """Prometheus metrics of a model service (served by the bootstrap's --metrics-port).
 
 Requests by method and status are counted by the server bootstrap
-(`specdec_requests_total`); these cover the model work and the KV caches.
+(`specdec_requests_total`); these cover the model work and the KV caches. Each
+role counts its own tokens (target_service.scoring, draft_service.drafting).
 """
 from __future__ import annotations
 
@@ -17,11 +18,6 @@ QUEUE_SECONDS = Histogram(
     "specdec_queue_seconds",
     "Time a call waited for the model worker",
     buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
-)
-TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score forwards")
-TOKENS_DRAFTED = Counter("specdec_tokens_drafted_total", "Tokens returned by Propose")
-TOKENS_PREFILLED = Counter(
-    "specdec_tokens_prefilled_total", "Committed tokens fed to the draft by Propose"
 )
 ACTIVE_SESSIONS = Gauge("specdec_active_sessions", "Sessions holding a KV cache")
 CACHE_BYTES = Gauge("specdec_cache_bytes", "Bytes held by all sessions' KV caches")

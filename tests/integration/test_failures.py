@@ -102,7 +102,7 @@ def test_redis_unreachable_is_unavailable_not_a_hang(private):
 
 
 def test_a_draft_with_another_vocabulary_is_refused_at_start_up(private, tmp_path):
-    from specdec.tiny import build_model
+    from tests.tiny import build_model
 
     stack, _, (target_dir, _) = private
     other = build_model(tmp_path / "other", seed=3, vocab_size=320)

@@ -25,7 +25,7 @@ SEEDS = 1200
 
 @pytest.fixture(scope="module")
 def mismatched(tiny_pair, tmp_path_factory):
-    from specdec.tiny import build_model
+    from tests.tiny import build_model
 
     target_dir, _ = tiny_pair
     root = tmp_path_factory.mktemp("mismatched")

@@ -11,6 +11,7 @@ import pytest
 
 from specdec import procs
 from specdec.core.fingerprint import fingerprint
+from specdec.launch import child_env, service_argv
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,13 +43,10 @@ def launch(
     """Start `python -m {role}_service` with one thread and wait for SERVING."""
     port = port or procs.free_port()
     metrics_port = procs.free_port()
-    argv = ["python", "-m", f"{role}_service", "--port", str(port), "--metrics-port",
-            str(metrics_port), "--threads", "1", "--grace", "5", *extra]
-    if model is not None:
-        argv += ["--model", str(model)]
+    argv = service_argv(role, port, model=model, metrics_port=metrics_port, threads=1,
+                        extra=("--grace", "5", *extra))
     log_path = tmp / f"{role}-{port}.log"
-    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", **(env or {})}
+    env = child_env(1, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
     proc = procs.start(argv, env=env, log_path=log_path)
     try:
         procs.wait_healthy(f"127.0.0.1:{port}", proc, timeout=timeout)

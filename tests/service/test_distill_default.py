@@ -14,7 +14,8 @@ def test_draft_service_default_is_the_committed_distilled_draft(services) -> Non
     from transformers import AutoTokenizer
 
     from specdec.distill import data, evaluate, prompts
-    from specdec.hosting.loader import DEFAULT_DRAFT, load
+    from draft_service.role import DEFAULT_DRAFT
+    from specdec.hosting.loader import load
 
     assert (DEFAULT_DRAFT / "specdec-draft.json").is_file(), "the default draft is not committed"
     svc = services("draft", None, timeout=600)

@@ -20,7 +20,7 @@ PROBS = common_pb2.OUTPUT_MODE_PROBS
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target, OUT) after `python -m specdec.distill all` with tiny settings."""
-    from specdec.tiny import build_model
+    from tests.tiny import build_model
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("distill-cli")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specdec.core.sampling import SamplingParams, probs_from_logits
-from specdec.distill import data, draft, evaluate, prompts, train
+from specdec.distill import data, evaluate, prompts, train
+from specdec.hosting import drafts
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def deep_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     greedy text, but a function of the context smooth enough to learn from a
     few thousand tokens (the default spread makes held-out text look random).
     """
-    from specdec.tiny import build_model
+    from tests.tiny import build_model
 
     torch.set_num_threads(1)
     return build_model(tmp_path_factory.mktemp("distill") / "target", seed=3, layers=4, init_std=0.08)
@@ -58,7 +59,7 @@ def test_subset_head_gives_q_zero_outside_its_vocabulary(deep_target: Path) -> N
     model = _load(deep_target).model
     vocab = model.get_output_embeddings().weight.shape[0]
     subset = torch.tensor(sorted(random.Random(0).sample(range(vocab), 50)))
-    draft.build_from_target(model, 1, subset)
+    drafts.build_from_target(model, 1, subset)
     outside = torch.ones(vocab, dtype=torch.bool)
     outside[subset] = False
     with torch.inference_mode():
@@ -72,7 +73,7 @@ def test_subset_head_gives_q_zero_outside_its_vocabulary(deep_target: Path) -> N
         assert bool((q[:, subset] > 0).any(-1).all())
     # The subset logits equal the full head's rows for those tokens.
     full = _load(deep_target).model
-    draft.build_from_target(full, 1, None)
+    drafts.build_from_target(full, 1, None)
     with torch.inference_mode():
         reference = full(input_ids=torch.tensor([[5, 17, 42, 99]])).logits[0]
     torch.testing.assert_close(logits[:, subset], reference[:, subset])
@@ -83,13 +84,13 @@ def test_draft_folder_round_trips_through_the_loader(deep_target: Path, tmp_path
 
     target = _load(deep_target)
     model = target.model
-    draft.build_from_target(model, 2, torch.arange(0, 384, 3))
+    drafts.build_from_target(model, 2, torch.arange(0, 384, 3))
     with torch.no_grad():
-        for _, p in draft.trainable_named(model):
+        for _, p in drafts.trainable_named(model):
             p.add_(torch.randn_like(p) * 0.1)  # "trained": differs from the target's layers
-    manifest = draft.Manifest(target=str(deep_target), target_name="t", num_layers=2, vocab_subset=128,
+    manifest = drafts.Manifest(target=str(deep_target), target_name="t", num_layers=2, vocab_subset=128,
                               tokenizer_fingerprint=tokenizer_fingerprint(target.tokenizer), dtype="float32")
-    folder = draft.save(model, tmp_path / "d", manifest)
+    folder = drafts.save(model, tmp_path / "d", manifest)
     assert sorted(p.name for p in folder.iterdir()) == ["draft.safetensors", "specdec-draft.json"]
     loaded = load(str(folder))
     assert loaded.num_layers == 2 and loaded.vocab_size == 384
@@ -97,7 +98,7 @@ def test_draft_folder_round_trips_through_the_loader(deep_target: Path, tmp_path
     with torch.inference_mode():
         torch.testing.assert_close(loaded.model(input_ids=ids).logits, model(input_ids=ids).logits)
     # A draft whose target changed its tokenizer is refused.
-    bad = draft.Manifest(**{**manifest.__dict__, "tokenizer_fingerprint": "0" * 64})
+    bad = drafts.Manifest(**{**manifest.__dict__, "tokenizer_fingerprint": "0" * 64})
     bad.write(folder)
     with pytest.raises(ValueError, match="different tokenizer"):
         load(str(folder))
@@ -124,10 +125,10 @@ def test_training_raises_held_out_agreement(deep_target: Path, tmp_path: Path) -
     assert tf[start:start + len(first["response"])].argmax(-1).tolist() == first["response"]
 
     untrained = _load(deep_target).model
-    draft.build_from_target(untrained, 1, None)
+    drafts.build_from_target(untrained, 1, None)
     before = evaluate.quality(untrained, heldout)["agreement"]
     model = _load(deep_target).model
-    draft.build_from_target(model, 1, None)
+    drafts.build_from_target(model, 1, None)
     summary = train.train(model, records, train.TrainConfig(steps=100, batch_tokens=512, lr=3e-3, amp="float32",
                                                             ckpt_every=50),
                           tmp_path / "ckpt.pt", pad_id=target.tokenizer.pad_token_id, vocab=384)

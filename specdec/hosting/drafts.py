@@ -1,4 +1,8 @@
-"""The distilled draft: the target's embedding, its first L decoder layers
+"""Drafts made from a target: early exit (its first N layers) and the
+distilled-draft folder format, shared by serving (the loader) and training
+(specdec.distill), so serving never imports training.
+
+The distilled draft: the target's embedding, its first L decoder layers
 (trained), its final norm (trained) and its tied head (frozen), optionally
 restricted to a vocabulary subset.
 
@@ -24,9 +28,9 @@ from typing import Any
 
 import torch
 
-from specdec.hosting.loader import DRAFT_MANIFEST
+from specdec.hosting.dtypes import DTYPES, fast_on
 
-MANIFEST = DRAFT_MANIFEST  # the loader serves any folder holding this file
+MANIFEST = "specdec-draft.json"  # marks a draft folder; the loader serves any folder holding it
 WEIGHTS = "draft.safetensors"
 FORMAT = "specdec-draft/1"
 EMBEDDED = "embedded default"
@@ -100,14 +104,30 @@ def load_target_spec(spec: str) -> str | None:
     return None if spec == EMBEDDED else spec
 
 
+def truncate_layers(model: Any, num_layers: int) -> None:
+    """Keep only the first `num_layers` decoder layers (early exit).
+
+    The final norm and the LM head stay, so the result is a complete (weaker)
+    causal LM over the same vocabulary. Works for Llama-like models whose
+    decoder layers live in `model.model.layers`.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot truncate layers (no model.layers)")
+    if not 0 < num_layers <= len(layers):
+        raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
+    model.model.layers = torch.nn.ModuleList(list(layers)[:num_layers])
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = list(model.config.layer_types)[:num_layers]
+
+
 def build_from_target(model: Any, num_layers: int, subset: torch.Tensor | None) -> Any:
     """Turn a loaded target model into an (untrained) draft, in place.
 
     Keeps the first `num_layers` decoder layers; freezes the embedding and the
     head; with `subset`, swaps the head for a SubsetHead over those token ids.
     """
-    from specdec.hosting.loader import truncate_layers
-
     truncate_layers(model, num_layers)
     embedding = model.get_input_embeddings()
     if subset is not None:
@@ -138,8 +158,6 @@ def subset_of(model: Any) -> torch.Tensor | None:
 def save(model: Any, folder: Path, manifest: Manifest) -> Path:
     """Write the trained tensors (in manifest.dtype) and the manifest to `folder`."""
     from safetensors.torch import save_file
-
-    from specdec.hosting.loader import DTYPES
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -174,41 +192,8 @@ def load_trained(model: Any, folder: Path) -> Any:
     return model
 
 
-def load_for_serving(folder: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """(model, tokenizer, name) for the loader: the target's frozen parts + the trained draft."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specdec.hosting.loader import resolve, tokenizer_fingerprint
-
-    folder = Path(folder)
-    manifest = Manifest.read(folder)
-    target_folder, _ = resolve(load_target_spec(manifest.target))
-    model = AutoModelForCausalLM.from_pretrained(target_folder, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(target_folder)
-    if tokenizer_fingerprint(tokenizer) != manifest.tokenizer_fingerprint:
-        raise ValueError(
-            f"{folder}: the draft was distilled from a target with a different tokenizer "
-            f"than {manifest.target!r} has now"
-        )
-    load_trained(model, folder)
-    model.requires_grad_(False)
-    return model, tokenizer, f"{folder.name}:distilled-{manifest.num_layers}L-from-{manifest.target_name}"
-
-
 def serving_dtype(folder: Path, device: str | torch.device) -> str:
-    """The dtype to serve `folder` in when none is asked for: the draft's own where the device has it.
-
-    bfloat16 on a CPU without native bf16 kernels is slower than float32, so it falls back.
-    """
+    """The dtype to serve `folder` in when none is asked for: the draft's own where the device has it."""
     if not is_draft_folder(folder):
         return "float32"
-    wanted = Manifest.read(folder).dtype
-    kind = torch.device(device).type
-    if wanted in ("bfloat16", "bf16"):
-        if kind == "cuda":
-            return wanted if torch.cuda.is_bf16_supported() else "float16"
-        check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-        return wanted if kind == "cpu" and check is not None and check() else "float32"
-    if wanted in ("float16", "fp16") and kind == "cpu":
-        return "float32"
-    return wanted
+    return fast_on(Manifest.read(folder).dtype, device)

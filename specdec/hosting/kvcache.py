@@ -1,6 +1,6 @@
 """Per-session KV caches with prefix fingerprints, LRU eviction and an idle TTL.
 
-Not thread-safe on purpose: a ModelHost touches its SessionStore only from its
+Not thread-safe on purpose: a ModelHost touches its KVCacheStore only from its
 single model-worker thread, so requests for different sessions interleave
 call by call and never mid-forward.
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Session:
+class CachedSession:
     """One session's KV cache and the fingerprints of the tokens it holds."""
 
     session_id: str
@@ -62,8 +62,8 @@ def cache_nbytes(cache: Any) -> int:
     return total
 
 
-class SessionStore:
-    """LRU map session id -> Session under a session count and a byte budget."""
+class KVCacheStore:
+    """LRU map session id -> CachedSession under a session count and a byte budget."""
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class SessionStore:
         self.max_sessions = max_sessions
         self.budget_bytes = budget_bytes
         self.ttl_s = ttl_s
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -89,7 +89,7 @@ class SessionStore:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self._sessions.values())
 
-    def acquire(self, session_id: str, cache_position: int, prefix_hash: int) -> Session:
+    def acquire(self, session_id: str, cache_position: int, prefix_hash: int) -> CachedSession:
         """The session, cropped to `cache_position` after the cache check.
 
         cache_position 0 always succeeds (a fresh start; prefix_hash is ignored
@@ -99,7 +99,7 @@ class SessionStore:
         if cache_position == 0:
             if session is None:
                 self._make_room()
-                session = Session(session_id, self._new_cache())
+                session = CachedSession(session_id, self._new_cache())
                 self._sessions[session_id] = session
             else:
                 session.cache = self._new_cache()  # drop the old tensors at once
@@ -128,7 +128,7 @@ class SessionStore:
         self._sessions.move_to_end(session_id)
         return session
 
-    def settle(self, session: Session) -> None:
+    def settle(self, session: CachedSession) -> None:
         """After a call: re-measure the session and enforce the byte budget."""
         session.nbytes = cache_nbytes(session.cache)
         total = self.nbytes

@@ -1,0 +1,100 @@
+"""main() of a model service: shared flags, model loading, the server with its hooks.
+
+A role package (target_service, draft_service) calls `main(ROLE)` with its
+`Role`; everything role-specific (verb, defaults, servicer) comes from there.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from functools import partial
+
+import torch
+
+from specdec.hosting import hooks, loader
+from specdec.hosting.host import HostLimits, ModelHost
+from specdec.hosting.role import Role
+from specdec.hosting.server import add_server_args, configure_logging, env_default, options_from_args, run_server
+
+log = logging.getLogger(__name__)
+
+
+def build_parser(role: Role) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {role.name}_service",
+        description=f"specdec {role.name} service: one causal LM over gRPC, serving {role.verb}, "
+        "Release and GetInfo, with grpc.health.v1, reflection and Prometheus metrics. "
+        "Every flag has a SPECDEC_* environment equivalent; flags win.",
+    )
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default=env_default("model", None),
+                   help=f"local Hugging Face folder or .gguf file; omitted = {role.model_help} [SPECDEC_MODEL]")
+    g.add_argument("--device", default=env_default("device", "cpu"),
+                   help="cpu, cuda, cuda:N [SPECDEC_DEVICE]")
+    g.add_argument("--dtype", default=env_default("dtype", None),
+                   choices=sorted(loader.DTYPES), help="weights and KV dtype; default float32, or the "
+                   "dtype a distilled draft folder names if the device supports it [SPECDEC_DTYPE]")
+    g.add_argument("--threads", type=int, default=env_default("threads", os.cpu_count() or 1),
+                   help="torch CPU threads [SPECDEC_THREADS] (default %(default)s)")
+    layers_help = ("keep only the first N decoder layers (early exit; Llama-like models)"
+                   " [SPECDEC_NUM_LAYERS]" + role.layers_help)
+    g.add_argument("--num-layers", "--draft-layers", dest="num_layers", type=int,
+                   default=env_default("num_layers", None), help=layers_help)
+    c = parser.add_argument_group("sessions and limits")
+    c.add_argument("--max-sessions", type=int, default=env_default("max_sessions", 64),
+                   help="sessions holding a KV cache; the least recently used is evicted "
+                        "[SPECDEC_MAX_SESSIONS] (default %(default)s)")
+    c.add_argument("--cache-budget-mb", type=float, default=env_default("cache_budget_mb", 2048),
+                   help="memory for all KV caches; LRU sessions are evicted beyond it "
+                        "[SPECDEC_CACHE_BUDGET_MB] (default %(default)s)")
+    c.add_argument("--session-ttl", type=float, default=env_default("session_ttl", 600),
+                   help="seconds before an idle session's cache is freed [SPECDEC_SESSION_TTL]")
+    c.add_argument("--max-k", type=int, default=env_default("max_k", env_default("max_draft", 16)),
+                   help="largest k (drafted tokens in one Propose or Score) accepted [SPECDEC_MAX_K]")
+    # The old names (--max-draft, SPECDEC_MAX_DRAFT) still work, hidden.
+    c.add_argument("--max-draft", dest="max_k", type=int, help=argparse.SUPPRESS)
+    c.add_argument("--max-request-tokens", type=int,
+                   default=env_default("max_request_tokens", 8192),
+                   help="tokens in one request before RESOURCE_EXHAUSTED "
+                        "[SPECDEC_MAX_REQUEST_TOKENS]")
+    c.add_argument("--replica-id", default=env_default("replica_id", ""),
+                   help="name in GetInfo and the registry; default hostname:port [SPECDEC_REPLICA_ID]")
+    add_server_args(parser, default_port=role.default_port)
+    return parser
+
+
+def limits_from_args(args: argparse.Namespace) -> HostLimits:
+    return HostLimits(
+        max_sessions=int(args.max_sessions),
+        cache_budget_bytes=int(float(args.cache_budget_mb) * 2**20),
+        session_ttl_s=float(args.session_ttl),
+        max_k=int(args.max_k),
+        max_request_tokens=int(args.max_request_tokens),
+    )
+
+
+def main(role: Role, argv: list[str] | None = None) -> int:
+    """Parse flags, load the model, serve until SIGTERM; the process exit code."""
+    args = build_parser(role).parse_args(argv)
+    options = options_from_args(args)
+    configure_logging(options.log_level)
+    torch.set_num_threads(max(1, int(args.threads)))
+    model, num_layers = role.model_defaults(args.model, args.num_layers)
+    try:
+        loaded = loader.load(model, device=args.device, dtype=args.dtype,
+                             num_layers=int(num_layers) if num_layers is not None else None)
+    except (FileNotFoundError, ValueError) as exc:
+        log.error("cannot load the model: %s", exc)
+        return 2
+    replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"
+    host = ModelHost(loaded, limits_from_args(args), replica_id=replica_id)
+    on_serving = [hooks.sweeper(host)]
+    if options.redis_url:
+        on_serving.append(hooks.registration(host, options, role.name))
+    try:
+        return run_server([partial(role.add_to_server, role.make_servicer(host))], [role.service_name],
+                          options, on_serving=hooks.chain(*on_serving))
+    finally:
+        host.shutdown()
