@@ -1,0 +1,66 @@
+"""python -m gateway: serve the OpenAI-compatible HTTP API for one orchestrator.
+
+    python -m gateway --orchestrator 127.0.0.1:50050 --port 8000
+
+Then any OpenAI client works with base_url=http://HOST:8000/v1, e.g.
+    OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused").chat.completions.create(
+        model="specdec", messages=[{"role": "user", "content": "Hi"}], stream=True)
+
+Every flag has a SPECDEC_* environment equivalent (flags win).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def _env(name: str, fallback):
+    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m gateway", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--orchestrator", default=_env("orchestrator", "127.0.0.1:50050"),
+                   help="orchestrator gRPC address [SPECDEC_ORCHESTRATOR] (default %(default)s)")
+    p.add_argument("--host", default=_env("host", "127.0.0.1"),
+                   help="address to bind (0.0.0.0 for all interfaces) [SPECDEC_HOST]")
+    p.add_argument("--port", type=int, default=_env("gateway_port", 8000),
+                   help="HTTP port [SPECDEC_GATEWAY_PORT] (default %(default)s)")
+    p.add_argument("--model-name", default=_env("model_name", "specdec"),
+                   help="model id listed by /v1/models; requests must name it "
+                        "[SPECDEC_MODEL_NAME] (default %(default)s)")
+    p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 256),
+                   help="max_tokens when a request gives none [SPECDEC_DEFAULT_MAX_TOKENS]")
+    p.add_argument("--request-timeout", type=float, default=_env("request_timeout", 600.0),
+                   help="seconds one generation may take [SPECDEC_REQUEST_TIMEOUT]")
+    p.add_argument("--grace", type=float, default=_env("grace", 10.0),
+                   help="seconds open streams get to finish on SIGTERM [SPECDEC_GRACE]")
+    p.add_argument("--log-level", default=_env("log_level", "INFO"),
+                   help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    level = str(args.log_level).upper()
+    logging.basicConfig(level=level,
+                        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+    import uvicorn
+
+    from gateway.app import Settings, create_app
+
+    app = create_app(Settings(orchestrator=args.orchestrator, model_name=args.model_name,
+                              default_max_tokens=int(args.default_max_tokens),
+                              timeout_s=float(args.request_timeout), grace_s=float(args.grace)))
+    logging.getLogger("gateway").info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",
+                                      args.host, args.port, args.orchestrator)
+    uvicorn.run(app, host=args.host, port=int(args.port), log_level=level.lower(),
+                access_log=level == "DEBUG", timeout_graceful_shutdown=float(args.grace) + 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

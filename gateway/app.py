@@ -1,0 +1,246 @@
+"""The ASGI app: OpenAI-compatible endpoints in front of one orchestrator address.
+
+Every generation is one `Orchestrator.Generate` stream through `client.AsyncClient`;
+no model work happens here. The gateway waits for the stream's first chunk before
+answering, so a request the orchestrator rejects gets its HTTP status and an OpenAI
+error body, streaming or not. A client that disconnects mid-stream cancels the gRPC
+call, and the orchestrator frees the session's KV on both services.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import grpc
+from fastapi import FastAPI, Request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from client import AsyncClient
+from gateway.errors import APIError, from_rpc_error, invalid
+from gateway.protocol import (
+    FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
+    generate_options, parse, usage,
+)
+
+log = logging.getLogger("gateway")
+_TEXT = "\x00specdec-text\x00"  # placeholder split out of the precomputed chunk JSON
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+
+HTTP_REQUESTS = Counter("specdec_http_requests_total",
+                        "HTTP responses of the OpenAI-compatible gateway, by route and status",
+                        ["route", "status"])
+DISCONNECTS = Counter("specdec_http_stream_disconnects_total",
+                      "Streams the HTTP client left before the end (generation cancelled)")
+
+
+class _CountResponses:
+    """Pure ASGI middleware: count each response's status (no per-chunk wrapping)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in _ROUTES else "/v1/models" if path.startswith("/v1/models/") else "other"
+
+        async def counted(message) -> None:
+            if message["type"] == "http.response.start":
+                HTTP_REQUESTS.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+@dataclass(frozen=True)
+class Settings:
+    orchestrator: str = "127.0.0.1:50050"
+    model_name: str = "specdec"          # the id /v1/models lists and requests must name
+    default_max_tokens: int = 256        # when a request gives neither max_tokens form
+    timeout_s: float = 600.0             # deadline of one Generate call
+    grace_s: float = 10.0                # streams get this long to finish on SIGTERM
+
+
+def create_app(settings: Settings) -> FastAPI:
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.client = AsyncClient(settings.orchestrator, timeout=settings.timeout_s)
+        app.state.health = grpc.aio.insecure_channel(settings.orchestrator)
+        yield
+        await app.state.client.close()
+        await app.state.health.close()
+
+    app = FastAPI(title="specdec OpenAI-compatible API", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.add_middleware(_CountResponses)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        return APIError(exc.status_code, str(exc.detail), code=str(exc.status_code)).response()
+
+    @app.get("/health")
+    async def health() -> dict:
+        """200 while the orchestrator reports SERVING, else 503 (readiness)."""
+        stub = health_pb2_grpc.HealthStub(app.state.health)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as exc:
+            status = f"{exc.code().name}: {exc.details()}"
+        if status != "SERVING":
+            raise APIError(503, f"orchestrator {settings.orchestrator}: {status}",
+                           code="orchestrator_unavailable")
+        return {"status": "ok", "orchestrator": settings.orchestrator}
+
+    def _model_card() -> dict:
+        return {"id": settings.model_name, "object": "model", "created": created,
+                "owned_by": "specdec"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict:
+        if model_id != settings.model_name:
+            raise _no_such_model(model_id)
+        return _model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = parse(ChatRequest, await _body(request))
+        options = generate_options(req, settings.default_max_tokens)
+        options["messages"] = chat_messages(req)
+        return await _generate(request, req, options, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse(CompletionRequest, await _body(request))
+        options = generate_options(req, settings.default_max_tokens)
+        options["prompt"] = completion_prompt(req)
+        return await _generate(request, req, options, chat=False)
+
+    async def _generate(request: Request, req, options: dict, *, chat: bool) -> Response:
+        if req.model != settings.model_name:
+            raise _no_such_model(req.model)
+        prompt_param = "messages" if chat else "prompt"
+        auth = request.headers.get("authorization")
+        metadata = (("authorization", auth),) if auth else None
+        stream = app.state.client.generate(metadata=metadata, **options)
+        events = stream.__aiter__()
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, prompt_param) from None
+        except BaseException:
+            stream.cancel()
+            raise
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if not req.stream:
+            texts = [first.text] if first is not None else []
+            try:
+                async for chunk in events:
+                    texts.append(chunk.text)
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc, prompt_param) from None
+            finally:
+                stream.cancel()  # a no-op once finished; frees the session if we were cancelled
+            return JSONResponse(_whole(ident, chat, "".join(texts), stream.stats))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        body = _sse(ident, chat, first, events, stream, include_usage, prompt_param)
+        return EventSourceResponse(body, sep="\n", ping=15,
+                                   shutdown_grace_period=settings.grace_s)
+
+    def _whole(ident: str, chat: bool, text: str, stats) -> dict:
+        finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text,
+                                              "refusal": None},
+                      "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"id": ident, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": settings.model_name,
+                "system_fingerprint": None, "choices": [choice], "usage": usage(stats)}
+
+    async def _sse(ident: str, chat: bool, first, events: AsyncIterator, stream,
+                   include_usage: bool, prompt_param: str) -> AsyncIterator[str]:
+        """`data:` lines of one streamed generation, ending with `[DONE]`."""
+        now = int(time.time())
+        base = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": now, "model": settings.model_name, "system_fingerprint": None}
+        if include_usage:
+            base["usage"] = None
+
+        def chunk(delta_or_text, finish=None) -> str:
+            if chat:
+                choice = {"index": 0, "delta": delta_or_text, "logprobs": None,
+                          "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_or_text, "logprobs": None,
+                          "finish_reason": finish}
+            return json.dumps({**base, "choices": [choice]})
+
+        # Text chunks are the precomputed JSON with the text spliced in.
+        head, tail = chunk({"content": _TEXT} if chat else _TEXT).split(json.dumps(_TEXT))
+        finished = False
+        try:
+            if chat:
+                yield chunk({"role": "assistant", "content": ""})
+            if first is not None and first.text:
+                yield head + json.dumps(first.text) + tail
+            async for piece in events:
+                if piece.text:
+                    yield head + json.dumps(piece.text) + tail
+            stats = stream.stats
+            finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
+            yield chunk({} if chat else "", finish)
+            if include_usage:
+                yield json.dumps({**base, "choices": [], "usage": usage(stats)})
+            yield "[DONE]"
+            finished = True
+        except grpc.RpcError as exc:
+            finished = True
+            yield json.dumps(from_rpc_error(exc, prompt_param).body())
+        finally:
+            if not finished:
+                DISCONNECTS.inc()
+            # The client went away (this generator is cancelled) or the stream ended:
+            # cancelling the call makes the orchestrator release both services' KV.
+            stream.cancel()
+
+    return app
+
+
+async def _body(request: Request):
+    try:
+        return await request.json()
+    except ValueError:
+        raise invalid("the request body is not valid JSON", code="invalid_json") from None
+
+
+def _no_such_model(name: str) -> APIError:
+    return APIError(404, f"The model {name!r} does not exist (this server serves the model "
+                         "listed by /v1/models)", param="model", code="model_not_found")
