@@ -19,11 +19,10 @@ import sys
 import time
 from functools import partial
 
-from orchestrator.loop import Engine
-from orchestrator.proposers import KINDS
 from orchestrator.remote import ServiceDown
 from orchestrator.routing import Router
 from orchestrator.servicer import OrchestratorServicer
+from orchestrator.spec import GUESS, KINDS, LoopConfig
 from orchestrator.text import load_tokenizer
 from specdec.hosting.loader import tokenizer_fingerprint
 from specdec.hosting.server import (
@@ -58,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: the embedded default target [SPECDEC_TOKENIZER]")
     g.add_argument("--session-ttl", type=int, default=env_default("session_ttl", SESSION_TTL_S),
                    help="seconds an idle session is kept [SPECDEC_SESSION_TTL]")
-    g.add_argument("--default-proposer", choices=[k for k in KINDS if k != "guess"],
+    g.add_argument("--default-proposer", choices=[k for k in KINDS if k != GUESS],
                    default=env_default("default_proposer", "draft"),
                    help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
     g.add_argument("--default-k", default=env_default("default_k", "5"),
@@ -81,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def build_engine(args: argparse.Namespace) -> Engine:
+async def build_config(args: argparse.Namespace) -> LoopConfig:
     """Load the tokenizer, reach Redis and the services, check they all agree."""
     tokenizer, folder = load_tokenizer(args.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
@@ -121,14 +120,14 @@ async def build_engine(args: argparse.Namespace) -> Engine:
     log.info("target %s (vocab %d, context %d), draft %s, tokenizer %s",
              target_info.model_name, target_info.vocab_size, target_info.context_length,
              draft_info.model_name if draft_info else "none", folder)
-    return Engine(
+    return LoopConfig(
         store=store,
         router=router,
         tokenizer=tokenizer,
         eos_ids=frozenset(target_info.eos_token_ids),
         context_length=int(target_info.context_length),
         max_k=max_k,
-        max_check=int(target_info.max_k) or 16,
+        target_max_k=int(target_info.max_k) or 16,
         default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,
@@ -155,14 +154,14 @@ async def _first_info(router: Router, role: str, timeout_s: float):
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    engine = await build_engine(args)
-    servicer = OrchestratorServicer(engine)
+    config = await build_config(args)
+    servicer = OrchestratorServicer(config)
     await serve(
         [partial(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, servicer)],
         ["specdec.v1.Orchestrator"],
         options_from_args(args),
     )
-    await engine.router.close()
+    await config.router.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.routing import Router
 from specdec.core.fingerprint import EMPTY
@@ -32,13 +31,13 @@ class CheckResult:
 
 
 async def check(
-    router: Router, prompt_ids: list[int], guess_ids: list[int], max_guess: int
+    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int
 ) -> CheckResult:
     """Score prompt + guess in ONE target pass, on a throwaway session."""
     if not guess_ids:
         raise InvalidArgument("guess: must not be empty")
-    if len(guess_ids) > max_guess:
-        raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_guess} can be checked in one pass")
+    if len(guess_ids) > max_k:
+        raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_k} can be checked in one pass")
     target = await router.pick("target")
     if target is None:
         raise Unavailable("no target service replica is available")
@@ -66,7 +65,3 @@ async def check(
     ]
     mismatch = -1 if verdict.all_accepted else verdict.accepted
     return CheckResult(verdict.accepted, mismatch, positions, argmax[-1])
-
-
-def decode_one(tokenizer: Any, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)

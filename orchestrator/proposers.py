@@ -1,27 +1,31 @@
 """Proposers: where a round's drafted tokens come from.
 
 One protocol, one input dataclass, one factory. The loop sees only
-`Proposer.propose(DraftContext) -> Proposal`. A deterministic proposer
-(prompt lookup, the caller's guess, none) returns `probs=None`; the verifier
-then treats its q as one-hot, which keeps sampling exact.
+`Proposer.propose(DraftContext) -> Proposal` and `Proposer.crop(length)`. A
+deterministic proposer (prompt lookup, the caller's guess, none) returns
+`probs=None`; the verifier then treats its q as one-hot, which keeps sampling
+exact. The draft-service proposer owns everything about the draft replica: its
+client, the length of the session's KV there, and what to do when it dies
+(another live replica, else proposing nothing with a `fallback_reason`, or
+UNAVAILABLE when the request is strict).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from orchestrator.remote import Call, ModelClient
+from orchestrator.remote import Call, ModelClient, ServiceDown, SessionReplica, place
+from orchestrator.spec import DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
 from specdec.core.lookup import PromptLookup
-from specdec.core.sampling import SamplingParams
-from specdec.errors import CacheMiss, InvalidArgument
+from specdec.errors import InvalidArgument, Unavailable
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs, sampling_to_proto
+from specdec.wire import decode_probs
 
-DRAFT, LOOKUP, GUESS, NONE = "draft", "lookup", "guess", "none"
-KINDS = (DRAFT, LOOKUP, GUESS, NONE)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,8 @@ class DraftContext:
     prefix_fps: Sequence[int]  # prefix_fps[i] = fingerprint(tokens[:i])
     prompt_len: int
     k: int  # draft at most this many tokens
-    sampling: SamplingParams
+    sampling: WireSampling
     seed: int
-    draft_cached: int = 0  # committed tokens the draft replica is believed to hold
 
 
 @dataclass(frozen=True)
@@ -44,41 +47,61 @@ class Proposal:
 
     tokens: list[int]
     probs: torch.Tensor | None = None  # [n, vocab] q; None = one-hot (deterministic)
-    cache_length: int = 0  # tokens the draft replica holds after the call
+    cache_length: int = 0  # tokens the draft replica holds after the call (0: no draft cache)
     call: Call | None = None  # the RPC, when there was one
     cache_misses: int = 0
 
 
 class Proposer(Protocol):
-    name: str
+    name: str  # the kind proposing now (Stats.proposer): "none" once a draft has fallen back
+    fallback_reason: str  # why it proposes nothing although asked to; "" otherwise
+    replica: SessionReplica | None  # the draft replica holding the session's KV, if any
+    adaptive: bool  # k may be chosen per round from measured acceptance and costs
+    proposes: bool  # False: target-only, the loop asks for nothing
 
     async def propose(self, ctx: DraftContext) -> Proposal: ...
 
+    def crop(self, length: int) -> None:
+        """After a verdict: the proposer's cache keeps its first `length` tokens."""
 
-class NoProposer:
+
+class _Local:
+    """A proposer without a cache of its own: nothing to place, crop or fall back from."""
+
+    fallback_reason = ""
+    replica: SessionReplica | None = None
+    adaptive = False
+    proposes = True
+
+    def crop(self, length: int) -> None:
+        pass
+
+
+class NoProposer(_Local):
     """Target-only decoding through the same path: nothing drafted, one token per pass."""
 
     name = NONE
+    proposes = False
 
     async def propose(self, ctx: DraftContext) -> Proposal:
-        return Proposal(tokens=[], cache_length=ctx.draft_cached)
+        return Proposal(tokens=[])
 
 
-class PromptLookupProposer:
+class PromptLookupProposer(_Local):
     """Copy what followed the most recent earlier occurrence of the last n-gram."""
 
     name = LOOKUP
 
-    def __init__(self, max_ngram: int = 2, min_ngram: int = 1, num_tokens: int = 8) -> None:
-        self._lookup = PromptLookup(max_ngram=max_ngram, min_ngram=min_ngram, num_tokens=num_tokens)
+    def __init__(self, max_ngram: int = 2, min_ngram: int = 1, max_k: int = 8) -> None:
+        self._lookup = PromptLookup(max_ngram=max_ngram, min_ngram=min_ngram, num_tokens=max_k)
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         fed = len(self._lookup)
         self._lookup.extend(ctx.tokens[fed:])
-        return Proposal(tokens=self._lookup.propose(ctx.k), cache_length=ctx.draft_cached)
+        return Proposal(tokens=self._lookup.propose(ctx.k))
 
 
-class GuessProposer:
+class GuessProposer(_Local):
     """The caller's expected continuation, for as long as the output follows it."""
 
     name = GUESS
@@ -90,8 +113,8 @@ class GuessProposer:
         generated = ctx.tokens[ctx.prompt_len :]
         n = len(generated)
         if list(generated) != self.guess[:n]:
-            return Proposal(tokens=[], cache_length=ctx.draft_cached)  # diverged: guess is spent
-        return Proposal(tokens=self.guess[n : n + ctx.k], cache_length=ctx.draft_cached)
+            return Proposal(tokens=[])  # diverged: the guess is spent
+        return Proposal(tokens=self.guess[n : n + ctx.k])
 
 
 class DraftServiceProposer:
@@ -99,66 +122,79 @@ class DraftServiceProposer:
 
     Sends only the committed tokens the draft does not hold yet (after a fully
     accepted round: the last drafted token and the bonus token — the draft's
-    catch-up). On a cache miss it resends everything from position 0, once.
+    catch-up). A cache miss resends everything from position 0; a dead replica
+    is replaced by another live one within the round. With none left it falls
+    back to proposing nothing (or raises UNAVAILABLE when `strict`).
     """
 
-    name = DRAFT
-
-    def __init__(self, client: ModelClient, p_min: float = 0.0) -> None:
-        self.client = client
+    def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
+                 fallback_reason: str = "") -> None:
+        self.replica = replica
+        self.strict = strict
         self.p_min = p_min
+        self.fallback_reason = fallback_reason
+
+    @property
+    def proposes(self) -> bool:
+        return self.replica is not None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.replica is not None
+
+    @property
+    def name(self) -> str:
+        return DRAFT if self.proposes else NONE
 
     async def propose(self, ctx: DraftContext) -> Proposal:
-        mode = common_pb2.OUTPUT_MODE_TOKENS if ctx.sampling.greedy else common_pb2.OUTPUT_MODE_PROBS
-        # The draft must receive at least one token to condition on.
-        cached = min(ctx.draft_cached, len(ctx.tokens) - 1)
-        misses = 0
-        while True:
-            request = model_pb2.ProposeRequest(
-                session_id=ctx.session_id,
-                cache_position=cached,
-                prefix_hash=ctx.prefix_fps[cached],
-                tokens=ctx.tokens[cached:],
-                k=ctx.k,
-                sampling=sampling_to_proto(ctx.sampling),
-                output_mode=mode,
-                seed=ctx.seed,
-                p_min=self.p_min,
-            )
-            try:
-                response, call = await self.client.propose(request)
-                break
-            except CacheMiss:
-                if cached == 0:
-                    raise
-                misses, cached = misses + 1, 0
+        if self.replica is None or ctx.k == 0:  # nothing asked: the draft's cache is untouched
+            return Proposal(tokens=[], cache_length=self.replica.cached if self.replica else 0)
+
+        def send(client: ModelClient, position: int):
+            return client.propose(model_pb2.ProposeRequest(
+                session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
+                tokens=ctx.tokens[position:], k=ctx.k, sampling=ctx.sampling.message,
+                output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min,
+            ))
+
+        try:
+            reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0)
+        except ServiceDown as exc:
+            if self.strict:
+                raise Unavailable(f"draft service down and strict is set: {exc}") from None
+            log.warning("session %s: %s; falling back to target-only", ctx.session_id, exc)
+            self.replica, self.fallback_reason = None, f"draft service unavailable: {exc}"
+            return Proposal(tokens=[])
+        response = reply.response
         drafted = list(response.tokens)
         probs = None
-        if mode == common_pb2.OUTPUT_MODE_PROBS and drafted:
+        if ctx.sampling.output_mode == common_pb2.OUTPUT_MODE_PROBS and drafted:
             probs = decode_probs(response.probs)  # [n, vocab]
-        return Proposal(drafted, probs, response.cache_length, call, misses)
+        return Proposal(drafted, probs, response.cache_length, reply.call, reply.cache_misses)
+
+    def crop(self, length: int) -> None:
+        if self.replica is not None:
+            self.replica.cached = length
 
 
-def make_proposer(
-    kind: str,
-    *,
-    draft: ModelClient | None = None,
-    guess_ids: Sequence[int] = (),
-    lookup_ngram: int = 2,
-    max_k: int = 8,
+async def open_proposer(
+    spec: GenerateSpec, config: LoopConfig, session_id: str, draft_home: tuple[str, int]
 ) -> Proposer:
-    """The one factory: a proposer by name ("draft", "lookup", "guess", "none")."""
-    if kind == DRAFT:
-        if draft is None:
-            raise ValueError("the draft proposer needs a draft service client")
-        return DraftServiceProposer(draft)
-    if kind == LOOKUP:
-        return PromptLookupProposer(max_ngram=lookup_ngram, num_tokens=max_k)
-    if kind == GUESS:
-        if not guess_ids:
+    """The one factory: the request's proposer. A draft one is placed on the replica that holds
+    the session (`draft_home`: address, tokens held) if still live, else on the least loaded."""
+    if spec.proposer == DRAFT:
+        replica = await place(config.router, "draft", session_id, *draft_home)
+        if replica is not None:
+            return DraftServiceProposer(replica, strict=spec.strict)
+        if spec.strict:
+            raise Unavailable("proposer: no draft service replica is available (strict)")
+        return DraftServiceProposer(None, fallback_reason="no draft service replica available")
+    if spec.proposer == LOOKUP:
+        return PromptLookupProposer(max_k=config.max_k)
+    if spec.proposer == GUESS:
+        if not spec.guess_ids:
             raise InvalidArgument("guess: required (non-empty) when proposer is PROPOSER_GUESS")
-        return GuessProposer(guess_ids)
-    if kind == NONE:
+        return GuessProposer(spec.guess_ids)
+    if spec.proposer == NONE:
         return NoProposer()
-    raise InvalidArgument(f"proposer: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
-
+    raise InvalidArgument(f"proposer: unknown kind {spec.proposer!r}; expected one of {', '.join(KINDS)}")

@@ -8,16 +8,29 @@ here, around a bytes-in/bytes-out channel call, so the encode and decode can
 be timed per call without copying the payload again. A cache-miss status
 becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
 service becomes `ServiceDown`.
+
+`SessionReplica` is one session's place on one role (the replica holding its
+KV, and how many committed tokens that KV holds); its `call` is the one place
+that recovers from a cache miss and moves to another replica, for both roles.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
 from specdec.v1 import common_pb2, model_pb2
+
+if TYPE_CHECKING:
+    from orchestrator.routing import Router
+
+log = logging.getLogger(__name__)
 
 CHANNEL_OPTIONS = [
     # Distributions for a long Check can exceed gRPC's 4 MB default.
@@ -128,3 +141,83 @@ class ModelClient:
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+# Sends one request to `client` with the session's KV cropped to `cache_position`.
+Send = Callable[[ModelClient, int], Awaitable[tuple[Any, Call]]]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A model-service response, its cost, and the cache misses recovered on the way."""
+
+    response: Any
+    call: Call
+    cache_misses: int = 0
+
+
+class SessionReplica:
+    """Where one session's KV lives on one role: the replica, and the committed tokens it holds.
+
+    `cached` is the caller's bookkeeping: set it to the kept length after each
+    round (absolute, so a retried request is idempotent).
+    """
+
+    def __init__(self, router: Router, role: str, session_id: str, client: ModelClient, cached: int = 0) -> None:
+        self.router, self.role, self.session_id = router, role, session_id
+        self.client = client
+        self.cached = cached
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+    async def call(self, send: Send, committed: int, *, wait_s: float) -> Reply:
+        """`send` from the cached length on; resend from 0 on a cache miss; move when the replica is down.
+
+        The service must receive at least one committed token, so the request
+        starts at min(cached, committed - 1). A down replica is replaced by
+        another live one (which holds nothing: resent from 0); with none left
+        the call waits for one to come back, up to `wait_s`, then raises
+        ServiceDown. The text cannot change: the tokens are the same.
+        """
+        deadline = time.monotonic() + wait_s
+        position = min(self.cached, committed - 1)
+        tried = {self.address}
+        while True:
+            try:
+                response, call, misses = await self._resend_on_miss(send, position)
+                return Reply(response, call, misses)
+            except ServiceDown as exc:
+                other = await self.router.pick(self.role, exclude=tried)
+                if other is None and time.monotonic() >= deadline:
+                    raise
+                log.warning("session %s: %s; %s", self.session_id, exc,
+                            f"moving to {other.address}" if other else "retrying")
+                if other is None:
+                    await asyncio.sleep(0.25)
+                    tried = {self.address}  # a restarted replica may be back: any but this one next
+                else:
+                    self.client, self.cached, position = other, 0, 0
+                    tried.add(other.address)
+
+    async def _resend_on_miss(self, send: Send, position: int) -> tuple[Any, Call, int]:
+        try:
+            response, call = await send(self.client, position)
+            return response, call, 0
+        except CacheMiss:
+            if position == 0:
+                raise
+            log.info("session %s: %s cache miss at %d; resending from 0", self.session_id, self.role, position)
+        response, call = await send(self.client, 0)
+        return response, call, 1
+
+
+async def place(
+    router: Router, role: str, session_id: str, preferred: str, held: int
+) -> SessionReplica | None:
+    """Route a session on `role`: to `preferred` (holding `held` of its tokens) while usable, else elsewhere from 0."""
+    client = await router.pick(role, preferred)
+    if client is None:
+        return None
+    return SessionReplica(router, role, session_id, client, held if client.address == preferred else 0)

@@ -10,7 +10,7 @@ replica's last heartbeat (so a burst does not pile onto one replica).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from orchestrator.remote import ModelClient
 from specdec.store import ServiceRegistry
@@ -24,11 +24,14 @@ class Router:
         *,
         fingerprint: str = "",
         timeout_s: float = 60.0,
+        connect: Callable[[str, str], ModelClient] | None = None,
     ) -> None:
         self.registry = registry
         self.static = {role: list(addrs) for role, addrs in static.items()}
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
+        # (address, role) -> a client; tests inject in-process fakes here.
+        self._connect = connect or (lambda address, role: ModelClient(address, role, timeout_s=timeout_s))
         self._clients: dict[str, ModelClient] = {}
         self._picks: dict[str, list[float]] = {}  # address -> times this process routed to it
         self._rr = 0
@@ -37,7 +40,7 @@ class Router:
         """One channel per (address); reused by every session."""
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = ModelClient(address, role, timeout_s=self.timeout_s)
+            client = self._clients[address] = self._connect(address, role)
         return client
 
     async def candidates(self, role: str) -> list[tuple[str, float, float]]:
@@ -53,12 +56,12 @@ class Router:
                 return live
         return [(address, 0.0, 0.0) for address in self.static.get(role, [])]
 
-    async def pick(self, role: str, preferred: str = "", exclude: str = "") -> ModelClient | None:
+    async def pick(self, role: str, preferred: str = "", exclude: Collection[str] = ()) -> ModelClient | None:
         """The replica for a session: `preferred` if still usable, else the least loaded.
 
-        `exclude` (a replica that just failed) is never picked.
+        Replicas in `exclude` (ones that just failed) are never picked.
         """
-        options = [o for o in await self.candidates(role) if o[0] != exclude]
+        options = [o for o in await self.candidates(role) if o[0] not in exclude]
         if not options:
             return None
         addresses = [a for a, _, _ in options]

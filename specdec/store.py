@@ -1,10 +1,12 @@
 """Redis-backed session handles and service registry (the only module importing redis).
 
-Redis holds handles, never tensors: per session, the committed token ids, which
-target/draft replica holds its KV cache and at what length, the sampling
-parameters and the RNG seed/counter. Each round writes the whole record in one
-MULTI/EXEC transaction, so any orchestrator replica can resume a session from
-Redis alone and never sees a half-written round.
+Redis holds handles, never tensors: per session, the committed token ids and
+which target/draft replica holds its KV cache and at what length. Sampling
+parameters and the seed are not kept: each request carries its own, and the
+counter-based RNG draws from (seed, position) alone, so nothing else is needed
+to resume. Each round writes the whole record in one MULTI/EXEC transaction,
+so any orchestrator replica can resume a session from Redis alone and never
+sees a half-written round.
 
 Services register (address, role, model, tokenizer fingerprint, load) under a
 key with a TTL that a heartbeat refreshes; a replica that stops beating drops
@@ -20,7 +22,7 @@ import json
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -69,9 +71,6 @@ class SessionRecord:
     target_len: int = 0  # committed tokens that replica holds
     draft: str = ""
     draft_len: int = 0
-    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p, min_p
-    seed: int = 0
-    counter: int = 0  # rounds run so far in this session
     created: float = 0.0
     updated: float = 0.0
 
@@ -82,9 +81,6 @@ class SessionRecord:
             "target_len": str(self.target_len).encode(),
             "draft": self.draft.encode(),
             "draft_len": str(self.draft_len).encode(),
-            "sampling": json.dumps(self.sampling).encode(),
-            "seed": str(self.seed).encode(),
-            "counter": str(self.counter).encode(),
             "created": repr(self.created).encode(),
             "updated": repr(self.updated).encode(),
         }
@@ -100,9 +96,6 @@ class SessionRecord:
             target_len=int(h.get(b"target_len", b"0")),
             draft=h.get(b"draft", b"").decode(),
             draft_len=int(h.get(b"draft_len", b"0")),
-            sampling=json.loads(h.get(b"sampling", b"{}")),
-            seed=int(h.get(b"seed", b"0")),
-            counter=int(h.get(b"counter", b"0")),
             created=float(h.get(b"created", b"0")),
             updated=float(h.get(b"updated", b"0")),
         )

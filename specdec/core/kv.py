@@ -51,20 +51,3 @@ def keep_lengths(
         raise ValueError(f"n_committed must be in [0, n_accepted + 1 = {n_accepted + 1}], got {n_committed}")
     valid = committed_before + min(n_accepted, n_committed)
     return valid, min(draft_held, valid)
-
-
-def draft_catch_up(*, n_drafted: int, n_accepted: int) -> int:
-    """How many already-drafted tokens the draft must be fed again next round.
-
-    1 after full acceptance of a non-empty draft (the last drafted token was
-    sampled, not fed), else 0. Together with the extra token that makes the
-    draft's next input 2 tokens instead of 1.
-    """
-    return 1 if n_drafted > 0 and n_accepted == n_drafted else 0
-
-
-def uncached(committed: list[int], keep: int) -> list[int]:
-    """The tokens a service must be sent next: the committed ones beyond its kept cache."""
-    if not 0 <= keep <= len(committed):
-        raise ValueError(f"keep must be in [0, {len(committed)}], got {keep}")
-    return committed[keep:]

@@ -25,27 +25,6 @@ def _check_sizes(max_ngram: int, min_ngram: int, num_tokens: int) -> None:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
 
 
-def lookup(tokens: Sequence[int], max_ngram: int = 2, min_ngram: int = 1, num_tokens: int = 6) -> list[int]:
-    """Reference implementation by direct scan (O(len(tokens)) per call).
-
-    For n from max_ngram down to min_ngram: if the last n tokens occur earlier
-    (an occurrence ending before the last token), return up to num_tokens of
-    the tokens that followed the most recent such occurrence.
-    """
-    _check_sizes(max_ngram, min_ngram, num_tokens)
-    tokens = list(tokens)
-    length = len(tokens)
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if length < n + 1:
-            continue
-        suffix = tokens[length - n :]
-        # end = exclusive end of a candidate occurrence; at most length - 1.
-        for end in range(length - 1, n - 1, -1):
-            if tokens[end - n : end] == suffix:
-                return tokens[end : end + num_tokens]
-    return []
-
-
 class PromptLookup:
     """Incremental prompt lookup over a growing committed history.
 

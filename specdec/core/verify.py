@@ -131,40 +131,6 @@ def draw_extra(
     return sample(residual, uniforms)
 
 
-def rejection_sample(
-    drafted: torch.Tensor,  # [batch, k_max] int64, entries beyond num_drafted ignored
-    num_drafted: torch.Tensor,  # [batch] int64, each in 0..k_max
-    draft_probs: torch.Tensor | None,  # [batch, k_max, vocab] q; None = one-hot proposals
-    target_probs: torch.Tensor,  # [batch, k_max + 1, vocab] p
-    accept_uniforms: torch.Tensor,  # [batch, k_max] the accept test's uniform per drafted token
-    resample_uniforms: torch.Tensor,  # [batch, k_max + 1] the extra token's uniform per offset
-) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [batch], extra token [batch]
-    """Batched rejection sampling (Leviathan et al. 2023, Algorithm 1), tensors in, tensors out.
-
-    For each row b, with m = the number of leading drafted tokens d_i
-    (i < num_drafted[b]) that pass r_i < min(1, p_i(d_i) / q_i(d_i)), the extra
-    token is drawn by inverse CDF with resample_uniforms[b, m] from
-      norm(max(0, p_m - q_m))   if m < num_drafted[b]   (recovered)
-      p_m                       if m == num_drafted[b]  (bonus)
-    Works on any device; the whole batch is a handful of kernels.
-    """
-    batch, k_max = drafted.shape
-    device = target_probs.device
-    rows = torch.arange(batch, device=device)
-    drafted = drafted.to(device=device, dtype=torch.int64)
-    num_drafted = num_drafted.to(device=device, dtype=torch.int64)
-    index = drafted.unsqueeze(-1)  # [batch, k_max, 1]
-    p_d = target_probs[:, :k_max].gather(-1, index).squeeze(-1)  # [batch, k_max]
-    q_d = None if draft_probs is None else draft_probs.gather(-1, index).squeeze(-1)
-    accepted = count_accepted(p_d, q_d, num_drafted, accept_uniforms)
-    at = accepted.clamp(max=max(k_max - 1, 0))
-    q_row = None if draft_probs is None or k_max == 0 else draft_probs[rows, at]
-    d_m = drafted[rows, at] if k_max else torch.zeros_like(accepted)
-    u = resample_uniforms.to(device=device, dtype=torch.float64)[rows, accepted]
-    extra = draw_extra(target_probs[rows, accepted], q_row, d_m, accepted < num_drafted, u)
-    return accepted, extra
-
-
 def _check_shapes(k: int, draft_probs: torch.Tensor | None, target_probs: torch.Tensor) -> None:
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
         raise ValueError(

@@ -39,7 +39,7 @@ def test_session_round_trip_ttl_and_delete(prefix):
         client = connect(URL)
         store = SessionStore(client, url=URL, prefix=prefix, ttl_s=30)
         rec = SessionRecord("s1", tokens=(1, 2, 300, 70000), target="a:1", target_len=3,
-                            draft="b:2", draft_len=2, sampling={"temperature": 0.7}, seed=42, counter=5)
+                            draft="b:2", draft_len=2)
         saved = await store.save(rec)
         assert saved.created > 0 and saved.updated >= saved.created
         loaded = await store.load("s1")

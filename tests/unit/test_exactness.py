@@ -23,7 +23,7 @@ from scipy.stats import chisquare
 from specdec.core import rng
 from specdec.core.rng import Purpose
 from specdec.core.sampling import SamplingParams, probs_from_logits, sample
-from specdec.core.verify import rejection_sample, verify_sampled
+from specdec.core.verify import count_accepted, draw_extra, verify_sampled
 
 torch.set_num_threads(1)
 
@@ -65,9 +65,46 @@ def make_pair(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(kind)
 
 
+def batched_sampler(
+    drafted: torch.Tensor,  # [batch, k_max] int64, entries beyond num_drafted ignored
+    num_drafted: torch.Tensor,  # [batch] int64, each in 0..k_max
+    draft_probs: torch.Tensor | None,  # [batch, k_max, vocab] q; None = one-hot proposals
+    target_probs: torch.Tensor,  # [batch, k_max + 1, vocab] p
+    accept_uniforms: torch.Tensor,  # [batch, k_max] the accept test's uniform per drafted token
+    resample_uniforms: torch.Tensor,  # [batch, k_max + 1] the extra token's uniform per offset
+) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [batch], extra token [batch]
+    """Batched rejection sampling (Leviathan et al. 2023, Algorithm 1) from the core's kernels.
+
+    The simulation below runs 100,000 sessions at once through this; a test
+    checks it decides exactly as the public verify_sampled.
+
+    For each row b, with m = the number of leading drafted tokens d_i
+    (i < num_drafted[b]) that pass r_i < min(1, p_i(d_i) / q_i(d_i)), the extra
+    token is drawn by inverse CDF with resample_uniforms[b, m] from
+      norm(max(0, p_m - q_m))   if m < num_drafted[b]   (recovered)
+      p_m                       if m == num_drafted[b]  (bonus)
+    Works on any device; the whole batch is a handful of kernels.
+    """
+    batch, k_max = drafted.shape
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)
+    drafted = drafted.to(device=device, dtype=torch.int64)
+    num_drafted = num_drafted.to(device=device, dtype=torch.int64)
+    index = drafted.unsqueeze(-1)  # [batch, k_max, 1]
+    p_d = target_probs[:, :k_max].gather(-1, index).squeeze(-1)  # [batch, k_max]
+    q_d = None if draft_probs is None else draft_probs.gather(-1, index).squeeze(-1)
+    accepted = count_accepted(p_d, q_d, num_drafted, accept_uniforms)
+    at = accepted.clamp(max=max(k_max - 1, 0))
+    q_row = None if draft_probs is None or k_max == 0 else draft_probs[rows, at]
+    d_m = drafted[rows, at] if k_max else torch.zeros_like(accepted)
+    u = resample_uniforms.to(device=device, dtype=torch.float64)[rows, accepted]
+    extra = draw_extra(target_probs[rows, accepted], q_row, d_m, accepted < num_drafted, u)
+    return accepted, extra
+
+
 def wrong_sampler(drafted, num_drafted, draft_probs, target_probs, accept_u, resample_u):
     """The classic bug: same accept test, but the replacement is drawn from p, not the residual."""
-    accepted, _ = rejection_sample(drafted, num_drafted, draft_probs, target_probs, accept_u, resample_u)
+    accepted, _ = batched_sampler(drafted, num_drafted, draft_probs, target_probs, accept_u, resample_u)
     rows = torch.arange(drafted.shape[0])
     return accepted, sample(target_probs[rows, accepted], resample_u[rows, accepted])
 
@@ -146,7 +183,7 @@ PVALUES: dict[str, tuple[float, float]] = {}
 @pytest.mark.parametrize("kind", PAIRS)
 def test_output_distribution_equals_target(kind: str) -> None:
     p_table, q_table = make_pair(kind)
-    tokens = simulate(p_table, q_table, length=2, sampler=rejection_sample, seed_base=1_000_000)
+    tokens = simulate(p_table, q_table, length=2, sampler=batched_sampler, seed_base=1_000_000)
     p_first, p_joint = first_two_pvalues(p_table, tokens)
     PVALUES[kind] = (p_first, p_joint)
     print(f"\nexactness {kind}: first-token p={p_first:.4f}, two-token joint p={p_joint:.4f}")
@@ -188,7 +225,7 @@ def test_simulation_uses_the_public_verifier() -> None:
         q_t, p_t = torch.stack(q_rows), torch.stack(p_rows)
         verdict = verify_sampled(drafted, q_t, p_t, seed=seed, position=position)
         offs = np.arange(K + 1) + position
-        accepted, extra = rejection_sample(
+        accepted, extra = batched_sampler(
             torch.tensor([drafted]), torch.tensor([K]), q_t[None], p_t[None],
             torch.from_numpy(rng.uniforms(seed, offs[:K], Purpose.ACCEPT))[None],
             torch.from_numpy(rng.uniforms(seed, offs, Purpose.RESAMPLE))[None],

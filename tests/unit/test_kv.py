@@ -3,29 +3,26 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.core.kv import draft_catch_up, keep_lengths, uncached
+from specdec.core.kv import keep_lengths
 
 
 def test_after_rejection_both_keep_committed_before_plus_accepted() -> None:
     # 10 committed, 4 drafted, 2 accepted: target holds 14, draft 13 -> both keep 12.
     assert keep_lengths(committed_before=10, n_drafted=4, n_accepted=2, draft_held=13) == (12, 12)
-    assert draft_catch_up(n_drafted=4, n_accepted=2) == 0
 
 
 def test_full_acceptance_draft_lacks_its_last_drafted_token() -> None:
     # All 4 accepted: 15 committed; target keeps 14, draft keeps 13 and is fed 2 tokens next.
     t, d = keep_lengths(committed_before=10, n_drafted=4, n_accepted=4, draft_held=13)
     assert (t, d) == (14, 13)
-    assert draft_catch_up(n_drafted=4, n_accepted=4) == 1
     committed = list(range(15))
-    assert uncached(committed, t) == [14]
-    assert uncached(committed, d) == [13, 14]
+    assert committed[t:] == [14]  # the next request's tokens: the bonus token
+    assert committed[d:] == [13, 14]  # the catch-up token, then the bonus token
 
 
 def test_no_draft_round() -> None:
     assert keep_lengths(committed_before=10, n_drafted=0, n_accepted=0, draft_held=0) == (10, 0)
     assert keep_lengths(committed_before=10, n_drafted=0, n_accepted=0, draft_held=10) == (10, 10)
-    assert draft_catch_up(n_drafted=0, n_accepted=0) == 0
 
 
 def test_clipped_round_keeps_only_committed_tokens() -> None:
@@ -43,5 +40,3 @@ def test_bad_input() -> None:
         keep_lengths(committed_before=1, n_drafted=2, n_accepted=3, draft_held=0)
     with pytest.raises(ValueError, match="n_committed"):
         keep_lengths(committed_before=1, n_drafted=2, n_accepted=1, draft_held=0, n_committed=3)
-    with pytest.raises(ValueError, match="keep"):
-        uncached([1, 2], 3)

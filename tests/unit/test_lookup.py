@@ -6,9 +6,27 @@ import time
 
 import pytest
 
-from specdec.core.lookup import PromptLookup, lookup
+from specdec.core.lookup import PromptLookup
 
 WORDS: dict[str, int] = {}
+
+
+def lookup(tokens: list[int], max_ngram: int = 2, min_ngram: int = 1, num_tokens: int = 6) -> list[int]:
+    """Reference by direct scan (O(len(tokens)) per call), for the incremental index to match.
+
+    For n from max_ngram down to min_ngram: if the last n tokens occur earlier
+    (an occurrence ending before the last token), return up to num_tokens of
+    the tokens that followed the most recent such occurrence.
+    """
+    length = len(tokens)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if length < n + 1:
+            continue
+        suffix = tokens[length - n :]
+        for end in range(length - 1, n - 1, -1):  # exclusive end of a candidate occurrence
+            if tokens[end - n : end] == suffix:
+                return tokens[end : end + num_tokens]
+    return []
 
 
 def ids(text: str) -> list[int]:
@@ -86,7 +104,7 @@ def test_bad_sizes() -> None:
     with pytest.raises(ValueError, match="max_ngram"):
         PromptLookup(max_ngram=1, min_ngram=2)
     with pytest.raises(ValueError, match="num_tokens"):
-        lookup([1], num_tokens=-1)
+        PromptLookup(num_tokens=-1)
 
 
 def test_cost_stays_flat_as_history_grows() -> None:

@@ -1,0 +1,78 @@
+"""What the loop is given: one validated request (`GenerateSpec`) and the process's `LoopConfig`.
+
+Everything the loop talks to (the session store, the router and through it
+the model-service clients) comes in the config, so tests drive the real loop
+with in-memory fakes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from orchestrator.routing import Router
+from specdec.core.sampling import SamplingParams
+from specdec.store import SessionRecord
+from specdec.v1 import common_pb2
+from specdec.wire import sampling_to_proto
+
+# Proposer kinds, as requests name them.
+DRAFT, LOOKUP, GUESS, NONE = "draft", "lookup", "guess", "none"
+KINDS = (DRAFT, LOOKUP, GUESS, NONE)
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """A validated generation request, in token ids."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int  # 0 = pick one at random (reported in the stats)
+    stop: tuple[str, ...] = ()
+    proposer: str = DRAFT
+    k: int = 0  # 0 = the config's default (or adaptive)
+    guess_ids: tuple[int, ...] = ()
+    session_id: str = ""  # "" = a new session
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class WireSampling:
+    """A request's sampling parameters and their wire form, encoded once per request."""
+
+    params: SamplingParams
+    message: common_pb2.SamplingParams
+    output_mode: int  # OUTPUT_MODE_TOKENS when greedy (ids only), else OUTPUT_MODE_PROBS
+
+    @classmethod
+    def encode(cls, params: SamplingParams) -> WireSampling:
+        mode = common_pb2.OUTPUT_MODE_TOKENS if params.greedy else common_pb2.OUTPUT_MODE_PROBS
+        return cls(params, sampling_to_proto(params), mode)
+
+
+class RecordStore(Protocol):
+    """Where session records live (specdec.store.SessionStore in Redis; a dict in tests)."""
+
+    async def load(self, session_id: str) -> SessionRecord | None: ...
+
+    async def save(self, record: SessionRecord) -> SessionRecord: ...
+
+    async def delete(self, session_id: str) -> bool: ...
+
+
+@dataclass
+class LoopConfig:
+    """What the loop needs from the orchestrator process; built once at start-up."""
+
+    store: RecordStore
+    router: Router
+    tokenizer: Any
+    eos_ids: frozenset[int]
+    context_length: int
+    max_k: int = 16  # largest k both services accept
+    target_max_k: int = 16  # largest k the target scores in one pass (bounds a Check guess)
+    default_k: int = 5
+    adaptive_k: bool = False  # k = 0 in a request: pick k per round from observed acceptance
+    default_proposer: str = DRAFT
+    max_new_tokens_limit: int = 4096
+    target_wait_s: float = 10.0  # how long a round waits for some target replica to answer

@@ -1,0 +1,477 @@
+"""The production loop, `orchestrator.loop.generate`, driven by in-process fakes.
+
+The "models" are fixed random logit tables indexed by the last two tokens; the
+draft is the target plus noise. `FakeService` stands in for a model service:
+per-session caches with the services' contract (crop to cache_position, then
+append; a cache_position beyond what it holds or a prefix_hash that does not
+match what it holds is a cache miss), Score returning the last k + 1
+positions, Propose drafting k tokens and feeding all but the last back. It
+can be stopped (ServiceDown) or lose its caches (a restart). Sessions live in
+an in-memory store with the Redis store's interface. Everything is injected
+through LoopConfig (the router's `connect`), nothing is patched.
+
+Covered here: greedy equivalence for every proposer kind and k in 0..8; the
+sampled output's distribution (chi-square, with a draft that misreports q as
+the control that must fail); KV bookkeeping (what each request resends,
+multi-turn reuse, cache-miss recovery, draft failover and fallback, target
+failover, abandoning a failed request).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from orchestrator.loop import ChunkEvent, generate
+from orchestrator.remote import Call, ServiceDown
+from orchestrator.routing import Router
+from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
+from orchestrator.stats import Tally, stats_to_proto
+from specdec.core import rng
+from specdec.core.fingerprint import fingerprint
+from specdec.core.rng import Purpose
+from specdec.core.sampling import SamplingParams, probs_from_logits, sample
+from specdec.errors import CacheMiss, Unavailable
+from specdec.store import SessionRecord
+from specdec.v1 import common_pb2, model_pb2
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.wire import encode_probs, sampling_from_proto
+
+torch.set_num_threads(1)
+
+VOCAB = 24
+EOS = 3
+MAX_NEW = 48
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [(1, 2, 5, 7, 1, 2), (9, 4, 11, 4, 9, 4, 11, 6, 9, 4)]
+
+
+# --------------------------------------------------------------------- fakes
+
+
+class TableModel:
+    """next-token logits = table[prev2, prev1]; table is [vocab, vocab, vocab]."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+    def logits(self, prefix: list[int]) -> torch.Tensor:  # [vocab]
+        return self.table[prefix[-2], prefix[-1]]
+
+    def argmax(self, prefix: list[int]) -> int:
+        return int(self.logits(prefix).argmax())
+
+
+class FakeService:
+    """A model service in-process: the ModelClient calls the loop makes, on a logit table."""
+
+    def __init__(self, address: str, role: str, model: TableModel, *, misreport_q: bool = False) -> None:
+        self.address, self.role, self.model = address, role, model
+        self.caches: dict[str, list[int]] = {}
+        self.requests: list[tuple[int, int, int]] = []  # (cache_position, len(tokens), k) per call
+        self.down = False
+        self.misreport_q = misreport_q  # control: report a uniform q instead of the one sampled from
+        self.fail_after: int | None = None  # go down after this many more calls
+        self.restart_at: int | None = None  # lose every cache (a restart) just before this call
+        self.calls = 0
+
+    def restart(self) -> None:
+        self.caches.clear()
+
+    def _feed(self, request) -> list[int]:
+        self.calls += 1
+        if self.calls == self.restart_at:
+            self.restart()
+        if self.fail_after is not None:
+            self.fail_after -= 1
+            self.down = self.fail_after < 0
+        if self.down:
+            raise ServiceDown(f"{self.role} service at {self.address} unavailable: UNAVAILABLE")
+        cache = self.caches.get(request.session_id, [])
+        n = request.cache_position
+        if n > len(cache) or fingerprint(cache[:n]) != request.prefix_hash:
+            raise CacheMiss(f"{self.role} {self.address}: prefix mismatch at {n}")
+        cache = self.caches[request.session_id] = cache[:n] + list(request.tokens)
+        self.requests.append((n, len(request.tokens), request.k))
+        return cache
+
+    @staticmethod
+    def _call(request, response) -> Call:
+        # Microseconds: well inside any real round, so the round's parts still add up.
+        return Call(rpc_ms=0.003, server_ms=0.002, bytes_sent=request.ByteSize(),
+                    bytes_received=response.ByteSize(), serialize_ms=0.0005)
+
+    async def score(self, request: model_pb2.ScoreRequest):
+        cache = self._feed(request)
+        n, k = len(cache), request.k
+        logits = torch.stack([self.model.logits(cache[:j]) for j in range(n - k, n + 1)])  # [k + 1, vocab]
+        response = model_pb2.ScoreResponse(argmax_ids=logits.argmax(-1).tolist(), cache_length=n)
+        response.timing.total_ms = 0.002
+        if request.output_mode == common_pb2.OUTPUT_MODE_PROBS:
+            response.probs.CopyFrom(encode_probs(probs_from_logits(logits, sampling_from_proto(request.sampling))))
+        return response, self._call(request, response)
+
+    async def propose(self, request: model_pb2.ProposeRequest):
+        """Draft k tokens (argmax, or sampled with the DRAFT uniforms); feed all but the last."""
+        cache = self._feed(request)
+        params = sampling_from_proto(request.sampling)
+        drafted, q_rows = [], []
+        for i in range(request.k):
+            logits = self.model.logits(cache)
+            if params.greedy:
+                drafted.append(int(logits.argmax()))
+            else:
+                q = probs_from_logits(logits[None], params)  # [1, vocab]
+                u = torch.tensor([rng.uniform(request.seed, len(cache), Purpose.DRAFT)], dtype=torch.float64)
+                drafted.append(int(sample(q, u)[0]))
+                q_rows.append(torch.full_like(q[0], 1 / VOCAB) if self.misreport_q else q[0])
+            if i < request.k - 1:
+                cache.append(drafted[-1])
+        response = model_pb2.ProposeResponse(tokens=drafted, cache_length=len(cache))
+        response.timing.total_ms = 0.002
+        if q_rows:
+            response.probs.CopyFrom(encode_probs(torch.stack(q_rows)))
+        return response, self._call(request, response)
+
+    async def release(self, session_id: str) -> bool:
+        if self.down:
+            raise ServiceDown(f"{self.address} down")
+        return self.caches.pop(session_id, None) is not None
+
+
+class MemoryStore:
+    """The session store's interface (specdec.store.SessionStore) over a dict."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, SessionRecord] = {}
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        return self.records.get(session_id)
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        now = time.time()
+        record = replace(record, created=record.created or now, updated=now)
+        self.records[record.session_id] = record
+        return record
+
+    async def delete(self, session_id: str) -> bool:
+        return self.records.pop(session_id, None) is not None
+
+
+class Tokenizer:
+    """One letter per token id: enough for the incremental decoder and stop strings."""
+
+    def decode(self, ids, skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> str:
+        return "".join(chr(ord("a") + i) for i in ids if not (skip_special_tokens and i == EOS))
+
+
+class Stack:
+    """Fake targets and drafts behind a real Router, a memory store, one LoopConfig."""
+
+    def __init__(self, target: TableModel, draft: TableModel, *, targets: int = 1, drafts: int = 1,
+                 misreport_q: bool = False, eos_ids: frozenset[int] = frozenset({EOS}), **config) -> None:
+        self.services = {f"t{i}": FakeService(f"t{i}", "target", target) for i in range(targets)}
+        self.services |= {f"d{i}": FakeService(f"d{i}", "draft", draft, misreport_q=misreport_q)
+                          for i in range(drafts)}
+        router = Router(None, {"target": [f"t{i}" for i in range(targets)],
+                               "draft": [f"d{i}" for i in range(drafts)]},
+                        connect=lambda address, role: self.services[address])
+        self.store = MemoryStore()
+        self.config = LoopConfig(store=self.store, router=router, tokenizer=Tokenizer(),
+                                 eos_ids=eos_ids, context_length=4096, **config)
+
+    def run(self, prompt, *, k: int = 4, proposer: str = DRAFT, sampling: SamplingParams = GREEDY,
+            seed: int = 7, max_new: int = MAX_NEW, **spec) -> tuple[list[int], str, Tally]:
+        """(new token ids, streamed text, tally) of one generate() call."""
+        return asyncio.run(self.arun(prompt, k=k, proposer=proposer, sampling=sampling, seed=seed,
+                                     max_new=max_new, **spec))
+
+    async def arun(self, prompt, *, k, proposer, sampling, seed, max_new, **spec):
+        spec = GenerateSpec(prompt_ids=tuple(prompt), max_new_tokens=max_new, sampling=sampling, seed=seed,
+                            proposer=proposer, k=k, **spec)
+        ids, text, tally = [], "", None
+        async for event in generate(spec, self.config):
+            if isinstance(event, ChunkEvent):
+                ids += event.token_ids
+                text += event.text
+            else:
+                tally = event
+        return ids, text, tally
+
+
+def plain_greedy(model: TableModel, prompt, max_new: int = MAX_NEW) -> list[int]:
+    seq, out = list(prompt), []
+    while len(out) < max_new:
+        seq.append(model.argmax(seq))
+        out.append(seq[-1])
+        if seq[-1] == EOS:
+            break
+    return out
+
+
+def make_models(seed: int) -> tuple[TableModel, TableModel]:
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(VOCAB, VOCAB, VOCAB, generator=gen)
+    table[..., EOS] -= 4.0  # EOS only where planted below
+    noise = 0.6 * torch.randn(table.shape, generator=gen)
+    # Plant an EOS about 30 tokens into the first prompt's continuation, so runs
+    # end on EOS (often inside an accepted run) as well as on max_new_tokens.
+    seq = list(PROMPTS[0])
+    for _ in range(30):
+        seq.append(int(table[seq[-2], seq[-1]].argmax()))
+    table[seq[-2], seq[-1], EOS] = 20.0
+    return TableModel(table), TableModel(table + noise)
+
+
+# --------------------------------------------------------------------- greedy equivalence
+
+
+def assert_only_uncached_tokens_sent(stack: Stack) -> None:
+    """After each session's first request the target is sent one committed token (plus the
+    drafts) and the draft one, or two after full acceptance (the catch-up token)."""
+    for name, svc in stack.services.items():
+        for position, n_tokens, k in svc.requests[1:]:
+            if position == 0:
+                continue  # a new session's prefill
+            sent = n_tokens - k if svc.role == "target" else n_tokens
+            assert sent in ((1,) if svc.role == "target" else (1, 2)), (name, position, n_tokens, k)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kind", [DRAFT, LOOKUP, GUESS, NONE])
+def test_speculative_greedy_equals_plain_greedy(seed: int, kind: str) -> None:
+    target, draft = make_models(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    for prompt in PROMPTS:
+        reference = plain_greedy(target, prompt)
+        # A user guess: the true continuation with ~25% of tokens corrupted.
+        guess = [t if torch.rand(1, generator=gen) > 0.25 else (t + 1) % VOCAB for t in reference] + [0] * 10
+        for k in range(9):
+            stack = Stack(target, draft, default_k=k)  # a request's k = 0 means the default
+            out, text, tally = stack.run(prompt, k=k, proposer=kind, guess_ids=tuple(guess) if kind == GUESS else ())
+            assert out == reference, f"k={k}"
+            assert text == Tokenizer().decode(reference)
+            assert tally.target_passes == len(tally.rounds) <= len(reference)  # never more passes than plain
+            assert tally.cache_misses == 0  # every cache_position pointed at a prefix the service held
+            assert tally.proposer == kind and not tally.fallback_reason
+            assert_only_uncached_tokens_sent(stack)
+            if kind == NONE or k == 0:
+                assert tally.drafted_tokens == 0 and all(r.k == 0 for r in tally.rounds)
+
+
+def test_speculation_saves_passes_and_hits_eos_inside_accepted_runs() -> None:
+    """Make sure the equivalence above is not vacuous: drafts do get accepted."""
+    target, draft = make_models(0)
+    total_plain = total_spec = 0
+    assert plain_greedy(target, PROMPTS[0])[-1] == EOS
+    for prompt in PROMPTS:
+        ref = plain_greedy(target, prompt)
+        # A perfect guess: everything accepted, EOS inside the accepted run.
+        out, _, tally = Stack(target, draft).run(prompt, k=8, proposer=GUESS, guess_ids=tuple(ref + [0] * 10))
+        assert out == ref
+        assert tally.target_passes == -(-len(ref) // 9)  # ceil(len / (k + 1))
+        out, _, tally = Stack(target, draft).run(prompt, k=4)
+        assert out == ref and tally.accepted_tokens > 0 and tally.draft_calls > 0
+        total_plain += len(ref)
+        total_spec += tally.target_passes
+    assert total_spec < total_plain
+
+
+def test_adaptive_k_and_stop_strings() -> None:
+    target, draft = make_models(1)
+    ref = plain_greedy(target, PROMPTS[1])
+    out, _, tally = Stack(target, draft, adaptive_k=True).run(PROMPTS[1], k=0)
+    assert out == ref and tally.drafted_tokens > 0
+    assert max(r.k for r in tally.rounds) > 1
+    # A stop string: the output ends with the token that completes it; the text stops before it.
+    text = Tokenizer().decode(ref)
+    stop = text[10:12]
+    out, streamed, tally = Stack(target, draft).run(PROMPTS[1], k=4, stop=(stop,))
+    assert tally.finish_reason == "stop"
+    assert out == ref[: len(out)] and stop in Tokenizer().decode(out) and stop not in Tokenizer().decode(out[:-1])
+    assert streamed == text[: text.index(stop)]
+
+
+# --------------------------------------------------------------------- sampling exactness
+
+S_VOCAB = 6
+S_TRIALS = 4000
+P_THRESHOLD = 1e-3
+
+
+def sampling_models() -> tuple[TableModel, TableModel]:
+    """A small vocabulary (so the joint of two tokens has few cells) and a draft far enough off
+    that rejections, recovered tokens and bonus tokens all happen often."""
+    gen = torch.Generator().manual_seed(11)
+    table = torch.randn(S_VOCAB, S_VOCAB, S_VOCAB, generator=gen)
+    return TableModel(table), TableModel(table + 1.0 * torch.randn(table.shape, generator=gen))
+
+
+def first_two_tokens(misreport_q: bool, trials: int) -> tuple[np.ndarray, np.ndarray]:
+    """`trials` sampled generations (one seed each) of 3 tokens: round 1 drafts k = 2, then
+    accepts 0, 1 or 2 of them and adds a recovered or bonus token. Returns the first two
+    tokens [trials, 2] and how often round 1 accepted 0, 1, 2 drafted tokens [3]."""
+    target, draft = sampling_models()
+    stack = Stack(target, draft, misreport_q=misreport_q, eos_ids=frozenset())
+    params = SamplingParams(temperature=1.0)
+
+    async def all_trials() -> tuple[list[list[int]], list[int]]:
+        runs, accepted = [], []
+        for seed in range(1, trials + 1):
+            ids, _, tally = await stack.arun((0, 1), k=4, proposer=DRAFT, sampling=params, seed=seed, max_new=3)
+            runs.append(ids[:2])
+            accepted.append(tally.accepted_per_round[0])
+        return runs, accepted
+
+    runs, accepted = asyncio.run(all_trials())
+    return np.array(runs), np.bincount(accepted, minlength=3)
+
+
+def chain_pvalues(tokens: np.ndarray) -> tuple[float, float]:
+    """Chi-square p-values of the first token and of the first two tokens against the target chain."""
+    target, _ = sampling_models()
+    params = SamplingParams(temperature=1.0)
+    p1 = probs_from_logits(target.logits([0, 1])[None], params)[0].double().numpy()  # [vocab]
+    p2 = np.stack([probs_from_logits(target.logits([1, t])[None], params)[0].double().numpy()
+                   for t in range(S_VOCAB)])  # [vocab, vocab]: p(x2 | x1)
+    first = np.bincount(tokens[:, 0], minlength=S_VOCAB)
+    joint = np.bincount(tokens[:, 0] * S_VOCAB + tokens[:, 1], minlength=S_VOCAB**2)
+    expected_joint = (p1[:, None] * p2).ravel()
+    return (float(chisquare(first, p1 / p1.sum() * first.sum()).pvalue),
+            float(chisquare(joint, expected_joint / expected_joint.sum() * joint.sum()).pvalue))
+
+
+def test_sampled_output_has_the_target_distribution() -> None:
+    tokens, accepted = first_two_tokens(misreport_q=False, trials=S_TRIALS)
+    assert (accepted > S_TRIALS / 10).all()  # rejections, partial and full acceptance all happen often
+    p_first, p_joint = chain_pvalues(tokens)
+    print(f"\nloop exactness: first-token p={p_first:.4f}, two-token joint p={p_joint:.4f}")
+    assert p_first > P_THRESHOLD and p_joint > P_THRESHOLD
+
+
+def test_a_draft_misreporting_q_fails_the_same_test() -> None:
+    """The control: the same test has the power to catch a wrong accept/resample (q not the one sampled)."""
+    p_first, p_joint = chain_pvalues(first_two_tokens(misreport_q=True, trials=S_TRIALS // 4)[0])
+    print(f"\nmisreported q: first-token p={p_first:.2e}, two-token joint p={p_joint:.2e}")
+    assert min(p_first, p_joint) < P_THRESHOLD
+
+
+# --------------------------------------------------------------------- KV bookkeeping and failures
+
+
+def test_record_and_service_caches_agree_with_the_committed_tokens() -> None:
+    target, draft = make_models(2)
+    stack = Stack(target, draft)
+    out, _, tally = stack.run(PROMPTS[1], k=3, max_new=20)
+    record = stack.store.records[tally.session_id]
+    assert list(record.tokens) == list(PROMPTS[1]) + out
+    assert (record.target, record.draft) == ("t0", "d0") == (tally.target_replica, tally.draft_replica)
+    for address, held in ((record.target, record.target_len), (record.draft, record.draft_len)):
+        cache = stack.services[address].caches[tally.session_id]
+        assert 0 < held <= len(cache) and cache[:held] == list(record.tokens[:held])
+    assert held >= len(record.tokens) - 2  # the draft lacks at most the catch-up and the last token
+
+
+def test_second_turn_reuses_the_kv_and_survives_a_restart() -> None:
+    target, draft = make_models(0)
+    stack = Stack(target, draft)
+    first, _, t1 = stack.run(PROMPTS[0], k=4, max_new=10)
+    turn2 = PROMPTS[0] + tuple(first) + (4, 5)
+    ref = plain_greedy(target, turn2, 12)
+    out, _, t2 = stack.run(turn2, k=4, max_new=12, session_id=t1.session_id)
+    assert out == ref and t2.session_id == t1.session_id
+    assert t2.reused_prompt_tokens >= len(PROMPTS[0]) + len(first) - 1 and t2.cache_misses == 0
+    # Both services restart (lose every cache): the third turn resends from 0, same text.
+    stack.services["t0"].restart()
+    stack.services["d0"].restart()
+    turn3 = turn2 + tuple(out) + (6,)
+    out3, _, t3 = stack.run(turn3, k=4, max_new=12, session_id=t1.session_id)
+    assert out3 == plain_greedy(target, turn3, 12)
+    assert t3.cache_misses == 2 == sum(r.cache_misses for r in t3.rounds)  # one per service, recovered
+
+
+def test_draft_failover_moves_to_another_replica() -> None:
+    target, draft = make_models(1)
+    stack = Stack(target, draft, drafts=2)
+    first, _, t1 = stack.run(PROMPTS[1], k=2, max_new=6)
+    home = t1.draft_replica  # the second turn starts there, and it dies after two calls
+    other = ({"d0", "d1"} - {home}).pop()
+    stack.services[home].fail_after = 2
+    turn2 = PROMPTS[1] + tuple(first)
+    out, _, t2 = stack.run(turn2, k=2, session_id=t1.session_id)
+    assert out == plain_greedy(target, turn2)
+    assert t2.proposer == DRAFT and not t2.fallback_reason
+    assert t2.draft_replica == other == stack.store.records[t1.session_id].draft
+    assert stack.services[other].requests[0][0] == 0  # the new replica was sent the session from 0
+    assert t2.draft_calls == sum(r.k > 0 for r in t2.rounds)  # no round lost its proposal
+
+
+def test_draft_down_falls_back_to_target_only_or_fails_when_strict() -> None:
+    target, draft = make_models(1)
+    ref = plain_greedy(target, PROMPTS[1])
+    stack = Stack(target, draft)
+    stack.services["d0"].fail_after = 2
+    out, _, tally = stack.run(PROMPTS[1], k=3)
+    assert out == ref
+    assert tally.proposer == NONE and "draft service unavailable" in tally.fallback_reason
+    assert tally.draft_calls == 2 and tally.rounds[-1].k == 0
+
+    stack = Stack(target, draft)
+    stack.services["d0"].fail_after = 2
+    with pytest.raises(Unavailable, match="strict"):
+        stack.run(PROMPTS[1], k=3, strict=True)
+    # The failed request is abandoned: no record, no KV left on the target.
+    assert not stack.store.records and not stack.services["t0"].caches
+
+
+def test_no_draft_replica_at_all() -> None:
+    target, draft = make_models(1)
+    stack = Stack(target, draft, drafts=0)
+    out, _, tally = stack.run(PROMPTS[0], k=3)
+    assert out == plain_greedy(target, PROMPTS[0])
+    assert tally.proposer == NONE and tally.fallback_reason == "no draft service replica available"
+    with pytest.raises(Unavailable, match="strict"):
+        stack.run(PROMPTS[0], k=3, strict=True)
+
+
+def test_target_failover_resends_the_session_to_another_replica() -> None:
+    target, draft = make_models(2)
+    stack = Stack(target, draft, targets=2)
+    first, _, t1 = stack.run(PROMPTS[0], k=2, max_new=6)
+    home = t1.target_replica
+    other = ({"t0", "t1"} - {home}).pop()
+    stack.services[home].fail_after = 3
+    turn2 = PROMPTS[0] + tuple(first)
+    out, _, t2 = stack.run(turn2, k=2, session_id=t1.session_id)
+    assert out == plain_greedy(target, turn2)
+    assert t2.target_replica == other == stack.store.records[t1.session_id].target
+    assert stack.services[other].requests[0][0] == 0  # the new replica was sent the session from 0
+    # With no replica left the request fails (after target_wait_s) and is abandoned.
+    stack = Stack(target, draft, target_wait_s=0.0)
+    stack.services["t0"].fail_after = 3
+    with pytest.raises(ServiceDown):
+        stack.run(PROMPTS[0], k=2)
+    assert not stack.store.records and not stack.services["d0"].caches
+
+
+# --------------------------------------------------------------------- stats
+
+
+def test_every_stats_field_comes_from_the_tally() -> None:
+    target, draft = make_models(0)
+    _, _, tally = Stack(target, draft).run(PROMPTS[0], k=4, max_new=12)
+    stats = stats_to_proto(tally)
+    for name in pb.Stats.DESCRIPTOR.fields_by_name:
+        if name != "rounds":
+            assert getattr(stats, name) == pytest.approx(getattr(tally, name)), name
+    assert len(stats.rounds) == tally.target_passes
+    assert sum(r.committed for r in stats.rounds) == stats.new_tokens == 12
+    assert stats.bytes_sent == sum(r.bytes_sent for r in stats.rounds) > 0
+    for r in stats.rounds:
+        parts = r.draft_ms + r.target_ms + r.serialize_ms + r.network_ms + r.orchestrator_ms + r.redis_ms
+        assert parts == pytest.approx(r.total_ms, abs=1e-6)
