@@ -128,19 +128,19 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse(ChatRequest, await _body(request))
-        options = generate_options(req, settings.default_max_tokens)
-        options["messages"] = chat_messages(req)
-        return await _generate(request, req, options, chat=True)
+        return await _generate(request, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse(CompletionRequest, await _body(request))
-        options = generate_options(req, settings.default_max_tokens)
-        options["prompt"] = completion_prompt(req)
-        return await _generate(request, req, options, chat=False)
+        return await _generate(request, chat=False)
 
-    async def _generate(request: Request, req, options: dict, *, chat: bool) -> Response:
+    async def _generate(request: Request, *, chat: bool) -> Response:
+        req = parse(ChatRequest if chat else CompletionRequest, await _body(request))
+        options = generate_options(req, settings.default_max_tokens)
+        if chat:
+            options["messages"] = chat_messages(req)
+        else:
+            options["prompt"] = completion_prompt(req)
         if req.model != settings.model_name:
             raise _no_such_model(req.model)
         prompt_param = "messages" if chat else "prompt"
