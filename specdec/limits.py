@@ -1,0 +1,172 @@
+"""Admission limits: request bytes, message sizes, per-tenant streams and rate, a total bound.
+
+Each limit has a flag, a name that the RESOURCE_EXHAUSTED message carries,
+and a label on `specdec_limit_rejections_total`. The orchestrator's
+`Admission` is checked before any tokenising:
+
+    admission.check_bytes(request_bytes)     # --max-request-bytes
+    async with admission.enter(tenant):       # --max-streams-per-tenant, --rate-per-tenant,
+        ...                                   # --max-in-flight
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter
+
+from specdec.errors import ResourceExhausted
+
+REJECTIONS = Counter(
+    "specdec_limit_rejections_total", "requests refused by an admission limit", ["limit"]
+)
+
+MARGIN_BYTES = 1 << 20
+
+
+def model_message_caps(vocab: int, max_k: int, max_request_tokens: int) -> tuple[int, int]:
+    """(receive, send) gRPC caps for a model service, from what its largest messages can hold.
+
+    Received: a Score/Propose carries at most max_request_tokens int32 varints
+    (10 bytes each at worst) plus small fields. Sent: at most max_k + 1 rows of
+    dense float32 distributions (the CSR form is only used when smaller).
+    """
+    receive = 10 * max_request_tokens + 64 * 1024
+    send = (max_k + 1) * vocab * 4 + MARGIN_BYTES
+    return receive, send
+
+
+def reject(limit: str, message: str) -> ResourceExhausted:
+    REJECTIONS.labels(limit=limit).inc()
+    return ResourceExhausted(f"{limit}: {message}")
+
+
+@dataclass
+class TokenBucket:
+    """`rate` tokens a second, holding at most `burst`."""
+
+    rate: float
+    burst: float
+    tokens: float = field(init=False)
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.burst
+
+    def take(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_request_bytes: int = 1 << 20  # prompt + messages + guess + stop strings, UTF-8
+    max_streams_per_tenant: int = 32  # concurrent Generate/Check calls of one tenant; 0 = off
+    rate_per_tenant: float = 50.0  # calls a second per tenant (token bucket); 0 = off
+    burst_per_tenant: float = 100.0
+    max_in_flight: int = 256  # concurrent Generate/Check calls in all; 0 = off
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        """The orchestrator's gRPC cap: room for the byte cap, so the cap (counted) answers first."""
+        return 2 * self.max_request_bytes + MARGIN_BYTES
+
+
+class Admission:
+    """Per-tenant concurrency and rate, and the total bound (one event loop, no locks)."""
+
+    def __init__(self, limits: AdmissionLimits) -> None:
+        self.limits = limits
+        self._streams: dict[str, int] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self.in_flight = 0
+
+    def check_bytes(self, size: int) -> None:
+        cap = self.limits.max_request_bytes
+        if cap and size > cap:
+            raise reject("max_request_bytes",
+                         f"the request's text is {size} bytes, above this server's limit of {cap}")
+
+    def rate(self, tenant: str) -> None:
+        """Take one call from the tenant's bucket (every public call, EndSession included)."""
+        lim = self.limits
+        if lim.rate_per_tenant <= 0:
+            return
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            if len(self._buckets) > 10_000:  # forget idle tenants' full buckets
+                self._buckets = {t: b for t, b in self._buckets.items() if b.tokens < b.burst}
+            bucket = self._buckets[tenant] = TokenBucket(lim.rate_per_tenant,
+                                                         max(1.0, lim.burst_per_tenant))
+        if not bucket.take():
+            raise reject("rate_per_tenant",
+                         f"more than {lim.rate_per_tenant:g} calls a second; retry later")
+
+    @contextmanager
+    def enter(self, tenant: str) -> Iterator[None]:
+        """Hold one stream slot of `tenant` (and one of the total) for the call's duration."""
+        lim = self.limits
+        self.rate(tenant)
+        if lim.max_in_flight and self.in_flight >= lim.max_in_flight:
+            raise reject("max_in_flight", f"{lim.max_in_flight} calls are in progress; retry later")
+        held = self._streams.get(tenant, 0)
+        if lim.max_streams_per_tenant and held >= lim.max_streams_per_tenant:
+            raise reject("max_streams_per_tenant",
+                         f"{lim.max_streams_per_tenant} concurrent calls per tenant")
+        self._streams[tenant] = held + 1
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            left = self._streams[tenant] - 1
+            if left:
+                self._streams[tenant] = left
+            else:
+                del self._streams[tenant]
+
+
+def _env(name: str, fallback):
+    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
+
+
+def add_admission_args(parser: argparse.ArgumentParser) -> None:
+    d = AdmissionLimits()
+    g = parser.add_argument_group("limits (RESOURCE_EXHAUSTED, counted in specdec_limit_rejections_total)")
+    g.add_argument("--max-request-bytes", type=int,
+                   default=_env("max_request_bytes", d.max_request_bytes),
+                   help="UTF-8 bytes of prompt + messages + guess + stop strings, checked before "
+                        "tokenising [SPECDEC_MAX_REQUEST_BYTES] (default %(default)s)")
+    g.add_argument("--max-streams-per-tenant", type=int,
+                   default=_env("max_streams_per_tenant", d.max_streams_per_tenant),
+                   help="concurrent Generate/Check calls per tenant, 0 = off "
+                        "[SPECDEC_MAX_STREAMS_PER_TENANT] (default %(default)s)")
+    g.add_argument("--rate-per-tenant", type=float,
+                   default=_env("rate_per_tenant", d.rate_per_tenant),
+                   help="calls a second per tenant (token bucket), 0 = off "
+                        "[SPECDEC_RATE_PER_TENANT] (default %(default)s)")
+    g.add_argument("--burst-per-tenant", type=float,
+                   default=_env("burst_per_tenant", d.burst_per_tenant),
+                   help="token bucket size [SPECDEC_BURST_PER_TENANT] (default %(default)s)")
+    g.add_argument("--max-in-flight", type=int, default=_env("max_in_flight", d.max_in_flight),
+                   help="concurrent Generate/Check calls in all, 0 = off "
+                        "[SPECDEC_MAX_IN_FLIGHT] (default %(default)s)")
+
+
+def admission_from_args(args: argparse.Namespace) -> AdmissionLimits:
+    return AdmissionLimits(
+        max_request_bytes=int(args.max_request_bytes),
+        max_streams_per_tenant=int(args.max_streams_per_tenant),
+        rate_per_tenant=float(args.rate_per_tenant),
+        burst_per_tenant=float(args.burst_per_tenant),
+        max_in_flight=int(args.max_in_flight),
+    )

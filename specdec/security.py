@@ -1,0 +1,332 @@
+"""Transport security and authentication for every specdec hop.
+
+    TLS       grpc's own credentials: a server presents --tls-cert/--tls-key and,
+              with --tls-client-ca, requires client certificates (mutual TLS).
+              Clients trust --tls-ca (or --service-tls-ca for the orchestrator's
+              calls to the model services) and may present a certificate.
+    Tokens    `authorization: Bearer <token>` gRPC metadata. The orchestrator
+              maps each token to a tenant (--auth-tokens FILE: `tenant:token`
+              lines, or a JSON object {tenant: token | [tokens]}); the model
+              services accept one shared --service-token (the orchestrators').
+    Open      grpc.health.v1 and server reflection need no token.
+
+`BearerGuard` is the check the server bootstrap runs before every handler
+(through `specdec.errors.ErrorInterceptor`); it puts the caller's tenant in
+`TENANT` for the handler. Token comparison is by SHA-256 digest lookup, so the
+time taken does not depend on how much of a guess matches.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import grpc
+
+from specdec.errors import PermissionDenied, Unauthenticated
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+ANONYMOUS = ""  # the tenant of every caller when no tokens are configured
+
+# The authenticated tenant of the call being handled (set by BearerGuard).
+TENANT: ContextVar[str] = ContextVar("specdec_tenant", default=ANONYMOUS)
+
+
+def _env(name: str, fallback: str | None = None) -> str | None:
+    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
+
+
+def read_file(path: str | os.PathLike | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def redact_url(url: str) -> str:
+    """`url` without its password (for logs): redis://:***@host:6379/0."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# ------------------------------------------------------------------ credentials
+
+
+def server_credentials(cert: str | None, key: str | None,
+                       client_ca: str | None = None) -> grpc.ServerCredentials | None:
+    """TLS server credentials, requiring client certificates when `client_ca` is set; None = plaintext."""
+    if not cert and not key:
+        if client_ca:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (cert and key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    return grpc.ssl_server_credentials(
+        [(read_file(key), read_file(cert))],
+        root_certificates=read_file(client_ca),
+        require_client_auth=bool(client_ca),
+    )
+
+
+def channel_credentials(ca: str | None, cert: str | None = None,
+                        key: str | None = None) -> grpc.ChannelCredentials | None:
+    """TLS channel credentials trusting `ca` (presenting cert/key for mutual TLS); None = plaintext."""
+    if not (ca or cert or key):
+        return None
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate needs both its cert and key")
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_file(ca), private_key=read_file(key), certificate_chain=read_file(cert)
+    )
+
+
+def aio_channel(address: str, credentials: grpc.ChannelCredentials | None,
+                options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    return grpc.aio.secure_channel(address, credentials, options=list(options))
+
+
+def sync_channel(address: str, credentials: grpc.ChannelCredentials | None,
+                 options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, credentials, options=list(options))
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+# ------------------------------------------------------------------ tokens
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+_TENANT_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+
+def parse_tokens(text: str) -> dict[str, str]:
+    """{token: tenant} from `tenant:token` lines (# comments) or a JSON object {tenant: token(s)}."""
+    pairs: list[tuple[str, str]] = []
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        for tenant, tokens in json.loads(stripped).items():
+            for token in [tokens] if isinstance(tokens, str) else tokens:
+                pairs.append((tenant, token))
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            tenant, sep, token = line.partition(":")
+            if not sep:
+                raise ValueError(f"token file line {n}: expected tenant:token")
+            pairs.append((tenant.strip(), token.strip()))
+    table: dict[str, str] = {}
+    for tenant, token in pairs:
+        if not _TENANT_RE.match(tenant):
+            raise ValueError(f"tenant name {tenant!r}: 1-64 of letters, digits, _ . @ -")
+        if len(token) < 16:
+            raise ValueError(f"the token of tenant {tenant!r} is shorter than 16 characters")
+        if token in table and table[token] != tenant:
+            raise ValueError("one token names two tenants")
+        table[token] = tenant
+    if not table:
+        raise ValueError("the token file names no tokens")
+    return table
+
+
+class TokenTable:
+    """Tokens -> tenants, looked up by digest."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self._by_digest = {_digest(t): tenant for t, tenant in tokens.items()}
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> TokenTable:
+        return cls(parse_tokens(Path(path).read_text()))
+
+    @property
+    def tenants(self) -> set[str]:
+        return set(self._by_digest.values())
+
+    def tenant(self, token: str) -> str | None:
+        return self._by_digest.get(_digest(token))
+
+
+def bearer_token(metadata: Iterable[tuple[str, object]] | None) -> str | None:
+    """The token of an `authorization: Bearer <token>` entry; "" when the entry is malformed."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+            scheme, _, token = text.strip().partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+class BearerGuard:
+    """Checks a call's bearer token before its handler runs; sets TENANT.
+
+    Missing token: UNAUTHENTICATED. A token the table does not hold: PERMISSION_DENIED.
+    With no table every caller is the anonymous tenant.
+    """
+
+    def __init__(self, table: TokenTable | None, *, what: str = "token") -> None:
+        self.table = table
+        self.what = what
+
+    def __call__(self, method: str, metadata) -> None:
+        if self.table is None or method.startswith(OPEN_METHOD_PREFIXES):
+            TENANT.set(ANONYMOUS)
+            return
+        token = bearer_token(metadata)
+        if not token:
+            raise Unauthenticated(f"missing credentials: send 'authorization: Bearer <{self.what}>'")
+        tenant = self.table.tenant(token)
+        if tenant is None:
+            raise PermissionDenied(f"the {self.what} is not accepted")
+        TENANT.set(tenant)
+
+
+# ------------------------------------------------------------------ server flags
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """What a server's flags say about TLS, tokens and binding beyond loopback."""
+
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""  # require client certificates signed by it (mTLS)
+    auth_tokens: str = ""  # orchestrator: the tenants' token file
+    service_token: str = ""  # model services: the token orchestrators send
+    insecure: bool = False  # allow a non-loopback bind without TLS and tokens
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.auth_tokens or self.service_token or self.tls_client_ca)
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        return server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    def guard(self) -> BearerGuard:
+        if self.auth_tokens:
+            return BearerGuard(TokenTable.from_file(self.auth_tokens), what="token")
+        if self.service_token:
+            return BearerGuard(TokenTable({self.service_token: "orchestrator"}), what="service token")
+        return BearerGuard(None)
+
+    def check_bind(self, host: str) -> None:
+        """Refuse a non-loopback bind with neither TLS nor tokens unless --insecure (then warn)."""
+        if is_loopback(host):
+            return
+        if not (self.tls or self.authenticated):
+            if not self.insecure:
+                raise SystemExit(
+                    f"refusing to bind {host} without TLS or tokens: give --tls-cert/--tls-key "
+                    "and/or tokens, bind 127.0.0.1, or pass --insecure"
+                )
+            log.warning("binding %s with neither TLS nor tokens (--insecure): anyone who can "
+                        "reach this port has full access", host)
+        elif not self.tls:
+            log.warning("binding %s without TLS: tokens and data cross the network in clear", host)
+
+
+def add_security_args(parser: argparse.ArgumentParser, *, auth: str) -> None:
+    """TLS flags for every server; `auth` "tenants" (orchestrator) or "service" (model services)."""
+    g = parser.add_argument_group("security")
+    g.add_argument("--tls-cert", default=_env("tls_cert", ""),
+                   help="PEM certificate (chain) this server presents; enables TLS [SPECDEC_TLS_CERT]")
+    g.add_argument("--tls-key", default=_env("tls_key", ""),
+                   help="PEM private key of --tls-cert [SPECDEC_TLS_KEY]")
+    g.add_argument("--tls-client-ca", default=_env("tls_client_ca", ""),
+                   help="require client certificates signed by this CA (mutual TLS) "
+                        "[SPECDEC_TLS_CLIENT_CA]")
+    if auth == "tenants":
+        g.add_argument("--auth-tokens", default=_env("auth_tokens", ""),
+                       help="file of 'tenant:token' lines (or a JSON object tenant -> token(s)); "
+                            "callers must send 'authorization: Bearer <token>' [SPECDEC_AUTH_TOKENS]")
+    else:
+        g.add_argument("--service-token", default=_env("service_token", ""),
+                       help="only callers sending 'authorization: Bearer <this>' (the "
+                            "orchestrators) may call Score/Propose/Release/GetInfo "
+                            "[SPECDEC_SERVICE_TOKEN]")
+    g.add_argument("--insecure", action="store_true",
+                   default=str(_env("insecure", "")).lower() in ("1", "true", "yes"),
+                   help="allow binding a non-loopback address with neither TLS nor tokens "
+                        "[SPECDEC_INSECURE]")
+
+
+def security_from_args(args: argparse.Namespace) -> ServerSecurity:
+    return ServerSecurity(
+        tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
+        tls_client_ca=args.tls_client_ca or "",
+        auth_tokens=getattr(args, "auth_tokens", "") or "",
+        service_token=getattr(args, "service_token", "") or "",
+        insecure=bool(args.insecure),
+    )
+
+
+# ------------------------------------------------------------------ outgoing (orchestrator)
+
+
+@dataclass(frozen=True)
+class ServiceClientSecurity:
+    """How the orchestrator reaches the model services: TLS trust, client cert, service token."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    token: str = ""
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        return channel_credentials(self.ca, self.cert, self.key)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return bearer_metadata(self.token)
+
+
+def add_service_client_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("calls to the model services")
+    g.add_argument("--service-tls-ca", default=_env("service_tls_ca", ""),
+                   help="CA that signed the model services' certificates; enables TLS to them "
+                        "[SPECDEC_SERVICE_TLS_CA]")
+    g.add_argument("--service-tls-cert", default=_env("service_tls_cert", ""),
+                   help="client certificate for mutual TLS with the services [SPECDEC_SERVICE_TLS_CERT]")
+    g.add_argument("--service-tls-key", default=_env("service_tls_key", ""),
+                   help="its private key [SPECDEC_SERVICE_TLS_KEY]")
+    g.add_argument("--service-token", default=_env("service_token", ""),
+                   help="token sent to the model services [SPECDEC_SERVICE_TOKEN]")
+
+
+def service_client_from_args(args: argparse.Namespace) -> ServiceClientSecurity:
+    return ServiceClientSecurity(ca=args.service_tls_ca or "", cert=args.service_tls_cert or "",
+                                 key=args.service_tls_key or "", token=args.service_token or "")
