@@ -11,6 +11,10 @@
         done = c.complete("Hello", proposer="lookup")
         print(done.text, done.stats.acceptance_rate)
 
+Against a secured orchestrator: `Client(address, token="...", ca="ca.pem")`
+(TLS trusting that CA, and `authorization: Bearer <token>` on every call;
+`cert`/`key` add a client certificate for mutual TLS).
+
 `AsyncClient` is the asyncio twin (`async for chunk in c.generate(...)`,
 `await c.complete(...)`). Only the proto (specdec.v1) is used: the stats are
 the `specdec.v1.Stats` message. Errors are `grpc.RpcError`s with the server's
@@ -24,6 +28,7 @@ from typing import Literal
 
 import grpc
 
+from specdec.security import aio_channel, bearer_metadata, channel_credentials, sync_channel
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -146,13 +151,27 @@ def _collect(chunks: Sequence[Chunk], stats: pb.Stats | None) -> Completion:
     )
 
 
-class Client:
-    """A blocking client for one orchestrator address."""
+def _with_token(token: str | None, metadata: Metadata | None) -> Metadata | None:
+    """The call's metadata: the caller's, else the client's bearer token."""
+    if metadata is not None:
+        return metadata
+    return bearer_metadata(token) or None
 
-    def __init__(self, address: str, *, timeout: float | None = 600.0) -> None:
+
+class Client:
+    """A blocking client for one orchestrator address.
+
+    `token`: sent as `authorization: Bearer <token>`; `ca`: PEM file of the CA
+    that signed the orchestrator's certificate (enables TLS); `cert`/`key`: a
+    client certificate for mutual TLS.
+    """
+
+    def __init__(self, address: str, *, timeout: float | None = 600.0, token: str | None = None,
+                 ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._token = token
+        self._channel = sync_channel(address, channel_credentials(ca, cert, key))
         self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
 
     def generate(self, prompt: str | None = None, *, metadata: Metadata | None = None,
@@ -162,7 +181,8 @@ class Client:
         `metadata` ((key, value) pairs, e.g. ("authorization", "Bearer ...")) goes
         with the call as gRPC metadata.
         """
-        return Stream(self._stub.Generate, build_request(prompt, **options), self.timeout, metadata)
+        return Stream(self._stub.Generate, build_request(prompt, **options), self.timeout,
+                      _with_token(self._token, metadata))
 
     def complete(self, prompt: str | None = None, **options) -> Completion:
         """Generate to the end; the whole text, its token ids and the stats."""
@@ -172,11 +192,13 @@ class Client:
 
     def check(self, prompt: str, guess: str) -> pb.CheckResponse:
         """Which tokens of `guess` the target accepts after `prompt`, in one target pass."""
-        return self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout)
+        return self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout,
+                                metadata=_with_token(self._token, None))
 
     def end_session(self, session_id: str) -> bool:
         """Forget a session (its Redis record and both services' caches)."""
-        reply = self._stub.EndSession(pb.EndSessionRequest(session_id=session_id), timeout=self.timeout)
+        reply = self._stub.EndSession(pb.EndSessionRequest(session_id=session_id), timeout=self.timeout,
+                                      metadata=_with_token(self._token, None))
         return reply.existed
 
     def close(self) -> None:
@@ -192,16 +214,18 @@ class Client:
 class AsyncClient:
     """An asyncio client for one orchestrator address."""
 
-    def __init__(self, address: str, *, timeout: float | None = 600.0) -> None:
+    def __init__(self, address: str, *, timeout: float | None = 600.0, token: str | None = None,
+                 ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address)
+        self._token = token
+        self._channel = aio_channel(address, channel_credentials(ca, cert, key))
         self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
 
     def generate(self, prompt: str | None = None, *, metadata: Metadata | None = None,
                  **options) -> AsyncStream:
         return AsyncStream(self._stub.Generate, build_request(prompt, **options), self.timeout,
-                           metadata)
+                           _with_token(self._token, metadata))
 
     async def complete(self, prompt: str | None = None, **options) -> Completion:
         stream = self.generate(prompt, **options)
@@ -209,11 +233,13 @@ class AsyncClient:
         return _collect(chunks, stream.stats)
 
     async def check(self, prompt: str, guess: str) -> pb.CheckResponse:
-        return await self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout)
+        return await self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout,
+                                      metadata=_with_token(self._token, None))
 
     async def end_session(self, session_id: str) -> bool:
         reply = await self._stub.EndSession(pb.EndSessionRequest(session_id=session_id),
-                                            timeout=self.timeout)
+                                            timeout=self.timeout,
+                                            metadata=_with_token(self._token, None))
         return reply.existed
 
     async def close(self) -> None:

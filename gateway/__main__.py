@@ -38,6 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds one generation may take [SPECDEC_REQUEST_TIMEOUT]")
     p.add_argument("--grace", type=float, default=_env("grace", 10.0),
                    help="seconds open streams get to finish on SIGTERM [SPECDEC_GRACE]")
+    p.add_argument("--tls-ca", default=_env("tls_ca", None),
+                   help="CA of the orchestrator's certificate; enables TLS to it [SPECDEC_TLS_CA]")
+    p.add_argument("--tls-cert", default=_env("client_cert", None),
+                   help="client certificate for mutual TLS to the orchestrator [SPECDEC_CLIENT_CERT]")
+    p.add_argument("--tls-key", default=_env("client_key", None),
+                   help="its private key [SPECDEC_CLIENT_KEY]")
     p.add_argument("--log-level", default=_env("log_level", "INFO"),
                    help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
     return p.parse_args(argv)
@@ -54,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app(Settings(orchestrator=args.orchestrator, model_name=args.model_name,
                               default_max_tokens=int(args.default_max_tokens),
-                              timeout_s=float(args.request_timeout), grace_s=float(args.grace)))
+                              timeout_s=float(args.request_timeout), grace_s=float(args.grace),
+                              tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key))
     logging.getLogger("gateway").info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",
                                       args.host, args.port, args.orchestrator)
     uvicorn.run(app, host=args.host, port=int(args.port), log_level=level.lower(),

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from client import AsyncClient
+from specdec.security import aio_channel, channel_credentials
 from gateway.errors import APIError, from_rpc_error, invalid
 from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
@@ -69,6 +70,9 @@ class Settings:
     default_max_tokens: int = 256        # when a request gives neither max_tokens form
     timeout_s: float = 600.0             # deadline of one Generate call
     grace_s: float = 10.0                # streams get this long to finish on SIGTERM
+    tls_ca: str | None = None            # CA of the orchestrator's certificate (TLS to it)
+    tls_cert: str | None = None          # client certificate for mutual TLS
+    tls_key: str | None = None
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -76,8 +80,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.client = AsyncClient(settings.orchestrator, timeout=settings.timeout_s)
-        app.state.health = grpc.aio.insecure_channel(settings.orchestrator)
+        tls = dict(ca=settings.tls_ca, cert=settings.tls_cert, key=settings.tls_key)
+        app.state.client = AsyncClient(settings.orchestrator, timeout=settings.timeout_s, **tls)
+        app.state.health = aio_channel(settings.orchestrator, channel_credentials(**tls))
         yield
         await app.state.client.close()
         await app.state.health.close()

@@ -29,11 +29,15 @@ def encode_prompt(tokenizer: Any, prompt: str, messages: Sequence[tuple[str, str
                 raise InvalidArgument(f"messages[{i}].role: must not be empty")
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidArgument("messages: the target's tokenizer has no chat template; send a prompt")
-        rendered = tokenizer.apply_chat_template(
-            [{"role": r, "content": c} for r, c in messages],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
+        try:
+            rendered = tokenizer.apply_chat_template(
+                [{"role": r, "content": c} for r, c in messages],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+        except Exception as exc:  # noqa: BLE001 - the template rejects these messages (e.g. a role)
+            raise InvalidArgument("messages: the target's chat template rejects them (check the "
+                                  "roles and their order)", detail=str(exc)) from None
         return list(tokenizer.encode(rendered, add_special_tokens=False))
     if not prompt:
         raise InvalidArgument("prompt: must not be empty (or send messages)")

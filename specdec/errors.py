@@ -3,11 +3,19 @@
 Domain code raises these (never `context.abort`); `ErrorInterceptor` turns
 them into statuses in one place. Anything else escaping a handler is a bug:
 it becomes INTERNAL and its traceback is logged.
+
+What a client reads is the error's message: it names the offending field and
+never holds addresses, credentials or exception class names. Details for the
+operator go in `detail`, logged with the call's request id, which every reply
+carries in its trailing metadata (`x-request-id`). A request that does not
+decode (garbage bytes, invalid UTF-8 in a string field) is INVALID_ARGUMENT.
 """
 from __future__ import annotations
 
 import inspect
 import logging
+import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,6 +28,10 @@ class SpecdecError(Exception):
     """Base class: a failure with a gRPC status the caller can act on."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str = "", *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail  # for the server log only, never sent to the client
 
 
 class InvalidArgument(SpecdecError, ValueError):
@@ -46,8 +58,8 @@ class CacheMiss(SpecdecError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
-    def __init__(self, reason: str):
-        super().__init__(f"{CACHE_MISS_PREFIX} {reason}")
+    def __init__(self, reason: str, *, detail: str = ""):
+        super().__init__(f"{CACHE_MISS_PREFIX} {reason}", detail=detail)
 
 
 class NotFound(SpecdecError):
@@ -66,6 +78,50 @@ class Unavailable(SpecdecError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Unauthenticated(SpecdecError):
+    """No credentials were sent."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(SpecdecError):
+    """Credentials were sent but are not accepted."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+REQUEST_ID_KEY = "x-request-id"
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse; the handler wrapper rejects it."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: the bytes are bad
+            return _Undecodable(str(exc))
+
+    return deserialize
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The caller's x-request-id when it is a sane token, else a fresh one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str) and _REQUEST_ID_RE.match(value):
+            return value
+    return uuid.uuid4().hex[:16]
+
+
 def is_cache_miss(error: grpc.RpcError) -> bool:
     """True when a client-side RpcError is the documented cache-miss status."""
     return (
@@ -74,22 +130,33 @@ def is_cache_miss(error: grpc.RpcError) -> bool:
     )
 
 
-def _status_for(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
+_QUIET = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE,
+          grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+
+
+def _status_for(exc: BaseException, method: str, request_id: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, SpecdecError):
+        level = logging.DEBUG if exc.code in _QUIET else logging.WARNING
+        log.log(level, "request %s %s: %s: %s%s", request_id, method, exc.code.name, exc,
+                f" ({exc.detail})" if exc.detail else "")
         return exc.code, str(exc)
-    log.error("unexpected error in %s", method, exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    log.error("request %s %s: unexpected error", request_id, method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})"
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions raised by any handler to gRPC statuses.
 
     `observe(method, code_name)` is called once per finished call (e.g. to
-    count requests by status); it must not raise.
+    count requests by status); it must not raise. `guard(method, metadata)`
+    runs before each handler (authentication); what it raises is the call's
+    status. Every call gets a request id, returned in trailing metadata.
     """
 
-    def __init__(self, observe: Callable[[str, str], None] | None = None):
+    def __init__(self, observe: Callable[[str, str], None] | None = None,
+                 guard: Callable[[str, Any], None] | None = None):
         self._observe = observe or (lambda method, code: None)
+        self._guard = guard
 
     async def intercept_service(
         self,
@@ -101,9 +168,25 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method
         observe = self._observe
+        guard = self._guard
+        deserializer = _tolerant(handler.request_deserializer)
 
-        async def fail(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
-            code, details = _status_for(exc, method)
+        def admit(request: Any, context: grpc.aio.ServicerContext) -> str:
+            """The call's request id (in its trailing metadata); raises unless authenticated and decoded."""
+            request_id = _request_id(context)
+            context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+            return request_id
+
+        def check(request: Any, context: grpc.aio.ServicerContext) -> None:
+            if guard is not None:
+                guard(method, context.invocation_metadata())
+            if isinstance(request, _Undecodable):
+                raise InvalidArgument("the request could not be decoded as its protobuf "
+                                      "message", detail=request.error)
+
+        async def fail(exc: BaseException, context: grpc.aio.ServicerContext,
+                       request_id: str) -> None:
+            code, details = _status_for(exc, method, request_id)
             observe(method, code.name)
             await context.abort(code, details)
 
@@ -111,18 +194,20 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             inner_uu = handler.unary_unary
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                request_id = admit(request, context)
                 try:
+                    check(request, context)
                     response = await inner_uu(request, context)
                 except grpc.aio.AbortError:
                     raise  # the handler already set its status
                 except Exception as exc:  # noqa: BLE001 - this is the one mapping point
-                    await fail(exc, context)
+                    await fail(exc, context, request_id)
                 observe(method, "OK")
                 return response
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
 
@@ -132,18 +217,20 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             async def unary_stream(
                 request: Any, context: grpc.aio.ServicerContext
             ) -> AsyncIterator[Any]:
+                request_id = admit(request, context)
                 try:
+                    check(request, context)
                     async for response in inner_us(request, context):
                         yield response
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:  # noqa: BLE001
-                    await fail(exc, context)
+                    await fail(exc, context, request_id)
                 observe(method, "OK")
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
 

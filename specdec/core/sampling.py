@@ -6,9 +6,16 @@ tensor's device, so the same code serves CPU and GPU hosts.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# The smallest non-zero temperature. Logits are divided by it in float32: at
+# 1e-40 (a float32 denormal) ordinary logits overflow to inf and softmax turns
+# them into NaN; from 1e-6 up, logits up to 1e32 stay finite, and the
+# distribution is already one-hot for any logit gap above ~1e-4.
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -26,8 +33,10 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
-        if not self.temperature >= 0.0 or self.temperature != self.temperature:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if not math.isfinite(t) or (t != 0.0 and not t >= MIN_TEMPERATURE):
+            raise ValueError(f"sampling.temperature must be 0 (greedy) or a finite number "
+                             f">= {MIN_TEMPERATURE:g}, got {t}")
         if self.top_k < 0:
             raise ValueError(f"sampling.top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -112,16 +112,14 @@ class KVCacheStore:
             )
         elif cache_position > session.length:
             metrics.CACHE_MISSES.labels("beyond_held").inc()
-            raise CacheMiss(
-                f"cache_position {cache_position} is beyond the {session.length} tokens "
-                f"held for session {session_id!r}"
-            )
+            # Never the held length in the message: it would tell any caller how
+            # long another session is. The server log has it.
+            raise CacheMiss(f"cache_position {cache_position} is not held for this session",
+                            detail=f"session {session_id!r} holds {session.length} tokens")
         elif session.fingerprints[cache_position] != prefix_hash:
             metrics.CACHE_MISSES.labels("prefix_mismatch").inc()
-            raise CacheMiss(
-                f"prefix_hash does not match the first {cache_position} tokens held for "
-                f"session {session_id!r}"
-            )
+            raise CacheMiss(f"prefix_hash does not match the first {cache_position} tokens "
+                            "held for this session")
         else:
             session.crop(cache_position)
         session.last_used = time.monotonic()
