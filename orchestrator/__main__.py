@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 import time
 from functools import partial
 
-from orchestrator.remote import ServiceDown
+from orchestrator.remote import ModelClient, ServiceDown
 from orchestrator.routing import Router
 from orchestrator.servicer import OrchestratorServicer
 from orchestrator.spec import GUESS, KINDS, LoopConfig
@@ -28,6 +29,8 @@ from specdec.hosting.loader import tokenizer_fingerprint
 from specdec.hosting.server import (
     add_server_args, configure_logging, env_default, options_from_args, serve,
 )
+from specdec.limits import add_admission_args, admission_from_args
+from specdec.security import add_service_client_args, service_client_from_args
 from specdec.store import SESSION_TTL_S, ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
 
@@ -46,7 +49,9 @@ def _addresses(values: list[str]) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_args(p, default_port=DEFAULT_PORT)
+    add_server_args(p, default_port=DEFAULT_PORT, auth="tenants")
+    add_service_client_args(p)
+    add_admission_args(p)
     g = p.add_argument_group("orchestrator")
     g.add_argument("--target", action="append", default=[env_default("target", "")],
                    help="static target address(es), comma-separated or repeated [SPECDEC_TARGET]")
@@ -73,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds to wait for a target replica at start-up")
     g.add_argument("--threads", type=int, default=env_default("threads", 1),
                    help="torch CPU threads (verification is light) [SPECDEC_THREADS]")
+    g.add_argument("--text-threads", type=int, default=env_default("text_threads", 2),
+                   help="threads tokenising, templating and decoding off the event loop "
+                        "[SPECDEC_TEXT_THREADS]")
     args = p.parse_args(argv)
     args.redis_url = args.redis_url or "redis://127.0.0.1:6379/0"
     args.target = _addresses(args.target)
@@ -92,8 +100,11 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
     except Exception as exc:  # noqa: BLE001 - serve anyway; requests get UNAVAILABLE
         log.warning("%s; requests will fail with UNAVAILABLE until it answers", exc)
         registry = None
+    security = service_client_from_args(args)
     router = Router(registry, {"target": args.target, "draft": args.draft},
-                    fingerprint=fingerprint, timeout_s=args.rpc_timeout)
+                    fingerprint=fingerprint, timeout_s=args.rpc_timeout,
+                    connect=lambda address, role: ModelClient(
+                        address, role, timeout_s=args.rpc_timeout, security=security))
 
     target_info = await _first_info(router, "target", args.startup_timeout)
     if target_info is None:
@@ -155,11 +166,14 @@ async def _first_info(router: Router, role: str, timeout_s: float):
 
 async def main_async(args: argparse.Namespace) -> None:
     config = await build_config(args)
-    servicer = OrchestratorServicer(config)
+    limits = admission_from_args(args)
+    servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)
+    options = dataclasses.replace(options_from_args(args),
+                                  max_receive_bytes=limits.grpc_receive_bytes)
     await serve(
         [partial(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, servicer)],
         ["specdec.v1.Orchestrator"],
-        options_from_args(args),
+        options,
     )
     await config.router.close()
 

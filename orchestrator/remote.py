@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
+from specdec.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
 
 if TYPE_CHECKING:
@@ -52,8 +53,8 @@ class ServiceDown(Unavailable):
 class UpstreamError(SpecdecError):
     """Any other status from a model service, passed on with its code."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, code: grpc.StatusCode, message: str, *, detail: str = "") -> None:
+        super().__init__(message, detail=detail)
         self.code = code
 
 
@@ -82,11 +83,14 @@ def _method_path(service: str, method: str) -> str:
 class ModelClient:
     """A channel to one target or draft replica."""
 
-    def __init__(self, address: str, role: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, role: str, *, timeout_s: float = 60.0,
+                 security: ServiceClientSecurity | None = None) -> None:
         self.address = address
         self.role = role
         self.timeout_s = timeout_s
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        security = security or ServiceClientSecurity()
+        self._metadata = security.metadata or None  # the service token, if any
+        self.channel = aio_channel(address, security.credentials(), CHANNEL_OPTIONS)
         service = "TargetService" if role == "target" else "DraftService"
         # No serializer on either side: the call carries bytes, _call times the
         # protobuf work itself.
@@ -101,15 +105,18 @@ class ModelClient:
         payload = request.SerializeToString()
         encoded = time.perf_counter()
         try:
-            raw = await method(payload, timeout=timeout_s or self.timeout_s)
+            raw = await method(payload, timeout=timeout_s or self.timeout_s,
+                               metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             if is_cache_miss(exc):
-                raise CacheMiss(f"{self.role} {self.address}: {exc.details()}") from None
+                raise CacheMiss(f"{self.role} {exc.details()}") from None
             if exc.code() in _DOWN:
                 raise ServiceDown(
-                    f"{self.role} service at {self.address} unavailable: {exc.code().name}: {exc.details()}"
+                    f"the {self.role} service is unavailable",
+                    detail=f"{self.address}: {exc.code().name}: {exc.details()}",
                 ) from None
-            raise UpstreamError(exc.code(), f"{self.role} service at {self.address}: {exc.details()}") from None
+            raise UpstreamError(exc.code(), f"the {self.role} service: {exc.details()}",
+                                detail=self.address) from None
         received = time.perf_counter()
         response = response_type.FromString(raw)
         end = time.perf_counter()

@@ -1,7 +1,17 @@
-"""The Orchestrator gRPC servicer: proto in, loop, proto out. Nothing else lives here."""
+"""The Orchestrator gRPC servicer: proto in, loop, proto out. Nothing else lives here.
+
+Admission (specdec.limits) comes first: the request's text bytes against
+--max-request-bytes, then the tenant's rate and stream slots. Tokenising,
+chat templating and decoding run on a thread pool, off the event loop, so one
+huge request does not stall the other streams. A session is visible only to
+the tenant that created it (specdec.security.TENANT).
+"""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import grpc
 
@@ -13,10 +23,13 @@ from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConf
 from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
 from specdec.errors import InvalidArgument, OutOfRange
+from specdec.limits import Admission, AdmissionLimits
+from specdec.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from specdec.wire import sampling_from_proto
 
+MAX_SESSION_ID = 256
 _PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_GUESS: GUESS,
               pb.PROPOSER_NONE: NONE}
 
@@ -31,8 +44,21 @@ def _prompt_ids(config: LoopConfig, request: pb.GenerateRequest | pb.CheckReques
     return ids
 
 
-def spec_from_request(request: pb.GenerateRequest, config: LoopConfig) -> GenerateSpec:
+T = TypeVar("T")
+
+
+def text_bytes(request: pb.GenerateRequest | pb.CheckRequest) -> int:
+    """UTF-8 bytes of every text field a request carries (checked before any tokenising)."""
+    size = len(request.prompt.encode()) + len(request.guess.encode())
+    size += sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+    return size + sum(len(s.encode()) for s in getattr(request, "stop", ()))
+
+
+def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
+                      tenant: str = "") -> GenerateSpec:
     """Validate a GenerateRequest; every error names the offending field."""
+    if len(request.session_id) > MAX_SESSION_ID:
+        raise InvalidArgument(f"session_id: at most {MAX_SESSION_ID} characters")
     prompt_ids = _prompt_ids(config, request)
     if request.proposer == pb.PROPOSER_UNSPECIFIED:
         proposer = config.default_proposer
@@ -72,17 +98,31 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig) -> Genera
         guess_ids=tuple(guess_ids),
         session_id=request.session_id,
         strict=request.strict,
+        tenant=tenant,
     )
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
-    def __init__(self, config: LoopConfig) -> None:
+    def __init__(self, config: LoopConfig, limits: AdmissionLimits | None = None,
+                 text_threads: int = 2) -> None:
         self.config = config
+        self.admission = Admission(limits or AdmissionLimits())
+        self._text_pool = ThreadPoolExecutor(max(1, text_threads), thread_name_prefix="text")
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._text_pool, fn, *args)
 
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        spec = spec_from_request(request, self.config)
+        self.admission.check_bytes(text_bytes(request))
+        tenant = TENANT.get()
+        with self.admission.enter(tenant):
+            spec = await self._off_loop(spec_from_request, request, self.config, tenant)
+            async for response in self._generate(spec):
+                yield response
+
+    async def _generate(self, spec: GenerateSpec) -> AsyncIterator[pb.GenerateResponse]:
         async for event in generate(spec, self.config):
             if isinstance(event, ChunkEvent):
                 yield pb.GenerateResponse(chunk=pb.Chunk(text=event.text, token_ids=event.token_ids))
@@ -93,10 +133,18 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Check(  # noqa: N802
         self, request: pb.CheckRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckResponse:
+        self.admission.check_bytes(text_bytes(request))
+        with self.admission.enter(TENANT.get()):
+            prompt_ids, guess_ids = await self._off_loop(self._check_ids, request)
+            result = await checking.check(self.config.router, prompt_ids, guess_ids,
+                                          self.config.target_max_k)
+            return await self._off_loop(self._check_response, guess_ids, result)
+
+    def _check_ids(self, request: pb.CheckRequest) -> tuple[list[int], list[int]]:
+        return _prompt_ids(self.config, request), encode_text(self.config.tokenizer, request.guess)
+
+    def _check_response(self, guess_ids: list[int], result: Any) -> pb.CheckResponse:
         tok = self.config.tokenizer
-        prompt_ids = _prompt_ids(self.config, request)
-        guess_ids = encode_text(tok, request.guess)
-        result = await checking.check(self.config.router, prompt_ids, guess_ids, self.config.target_max_k)
         decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
         mismatch = result.first_mismatch
         return pb.CheckResponse(
@@ -121,8 +169,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     ) -> pb.EndSessionResponse:
         if not request.session_id:
             raise InvalidArgument("session_id: required")
+        if len(request.session_id) > MAX_SESSION_ID:
+            raise InvalidArgument(f"session_id: at most {MAX_SESSION_ID} characters")
+        self.admission.rate(TENANT.get())
         record = await self.config.store.load(request.session_id)
-        if record is None:
+        if record is None or record.tenant != TENANT.get():  # another tenant's: as if unknown
             return pb.EndSessionResponse(existed=False)
         clients = [
             self.config.router.client(record.target, "target") if record.target else None,

@@ -90,9 +90,12 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     """Resume the Redis record (or start one) and route the target to the replica holding its KV."""
     with Timer(tally, "redis_ms"):
         record = await config.store.load(spec.session_id) if spec.session_id else None
+    if record is not None and record.tenant != spec.tenant:
+        record = None  # another tenant's session: exactly as if the id were unknown
     if spec.session_id and record is None:
         raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
-    record = record or SessionRecord(session_id=uuid.uuid4().hex, created=time.time())
+    record = record or SessionRecord(session_id=uuid.uuid4().hex, created=time.time(),
+                                     tenant=spec.tenant)
     tally.session_id = record.session_id
     reuse = common_prefix(record.tokens, spec.prompt_ids)
     with Timer(tally, "redis_ms"):

@@ -34,6 +34,7 @@ class GenerateSpec:
     guess_ids: tuple[int, ...] = ()
     session_id: str = ""  # "" = a new session
     strict: bool = False
+    tenant: str = ""  # the authenticated caller; a session is only ever visible to its own
 
 
 @dataclass(frozen=True)

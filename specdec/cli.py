@@ -4,6 +4,7 @@
     specdec up                     start what is missing (Redis, target, draft, orchestrator)
     specdec demo "prompt"          up + one streamed generation + clean shutdown
     specdec health ADDRESS         exit 0 if the gRPC server there is SERVING (container probes)
+    specdec secrets DIR            make a CA, certificates and tokens for a secured deployment
 
 Every process `up` starts is its own process group, watched and stopped by
 pid on exit, Ctrl-C or SIGTERM: nothing is left behind.
@@ -84,12 +85,30 @@ def format_stats(stats) -> str:
     return "\n".join(lines)
 
 
-def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, err=sys.stderr) -> int:
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection")
+    g.add_argument("--token", default=os.environ.get("SPECDEC_TOKEN"),
+                   help="bearer token for the orchestrator [SPECDEC_TOKEN]")
+    g.add_argument("--tls-ca", default=os.environ.get("SPECDEC_TLS_CA"),
+                   help="CA of the server's certificate; enables TLS [SPECDEC_TLS_CA]")
+    g.add_argument("--tls-cert", default=os.environ.get("SPECDEC_CLIENT_CERT"),
+                   help="client certificate for mutual TLS [SPECDEC_CLIENT_CERT]")
+    g.add_argument("--tls-key", default=os.environ.get("SPECDEC_CLIENT_KEY"),
+                   help="its private key [SPECDEC_CLIENT_KEY]")
+
+
+def _connection(args: argparse.Namespace) -> dict:
+    return dict(token=getattr(args, "token", None), ca=getattr(args, "tls_ca", None),
+                cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None))
+
+
+def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, err=sys.stderr,
+                      connection: dict | None = None) -> int:
     import grpc
 
     from client import Client
 
-    with Client(address) as c:
+    with Client(address, **(connection or {})) as c:
         stream = c.generate(None if "messages" in options else prompt, **options)
         try:
             for chunk in stream:
@@ -108,7 +127,8 @@ def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, 
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    return stream_generation(args.address, args.prompt, _request_options(args))
+    return stream_generation(args.address, args.prompt, _request_options(args),
+                             connection=_connection(args))
 
 
 # ------------------------------------------------------------------- up / demo
@@ -260,7 +280,10 @@ def cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(args.address) as channel:
+    from specdec.security import channel_credentials, sync_channel
+
+    credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    with sync_channel(args.address, credentials) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
@@ -299,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="stream a generation from a running orchestrator")
     gen.add_argument("prompt")
     gen.add_argument("--address", default=os.environ.get("SPECDEC_ADDRESS", DEFAULT_ADDRESS))
+    _add_connection_args(gen)
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
     up = sub.add_parser("up", help="start Redis (if needed), target, draft and orchestrator")
@@ -314,7 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("address")
     health.add_argument("--service", default="", help="service name ('' = the whole server)")
     health.add_argument("--timeout", type=float, default=3.0)
+    _add_connection_args(health)
     health.set_defaults(func=cmd_health)
+    sub.add_parser("secrets", add_help=False,
+                   help="write a CA, certificates and tokens into a folder (specdec secrets --help)")
     sub.add_parser("distill", add_help=False,
                    help="train a draft model for a target (its own flags: specdec distill --help)")
     return p
@@ -322,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["secrets"]:
+        from specdec.credentials import main as secrets_main
+
+        return secrets_main(argv[1:])
     if argv[:1] == ["distill"]:  # its own parser: python -m specdec.distill
         from specdec.distill.cli import main as distill_main
 

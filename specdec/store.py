@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from specdec.errors import Unavailable
+from specdec.security import redact_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "specdec:"
@@ -55,7 +56,10 @@ async def _guard(what: str, url: str, coro: Awaitable):
     try:
         return await coro
     except (RedisError, OSError, asyncio.TimeoutError) as exc:
-        raise StoreUnavailable(f"redis at {url} unavailable during {what}: {exc}") from exc
+        raise StoreUnavailable(
+            f"the session store is unavailable ({what})",
+            detail=f"redis at {redact_url(url)}: {type(exc).__name__}: {exc}",
+        ) from exc
 
 
 # --------------------------------------------------------------------- sessions
@@ -73,6 +77,7 @@ class SessionRecord:
     draft_len: int = 0
     created: float = 0.0
     updated: float = 0.0
+    tenant: str = ""  # who created it; nobody else may see or continue it
 
     def to_hash(self) -> dict[str, bytes]:
         return {
@@ -83,6 +88,7 @@ class SessionRecord:
             "draft_len": str(self.draft_len).encode(),
             "created": repr(self.created).encode(),
             "updated": repr(self.updated).encode(),
+            "tenant": self.tenant.encode(),
         }
 
     @classmethod
@@ -98,6 +104,7 @@ class SessionRecord:
             draft_len=int(h.get(b"draft_len", b"0")),
             created=float(h.get(b"created", b"0")),
             updated=float(h.get(b"updated", b"0")),
+            tenant=h.get(b"tenant", b"").decode(),
         )
 
 
@@ -154,7 +161,10 @@ async def delete_prefix(url: str, prefix: str) -> int:
             await _guard("delete", url, client.delete(*keys))
         return len(keys)
     except (RedisError, OSError) as exc:
-        raise StoreUnavailable(f"redis at {url} unavailable during delete: {exc}") from exc
+        raise StoreUnavailable(
+            "the session store is unavailable (delete)",
+            detail=f"redis at {redact_url(url)}: {type(exc).__name__}: {exc}",
+        ) from exc
     finally:
         await client.aclose()
 

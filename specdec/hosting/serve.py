@@ -6,6 +6,7 @@ A role package (target_service, draft_service) calls `main(ROLE)` with its
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -17,6 +18,7 @@ from specdec.hosting import hooks, loader
 from specdec.hosting.host import HostLimits, ModelHost
 from specdec.hosting.role import Role
 from specdec.hosting.server import add_server_args, configure_logging, env_default, options_from_args, run_server
+from specdec.limits import model_message_caps
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,9 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         return 2
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"
     host = ModelHost(loaded, limits_from_args(args), replica_id=replica_id)
+    receive, send = model_message_caps(loaded.vocab_size, host.limits.max_k,
+                                       host.limits.max_request_tokens)
+    options = dataclasses.replace(options, max_receive_bytes=receive, max_send_bytes=send)
     on_serving = [hooks.sweeper(host)]
     if options.redis_url:
         on_serving.append(hooks.registration(host, options, role.name))

@@ -32,19 +32,13 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter
 
 from specdec.errors import ErrorInterceptor
+from specdec.security import ServerSecurity, add_security_args, security_from_args
 
 log = logging.getLogger(__name__)
 
 REQUESTS = Counter(
     "specdec_requests_total", "gRPC calls finished, by method and status code", ["method", "code"]
 )
-
-# Dense distributions are 4 * vocab bytes a row (196 KB at vocab 49,152): allow
-# large messages both ways. Clients receiving PROBS should use the same options.
-MESSAGE_OPTIONS = [
-    ("grpc.max_send_message_length", 256 << 20),
-    ("grpc.max_receive_message_length", 256 << 20),
-]
 
 Adder = Callable[[grpc.aio.Server], None]
 # Awaited once the server is SERVING, with the address it listens on. It may
@@ -62,6 +56,11 @@ class ServerOptions:
     redis_prefix: str = "specdec:"
     advertise_address: str = ""  # what others dial; default host:port
     log_level: str = "INFO"
+    metrics_host: str = "127.0.0.1"  # the metrics endpoint's bind address
+    security: ServerSecurity = ServerSecurity()  # TLS, tokens, --insecure
+    # gRPC message caps; the model services size them from the model (serve.py).
+    max_receive_bytes: int = 256 << 20
+    max_send_bytes: int = 256 << 20
 
     @property
     def address(self) -> str:
@@ -81,8 +80,13 @@ def env_default(name: str, fallback: str | int | float | None) -> str | int | fl
     return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
 
 
-def add_server_args(parser: argparse.ArgumentParser, *, default_port: int) -> None:
-    """The flags every server takes; each has a SPECDEC_* environment equivalent."""
+def add_server_args(parser: argparse.ArgumentParser, *, default_port: int,
+                    auth: str = "service") -> None:
+    """The flags every server takes; each has a SPECDEC_* environment equivalent.
+
+    `auth`: "service" (model services: --service-token) or "tenants" (the
+    orchestrator: --auth-tokens); see specdec.security.
+    """
     g = parser.add_argument_group("server")
     g.add_argument("--host", default=env_default("host", "127.0.0.1"),
                    help="address to bind (0.0.0.0 for all interfaces) [SPECDEC_HOST]")
@@ -90,6 +94,9 @@ def add_server_args(parser: argparse.ArgumentParser, *, default_port: int) -> No
                    help="gRPC port [SPECDEC_PORT] (default %(default)s)")
     g.add_argument("--metrics-port", type=int, default=env_default("metrics_port", 0),
                    help="Prometheus HTTP port, 0 = off [SPECDEC_METRICS_PORT]")
+    g.add_argument("--metrics-host", default=env_default("metrics_host", "127.0.0.1"),
+                   help="address the metrics endpoint binds (it has no authentication) "
+                        "[SPECDEC_METRICS_HOST] (default %(default)s)")
     g.add_argument("--grace", type=float, default=env_default("grace", 10.0),
                    help="seconds in-flight calls get to finish on SIGTERM [SPECDEC_GRACE]")
     g.add_argument("--redis-url", default=env_default("redis_url", ""),
@@ -102,6 +109,7 @@ def add_server_args(parser: argparse.ArgumentParser, *, default_port: int) -> No
                         "[SPECDEC_ADVERTISE_ADDRESS]")
     g.add_argument("--log-level", default=env_default("log_level", "INFO"),
                    help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
+    add_security_args(parser, auth=auth)
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -114,6 +122,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         redis_prefix=args.redis_prefix,
         advertise_address=args.advertise_address or "",
         log_level=str(args.log_level).upper(),
+        metrics_host=args.metrics_host,
+        security=security_from_args(args),
     )
 
 
@@ -136,8 +146,11 @@ async def serve(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain gracefully and return."""
+    options.security.check_bind(options.host)
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(_observe), *interceptors], options=MESSAGE_OPTIONS
+        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
+        options=[("grpc.max_send_message_length", options.max_send_bytes),
+                 ("grpc.max_receive_message_length", options.max_receive_bytes)],
     )
     for add in adders:
         add(server)
@@ -148,13 +161,16 @@ async def serve(
          reflection.SERVICE_NAME],
         server,
     )
-    if server.add_insecure_port(options.address) == 0:
+    credentials = options.security.credentials()
+    bound = (server.add_secure_port(options.address, credentials) if credentials
+             else server.add_insecure_port(options.address))
+    if bound == 0:
         raise OSError(f"cannot bind {options.address}")
     if options.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(options.metrics_port, addr=options.host)
-        log.info("metrics on http://%s:%d/metrics", options.host, options.metrics_port)
+        start_http_server(options.metrics_port, addr=options.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,0 +1,125 @@
+"""A secured stack: TLS on every hop, mutual TLS + a service token to the model services,
+tenant tokens on the orchestrator; certificates from a throwaway trustme CA."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from specdec import procs
+from specdec.launch import orchestrator_argv, service_argv
+from tests.integration.stack import Stack
+
+TENANTS = ("alice", "bob", "carol", "dave")
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path  # trusted by every client
+    server_cert: Path
+    server_key: Path
+    client_cert: Path  # the orchestrator's, for mutual TLS to the services
+    client_key: Path
+    other_ca: Path  # a CA nobody trusts
+    stranger_cert: Path  # a client certificate from other_ca
+    stranger_key: Path
+
+
+def _pair(cert, folder: Path, name: str) -> tuple[Path, Path]:
+    crt, key = folder / f"{name}.crt", folder / f"{name}.key"
+    cert.cert_chain_pems[0].write_to_path(str(crt))
+    cert.private_key_pem.write_to_path(str(key))
+    return crt, key
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> Pki:
+    import trustme
+
+    folder = tmp_path_factory.mktemp("pki")
+    ca, other = trustme.CA(), trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / "ca.crt"))
+    other.cert_pem.write_to_path(str(folder / "other-ca.crt"))
+    server = _pair(ca.issue_cert("localhost", "127.0.0.1"), folder, "server")
+    client = _pair(ca.issue_cert("orchestrator"), folder, "client")
+    stranger = _pair(other.issue_cert("stranger"), folder, "stranger")
+    return Pki(folder / "ca.crt", *server, *client, folder / "other-ca.crt", *stranger)
+
+
+@dataclass
+class Secured:
+    stack: Stack
+    pki: Pki
+    tokens: dict[str, str]  # tenant -> token
+    service_token: str
+    metrics_port: int
+
+    def address(self, name: str) -> str:
+        return self.stack.addresses[name]
+
+
+def server_tls(pki: Pki, *, mutual: bool) -> tuple[str, ...]:
+    flags = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+    return flags + (("--tls-client-ca", str(pki.ca)) if mutual else ())
+
+
+@pytest.fixture(scope="session")
+def secured(tiny_pair, pki, tmp_path_factory) -> Secured:
+    target_dir, draft_dir = tiny_pair
+    logs = tmp_path_factory.mktemp("secured")
+    tokens = {t: secrets.token_urlsafe(24) for t in TENANTS}
+    (logs / "tokens").write_text("# tenant:token\n" + "".join(f"{t}:{k}\n" for t, k in tokens.items()))
+    service_token = secrets.token_urlsafe(24)
+    s = Stack(logs=logs)
+    metrics_port = procs.free_port()
+    try:
+        service = (*server_tls(pki, mutual=True), "--service-token", service_token)
+        for role, model in (("target", target_dir), ("draft", draft_dir)):
+            port = procs.free_port()
+            argv = service_argv(role, port, model=model, threads=1, replica_id=role, extra=service)
+            s.processes.start(role, argv)
+            s.addresses[role] = f"127.0.0.1:{port}"
+        port = procs.free_port()
+        argv = orchestrator_argv(
+            port, tokenizer=target_dir, targets=[s.addresses["target"]], drafts=[s.addresses["draft"]],
+            redis_url=s.redis_url, redis_prefix=s.prefix, metrics_port=metrics_port,
+            extra=("--startup-timeout", "60", *server_tls(pki, mutual=False),
+                   "--auth-tokens", str(logs / "tokens"),
+                   "--service-tls-ca", str(pki.ca), "--service-tls-cert", str(pki.client_cert),
+                   "--service-tls-key", str(pki.client_key), "--service-token", service_token,
+                   "--max-request-bytes", "65536", "--max-streams-per-tenant", "2",
+                   "--rate-per-tenant", "4", "--burst-per-tenant", "8"))
+        s.processes.start("orch", argv)
+        s.addresses["orch"] = f"127.0.0.1:{port}"
+        for name in ("target", "draft", "orch"):
+            wait_serving(s.addresses[name], pki, s.processes.running[name])
+        yield Secured(s, pki, tokens, service_token, metrics_port)
+    finally:
+        s.stop()
+
+
+def wait_serving(address: str, pki: Pki, proc, timeout: float = 120.0) -> None:
+    """grpc.health.v1 over TLS (with the client certificate, which mutual-TLS servers need)."""
+    import time
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    creds = grpc.ssl_channel_credentials(pki.ca.read_bytes(), pki.client_key.read_bytes(),
+                                         pki.client_cert.read_bytes())
+    deadline = time.monotonic() + timeout
+    with grpc.secure_channel(address, creds) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{address} exited: {procs.log_tail(proc)}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} not SERVING: {procs.log_tail(proc)}")
+            time.sleep(0.2)
