@@ -12,7 +12,7 @@ from specdec import procs
 from specdec.launch import orchestrator_argv, service_argv
 from tests.integration.stack import Stack
 
-TENANTS = ("alice", "bob", "carol", "dave")
+TENANTS = ("alice", "bob", "carol", "dave", "erin")
 
 
 @dataclass(frozen=True)
