@@ -115,6 +115,8 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
             f"(fingerprints {target_info.tokenizer_fingerprint[:12]} vs {fingerprint[:12]})"
         )
     max_k = int(target_info.max_k) or 16
+    if target_info.max_request_tokens:  # a Score carries the k drafts and one committed token
+        max_k = max(1, min(max_k, int(target_info.max_request_tokens) - 1))
     draft_info = await _first_info(router, "draft", 5.0)
     if draft_info is not None:
         if (draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint

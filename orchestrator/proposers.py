@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import grpc
 import torch
 
-from orchestrator.remote import Call, ModelClient, ServiceDown, SessionReplica, place
+from orchestrator.remote import Call, ModelClient, ServiceDown, SessionReplica, UpstreamError, place
 from orchestrator.spec import DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
 from specdec.core.lookup import PromptLookup
-from specdec.errors import InvalidArgument, Unavailable
+from specdec.errors import InvalidArgument, SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
 
@@ -123,8 +124,11 @@ class DraftServiceProposer:
     Sends only the committed tokens the draft does not hold yet (after a fully
     accepted round: the last drafted token and the bonus token — the draft's
     catch-up). A cache miss resends everything from position 0; a dead replica
-    is replaced by another live one within the round. With none left it falls
-    back to proposing nothing (or raises UNAVAILABLE when `strict`).
+    is replaced by another live one within the round, as is one that is
+    draining or fails in any way that is not the request's own fault. With
+    none left, any draft failure falls back to proposing nothing for the rest
+    of the request (or raises UNAVAILABLE when `strict`); INVALID_ARGUMENT
+    from the draft is our bug and is logged as an error.
     """
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
@@ -159,11 +163,16 @@ class DraftServiceProposer:
 
         try:
             reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0)
-        except ServiceDown as exc:
+        except SpecdecError as exc:  # any draft failure: the target alone can finish the request
+            reason = "unavailable" if isinstance(exc, ServiceDown) else "failed"
             if self.strict:
-                raise Unavailable(f"draft service down and strict is set: {exc}") from None
-            log.warning("session %s: %s; falling back to target-only", ctx.session_id, exc)
-            self.replica, self.fallback_reason = None, f"draft service unavailable: {exc}"
+                raise Unavailable(f"draft service {reason} and strict is set: {exc}") from None
+            if isinstance(exc, UpstreamError) and exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+                log.error("session %s: the draft service rejected our request (a bug here): %s; "
+                          "falling back to target-only", ctx.session_id, exc)
+            else:
+                log.warning("session %s: %s; falling back to target-only", ctx.session_id, exc)
+            self.replica, self.fallback_reason = None, f"draft service {reason}: {exc}"
             return Proposal(tokens=[])
         response = reply.response
         drafted = list(response.tokens)

@@ -7,7 +7,15 @@ compute, serialization and network honestly. The messages are serialized
 here, around a bytes-in/bytes-out channel call, so the encode and decode can
 be timed per call without copying the payload again. A cache-miss status
 becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
-service becomes `ServiceDown`.
+service, one that cancelled the call, or a draining one (UNAVAILABLE
+"draining: ...", specdec.hosting.drain) becomes `ServiceDown`.
+
+Chunked prefill: a Score or Propose carrying more tokens than the replica's
+per-request limit (GetInfo max_request_tokens, asked once per replica) is
+sent as several calls: leading chunks of committed tokens with k = 0 (a
+prefill: the service only extends its cache), then the last chunk with the
+drafts (Score) or the drafting (Propose). The cache ends the same, so the
+results are the same as one call's.
 
 `SessionReplica` is one session's place on one role (the replica holding its
 KV, and how many committed tokens that KV holds); its `call` is the one place
@@ -24,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from specdec.core.fingerprint import EMPTY, extend
 from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
 from specdec.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
@@ -43,11 +52,15 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# The replica is gone, going, or too slow; CANCELLED here is the server's (a
+# replica stopped mid-call): the orchestrator's own cancellation never reaches _call.
+_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+# Draft statuses that are the request's own (the same on every replica): no move, fall back.
+_REQUEST_FAULTS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 
 
 class ServiceDown(Unavailable):
-    """A model service did not answer (down, restarting, or too slow)."""
+    """A model service did not answer (down, restarting, draining, or too slow)."""
 
 
 class UpstreamError(SpecdecError):
@@ -60,7 +73,7 @@ class UpstreamError(SpecdecError):
 
 @dataclass(frozen=True)
 class Call:
-    """Cost of one RPC as seen from the orchestrator."""
+    """Cost of one RPC (or of a chunked request's RPCs, summed) as seen from the orchestrator."""
 
     rpc_ms: float  # client-side: serialize + wire + server + deserialize
     server_ms: float  # the service's own total_ms
@@ -72,6 +85,11 @@ class Call:
     def network_ms(self) -> float:
         """Wire, gRPC and the service's own (de)serialization (outside its timer)."""
         return max(0.0, self.rpc_ms - self.server_ms - self.serialize_ms)
+
+    def __add__(self, other: Call) -> Call:
+        return Call(self.rpc_ms + other.rpc_ms, self.server_ms + other.server_ms,
+                    self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received,
+                    self.serialize_ms + other.serialize_ms)
 
 
 def _method_path(service: str, method: str) -> str:
@@ -88,6 +106,7 @@ class ModelClient:
         self.address = address
         self.role = role
         self.timeout_s = timeout_s
+        self._request_limit: int | None = None  # GetInfo max_request_tokens (0: no limit known)
         security = security or ServiceClientSecurity()
         self._metadata = security.metadata or None  # the service token, if any
         self.channel = aio_channel(address, security.credentials(), CHANNEL_OPTIONS)
@@ -110,6 +129,8 @@ class ModelClient:
         except grpc.aio.AioRpcError as exc:
             if is_cache_miss(exc):
                 raise CacheMiss(f"{self.role} {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._request_limit = None  # a restarted replica may have another limit: ask again
             if exc.code() in _DOWN:
                 raise ServiceDown(
                     f"the {self.role} service is unavailable",
@@ -140,11 +161,49 @@ class ModelClient:
         response, _ = await self._call("Release", request, common_pb2.ReleaseResponse, timeout_s)
         return response.released
 
+    async def request_limit(self) -> int:
+        """The replica's max_request_tokens (GetInfo, asked once); 0 when it reports none."""
+        if self._request_limit is None:
+            self._request_limit = int((await self.get_info()).max_request_tokens)
+        return self._request_limit
+
     async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:
-        return await self._call("Score", request, model_pb2.ScoreResponse)
+        # The last chunk holds the k drafts and the committed token before them.
+        return await self._chunked("Score", request, model_pb2.ScoreResponse, tail=request.k + 1)
 
     async def propose(self, request: model_pb2.ProposeRequest) -> tuple[model_pb2.ProposeResponse, Call]:
-        return await self._call("Propose", request, model_pb2.ProposeResponse)
+        return await self._chunked("Propose", request, model_pb2.ProposeResponse, tail=1)
+
+    async def _chunked(self, name: str, request, response_type, *, tail: int):
+        """One call, or leading k = 0 chunks then the last one when `request` exceeds the limit."""
+        limit = await self.request_limit()
+        tokens = list(request.tokens)
+        if not limit or len(tokens) <= limit or tail > limit:
+            return await self._call(name, request, response_type)
+        total: Call | None = None
+        split = len(tokens) - limit  # the last call carries `limit` tokens
+        position = int(request.cache_position)
+        prefix = int(request.prefix_hash) if position else EMPTY
+        for start in range(0, split, limit):
+            chunk = tokens[start : min(start + limit, split)]
+            lead = type(request)()
+            lead.CopyFrom(request)
+            lead.cache_position, lead.prefix_hash, lead.k = position, prefix, 0
+            lead.output_mode = common_pb2.OUTPUT_MODE_TOKENS  # a prefill's results are not used
+            lead.ClearField("tokens")
+            lead.tokens.extend(chunk)
+            _, call = await self._call(name, lead, response_type)
+            total = call if total is None else total + call
+            position += len(chunk)
+            for token in chunk:
+                prefix = extend(prefix, token)
+        last = type(request)()
+        last.CopyFrom(request)
+        last.cache_position, last.prefix_hash = position, prefix
+        last.ClearField("tokens")
+        last.tokens.extend(tokens[split:])
+        response, call = await self._call(name, last, response_type)
+        return response, total + call
 
     async def close(self) -> None:
         await self.channel.close()
@@ -186,7 +245,11 @@ class SessionReplica:
         starts at min(cached, committed - 1). A down replica is replaced by
         another live one (which holds nothing: resent from 0); with none left
         the call waits for one to come back, up to `wait_s`, then raises
-        ServiceDown. The text cannot change: the tokens are the same.
+        ServiceDown. A draining replica (specdec.hosting.drain) counts as down.
+        On the draft, any other status that is not the request's own fault
+        (RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, ...) moves the session too, and
+        is raised (as UpstreamError) once no other replica is left. The text
+        cannot change: the tokens are the same.
         """
         deadline = time.monotonic() + wait_s
         position = min(self.cached, committed - 1)
@@ -195,7 +258,9 @@ class SessionReplica:
             try:
                 response, call, misses = await self._resend_on_miss(send, position)
                 return Reply(response, call, misses)
-            except ServiceDown as exc:
+            except (ServiceDown, UpstreamError) as exc:
+                if isinstance(exc, UpstreamError) and not self._moves_on(exc.code):
+                    raise
                 other = await self.router.pick(self.role, exclude=tried)
                 if other is None and time.monotonic() >= deadline:
                     raise
@@ -207,6 +272,10 @@ class SessionReplica:
                 else:
                     self.client, self.cached, position = other, 0, 0
                     tried.add(other.address)
+
+    def _moves_on(self, code: grpc.StatusCode) -> bool:
+        """Whether an UpstreamError with `code` is a reason to try another replica of this role."""
+        return self.role == "draft" and code not in _REQUEST_FAULTS
 
     async def _resend_on_miss(self, send: Send, position: int) -> tuple[Any, Call, int]:
         try:

@@ -3,20 +3,39 @@
 Used by the tests and by the launcher. Every process gets its own process
 group (so a terminal's Ctrl-C does not reach it twice) and is stopped by its
 own pid, never by name.
+
+No orphans: a child dies with the process that started it, even when that
+process is SIGKILLed. Started from the main thread, the child asks the kernel
+for SIGTERM on its parent's death (prctl PR_SET_PDEATHSIG, Linux). The kernel
+sends that signal when the *thread* that forked the child ends, so from any
+other thread it is not set; instead, and always, the child gets its parent's
+pid in SPECDEC_PARENT_PID, and every specdec server watches it
+(`watch_parent`, started by specdec.hosting.server.serve): when the parent is
+gone it SIGTERMs itself. SIGTERM is a graceful drain (deregistration at once);
+a SIGKILLed service's registry entry expires with its heartbeat TTL.
 """
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+PARENT_ENV = "SPECDEC_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+_PARENT_POLL_S = 0.5
 
 
 class ServiceDied(RuntimeError):
@@ -45,7 +64,7 @@ def start(
     argv = list(argv)
     if argv and argv[0] == "python":
         argv[0] = sys.executable
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
     log_file = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
@@ -55,12 +74,73 @@ def start(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent(),
         )
     finally:
         if log_path:
             log_file.close()  # the child holds its own descriptor
     proc.log_path = Path(log_path) if log_path else None  # type: ignore[attr-defined]
     return proc
+
+
+def _die_with_parent():
+    """A preexec_fn setting PR_SET_PDEATHSIG=SIGTERM, or None (not Linux, or not the main thread).
+
+    It runs in the child between fork and exec; if the parent already died
+    in between, the child terminates itself at once.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def watch_parent(on_gone=None, *, poll_s: float = _PARENT_POLL_S) -> threading.Thread | None:
+    """In a child started by `start`: SIGTERM this process once its starting process is gone.
+
+    The parent's pid comes from SPECDEC_PARENT_PID; without it (started some
+    other way) nothing is watched. `on_gone` replaces the SIGTERM (tests).
+    Returns the daemon thread polling getppid(), or None.
+    """
+    try:
+        parent = int(os.environ.pop(PARENT_ENV, "0"))  # popped: this process's children get their own
+    except ValueError:
+        return None
+    if parent <= 1 or (os.getppid() != parent and _alive(parent)):
+        return None  # inherited from a living ancestor, not set for this process
+
+    def gone() -> None:
+        log.warning("parent process %d is gone: shutting down", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        (on_gone or gone)()
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def log_tail(proc: subprocess.Popen, lines: int = 40) -> str:

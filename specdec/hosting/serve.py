@@ -15,6 +15,7 @@ from functools import partial
 import torch
 
 from specdec.hosting import hooks, loader
+from specdec.hosting.drain import Drain
 from specdec.hosting.host import HostLimits, ModelHost
 from specdec.hosting.role import Role
 from specdec.hosting.server import add_server_args, configure_logging, env_default, options_from_args, run_server
@@ -100,6 +101,7 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         on_serving.append(hooks.registration(host, options, role.name))
     try:
         return run_server([partial(role.add_to_server, role.make_servicer(host))], [role.service_name],
-                          options, on_serving=hooks.chain(*on_serving))
+                          options, on_serving=hooks.chain(*on_serving),
+                          drain=Drain.for_service(role.service_name))
     finally:
         host.shutdown()

@@ -11,8 +11,10 @@
 It adds the error-mapping interceptor, grpc.health.v1 (SERVING once `serve`
 runs, i.e. after the caller loaded its model; NOT_SERVING while draining),
 server reflection, a Prometheus HTTP endpoint (--metrics-port), and a graceful
-SIGTERM/SIGINT: stop accepting, let in-flight calls finish within
---grace seconds, exit 0.
+SIGTERM/SIGINT: health NOT_SERVING, the on_serving cleanup (deregistration)
+at once, then -- with a `drain` (specdec.hosting.drain, the model services) --
+new calls refused as "draining" while in-flight ones finish and live sessions
+move away, all within the drain deadline (--grace seconds); exit 0.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +36,8 @@ from prometheus_client import Counter
 
 from specdec.errors import ErrorInterceptor
 from specdec.security import ServerSecurity, add_security_args, security_from_args
+from specdec.hosting.drain import Drain
+from specdec.procs import watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +103,8 @@ def add_server_args(parser: argparse.ArgumentParser, *, default_port: int,
                    help="address the metrics endpoint binds (it has no authentication) "
                         "[SPECDEC_METRICS_HOST] (default %(default)s)")
     g.add_argument("--grace", type=float, default=env_default("grace", 10.0),
-                   help="seconds in-flight calls get to finish on SIGTERM [SPECDEC_GRACE]")
+                   help="drain deadline: seconds after SIGTERM for in-flight calls to finish and "
+                        "live sessions to move to other replicas before exit [SPECDEC_GRACE]")
     g.add_argument("--redis-url", default=env_default("redis_url", ""),
                    help="register this server in Redis with a heartbeat, e.g. "
                         "redis://127.0.0.1:6379/0; empty = off [SPECDEC_REDIS_URL]")
@@ -144,8 +150,12 @@ async def serve(
     *,
     on_serving: OnServing | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    drain: Drain | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain gracefully and return."""
+    """Serve until SIGTERM/SIGINT (or the death of the launcher that started it), then drain."""
+    watch_parent()  # started by specdec.procs: SIGTERM ourselves when the launcher is gone
+    if drain is not None:
+        interceptors = [*interceptors, drain.interceptor()]
     options.security.check_bind(options.host)
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
@@ -184,14 +194,21 @@ async def serve(
     cleanup = await on_serving(options.address) if on_serving else None
 
     await stop.wait()
-    log.info("shutting down: draining in-flight calls (grace %.1f s)", options.grace_s)
+    log.info("shutting down: draining (deadline %.1f s)", options.grace_s)
+    deadline = time.monotonic() + options.grace_s
     await health.enter_graceful_shutdown()  # every service NOT_SERVING
+    if drain is not None:
+        drain.begin()  # new calls: UNAVAILABLE "draining: ..."
     if cleanup is not None:
         try:
             await cleanup()
         except Exception:  # noqa: BLE001 - shutdown goes on regardless
             log.exception("on_serving cleanup failed")
-    await server.stop(options.grace_s)
+    if drain is not None:
+        settled = await drain.wait(deadline - time.monotonic())
+        log.info("drain %s: %d call(s) refused, %d still running",
+                 "done" if settled else "deadline reached", drain.refused, drain.in_flight)
+    await server.stop(max(0.0, deadline - time.monotonic()))
     log.info("stopped")
 
 
@@ -201,7 +218,8 @@ def run_server(
     options: ServerOptions,
     *,
     on_serving: OnServing | None = None,
+    drain: Drain | None = None,
 ) -> int:
     """Blocking wrapper around `serve`; returns the process exit code (0 after a clean drain)."""
-    asyncio.run(serve(adders, service_names, options, on_serving=on_serving))
+    asyncio.run(serve(adders, service_names, options, on_serving=on_serving, drain=drain))
     return 0

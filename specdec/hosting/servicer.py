@@ -45,6 +45,7 @@ class ModelServicerBase:
             parameter_count=m.parameter_count,
             max_k=self.host.limits.max_k,
             replica_id=self.host.replica_id,
+            max_request_tokens=self.host.limits.max_request_tokens,
         )
 
 
