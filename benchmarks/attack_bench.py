@@ -1,0 +1,123 @@
+"""First-token latency of ordinary streams while another client sends huge prompts.
+
+    python -m benchmarks.attack_bench [--mb 8] [--victims 60] [--json out.json]
+
+Tiny target + draft + orchestrator (loopback). One task sends short greedy
+Generates back to back and times each one's first chunk; phases alternate
+between quiet and "attack" (another client sends --mb MB prompts in a loop),
+and the script reports p50/p99 first-token time in each and the p99 delay.
+Two attack modes: with the default --max-request-bytes (the prompt is refused
+before tokenising) and with the cap raised above the prompt (it is tokenised,
+on the orchestrator's text thread pool, and refused as too long for the
+context). Goal: the p99 delay <= 50 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def _victim_ttfts(address: str, n: int) -> list[float]:
+    from client import AsyncClient
+
+    out = []
+    async with AsyncClient(address, timeout=60) as c:
+        for i in range(n):
+            t0 = time.perf_counter()
+            async for _ in c.generate(f"hello number {i}", max_new_tokens=4, proposer="none"):
+                out.append((time.perf_counter() - t0) * 1e3)
+                break
+    return out
+
+
+def _attacker(address: str, payload: str, stop: threading.Event, outcomes: list) -> None:
+    import grpc
+
+    from client import Client
+
+    with Client(address, timeout=120) as c:
+        while not stop.is_set():
+            try:
+                c.complete(payload, max_new_tokens=1)
+                outcomes.append("OK")
+            except grpc.RpcError as exc:
+                outcomes.append(exc.code().name)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from specdec import procs
+    from specdec.launch import Processes, child_env, orchestrator_argv, service_argv
+    from tests.tiny import build_pair
+
+    work = Path(tempfile.mkdtemp(prefix="specdec-attack-"))
+    target, draft = build_pair(work / "models")
+    (work / "logs").mkdir()
+    payload = "attack " * (args.mb * (1 << 20) // 7)
+    results = {}
+    for mode, cap in (("refused before tokenising (default cap)", None),
+                      ("tokenised off the event loop (cap raised)", 2 * args.mb << 20)):
+        group = Processes(work / "logs", env=child_env(1, quiet=True))
+        try:
+            ports = {"target": procs.free_port(), "draft": procs.free_port()}
+            for role, model in (("target", target), ("draft", draft)):
+                group.serve(role, service_argv(role, ports[role], model=model, threads=1), ports[role])
+            port = procs.free_port()
+            extra = ("--rate-per-tenant", "0", "--max-streams-per-tenant", "0")
+            if cap:
+                extra += ("--max-request-bytes", str(cap))
+            address = group.serve("orch", orchestrator_argv(
+                port, tokenizer=target, targets=[f"127.0.0.1:{ports['target']}"],
+                drafts=[f"127.0.0.1:{ports['draft']}"], extra=extra), port)
+            asyncio.run(_victim_ttfts(address, 5))  # warm up
+            quiet, attack, outcomes = [], [], []
+            for _ in range(args.rounds):
+                quiet += asyncio.run(_victim_ttfts(address, args.victims // args.rounds))
+                stop = threading.Event()
+                thread = threading.Thread(target=_attacker, args=(address, payload, stop, outcomes))
+                thread.start()
+                time.sleep(0.5)  # the first huge request is on its way
+                attack += asyncio.run(_victim_ttfts(address, args.victims // args.rounds))
+                stop.set()
+                thread.join()
+            results[mode] = {
+                "quiet_p50_ms": statistics.median(quiet), "quiet_p99_ms": _pct(quiet, 0.99),
+                "attack_p50_ms": statistics.median(attack), "attack_p99_ms": _pct(attack, 0.99),
+                "p99_delay_ms": _pct(attack, 0.99) - _pct(quiet, 0.99),
+                "huge_requests": len(outcomes), "huge_outcomes": sorted(set(outcomes)),
+            }
+        finally:
+            group.stop_all()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=int, default=8, help="size of each huge prompt, MB")
+    p.add_argument("--victims", type=int, default=120, help="ordinary streams per phase kind")
+    p.add_argument("--rounds", type=int, default=4, help="quiet/attack phase pairs")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    results = run(args)
+    for mode, r in results.items():
+        print(f"{args.mb} MB prompts, {mode}: first token p50 {r['quiet_p50_ms']:.1f} -> "
+              f"{r['attack_p50_ms']:.1f} ms, p99 {r['quiet_p99_ms']:.1f} -> {r['attack_p99_ms']:.1f} ms "
+              f"(p99 delay {r['p99_delay_ms']:+.1f} ms; {r['huge_requests']} huge requests: "
+              f"{', '.join(r['huge_outcomes'])})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
