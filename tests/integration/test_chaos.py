@@ -1,0 +1,205 @@
+"""Chaos: a seeded random schedule of faults against concurrent streams; the text never changes.
+
+Two targets, two drafts and one orchestrator (two, with the client failing over
+between them, where the client library takes several addresses), on a Redis
+server this test owns (never the machine's shared one). Each round starts
+STREAMS greedy streams, injects one fault (every kind once per cycle, in a
+seeded random order) once they are under way, waits for
+them, checks every stream's tokens against the fault-free text, then repairs
+(restarts what was stopped). Faults:
+
+  target-sigterm / target-sigkill   one target (a drain, or a crash); restarted after the round
+  draft-sigterm / draft-sigkill     one draft; restarted after the round
+  client-cancel                     one stream cancelled mid-way, then sent again
+  redis-freeze / redis-restart      Redis SIGSTOPped for 1 s / killed and back 1 s later
+                                    (only where the orchestrator survives Redis outages)
+  orchestrator-sigkill              one orchestrator (only with two and a failing-over client)
+
+At least one replica of every role stays up, so every stream must finish with
+the fault-free text; a stream may only fail with UNAVAILABLE when the schedule
+leaves no replica of a role (it never does here).
+
+SPECDEC_CHAOS_SEED picks the schedule (default 13); SPECDEC_CHAOS_LONG=1 runs
+40 rounds instead of about 3 minutes' worth.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from client import Client
+from specdec import procs
+from tests.integration.faults import PROMPTS
+from tests.integration.stack import Stack
+
+SEED = int(os.environ.get("SPECDEC_CHAOS_SEED", "13"))
+LONG = os.environ.get("SPECDEC_CHAOS_LONG", "") not in ("", "0")
+ROUNDS = 40 if LONG else 12
+BUDGET_S = 3600.0 if LONG else 110.0  # rounds stop once this much time has gone (CI bound)
+STREAMS = 4
+OPTIONS = dict(max_new_tokens=120, proposer="draft")
+
+
+def _redis_survives_outages() -> bool:
+    from orchestrator.spec import LoopConfig
+
+    return "redis_outage_s" in {f.name for f in dataclasses.fields(LoopConfig)}
+
+
+def _client_fails_over() -> bool:
+    import client.api
+
+    return hasattr(client.api, "split_addresses")
+
+
+FAULTS = ["target-sigterm", "target-sigkill", "draft-sigterm", "draft-sigkill", "client-cancel"]
+if _redis_survives_outages():
+    FAULTS += ["redis-freeze", "redis-restart"]
+if _client_fails_over():
+    FAULTS += ["orchestrator-sigkill"]
+
+
+class Chaos:
+    """The stack, its own Redis, and how to break and repair each part."""
+
+    def __init__(self, tiny_pair, logs) -> None:
+        self.target_dir, self.draft_dir = tiny_pair
+        self.redis_port = procs.free_port()
+        self.stack = Stack(logs=logs, redis_url=f"redis://127.0.0.1:{self.redis_port}/0")
+        self.down: list[tuple[str, str]] = []  # (name, role) to restart after the round
+
+    def start(self) -> None:
+        self.start_redis()
+        for i in (1, 2):
+            self.stack.start_service(f"target{i}", "target", self.target_dir)
+            self.stack.start_service(f"draft{i}", "draft", self.draft_dir)
+        orchestrators = ("orchA", "orchB") if _client_fails_over() else ("orchA",)
+        for name in orchestrators:
+            self.start_orchestrator(name)
+
+    def start_redis(self) -> None:
+        self.stack.processes.start("redis", ["redis-server", "--port", str(self.redis_port), "--bind",
+                                             "127.0.0.1", "--save", "", "--appendonly", "no"])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                import redis
+
+                redis.Redis(port=self.redis_port).ping()
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def start_orchestrator(self, name: str) -> None:
+        self.stack.start_orchestrator(name, self.target_dir)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [a for n, a in self.stack.addresses.items() if n.startswith("orch") and n in self.stack.procs]
+
+    def inject(self, fault: str, rng: random.Random) -> None:
+        procs_ = self.stack.procs
+        if fault.startswith(("target-", "draft-", "orchestrator-")):
+            role, how = fault.split("-")
+            names = sorted(n for n in procs_ if n.startswith("orch" if role == "orchestrator" else role))
+            name = rng.choice(names)
+            os.kill(procs_[name].pid, signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
+            self.down.append((name, role))
+        elif fault == "redis-freeze":
+            pid = procs_["redis"].pid
+            os.kill(pid, signal.SIGSTOP)
+            threading.Timer(1.0, os.kill, (pid, signal.SIGCONT)).start()
+        elif fault == "redis-restart":
+            os.kill(procs_["redis"].pid, signal.SIGKILL)
+            procs_.pop("redis").wait()
+            threading.Timer(1.0, self.start_redis).start()
+
+    def repair(self) -> None:
+        for name, role in self.down:
+            proc = self.stack.procs.pop(name)
+            assert proc.wait(timeout=30) in (0, -signal.SIGKILL), f"{name} exited with {proc.returncode}"
+            if role == "orchestrator":
+                self.start_orchestrator(name)
+            else:
+                self.stack.start_service(name, role, self.target_dir if role == "target" else self.draft_dir)
+        self.down.clear()
+
+
+@pytest.fixture(scope="module")
+def chaos(tiny_pair, tmp_path_factory):
+    c = Chaos(tiny_pair, tmp_path_factory.mktemp("chaos"))
+    try:
+        c.start()
+        with Client(c.addresses[0], timeout=120) as client:
+            c.expected = {p: client.complete(p, **{**OPTIONS, "proposer": "none"}).token_ids
+                          for p in PROMPTS}
+        yield c
+    finally:
+        redis = c.stack.processes.running.pop("redis", None)  # last: services deregister first
+        try:
+            c.stack.stop()
+        finally:
+            if redis is not None:
+                procs.stop(redis)
+
+
+def _stream(addresses, prompt: str, k: int, cancel_after: int, out: dict) -> None:
+    """One stream; with cancel_after > 0 it is cancelled after that many tokens and sent again."""
+    target = addresses if len(addresses) > 1 else addresses[0]
+    try:
+        with Client(target, timeout=180) as c:
+            if cancel_after:
+                stream, got = c.generate(prompt, k=k, **OPTIONS), 0
+                for chunk in stream:
+                    got += len(chunk.token_ids)
+                    if got >= cancel_after:
+                        stream.cancel()
+                        break
+            out["tokens"] = c.complete(prompt, k=k, **OPTIONS).token_ids
+    except grpc.RpcError as exc:
+        out["error"] = f"{exc.code().name}: {exc.details()}"
+
+
+def test_every_stream_survives_a_random_schedule_of_faults(chaos):
+    rng = random.Random(SEED)
+    started = time.monotonic()
+    table: dict[str, list[int]] = {f: [0, 0] for f in FAULTS}
+    rounds = 0
+    schedule: list[str] = []
+    while rounds < ROUNDS and time.monotonic() - started < BUDGET_S:
+        rounds += 1
+        if not schedule:  # every fault once per cycle, in a seeded random order
+            schedule = rng.sample(FAULTS, len(FAULTS))
+        fault = schedule.pop()
+        prompts = rng.sample(PROMPTS, STREAMS)
+        cancel = rng.randrange(STREAMS) if fault == "client-cancel" else -1
+        outs = [dict() for _ in prompts]
+        threads = [threading.Thread(target=_stream, daemon=True, args=(
+            chaos.addresses, p, rng.randint(2, 4), 10 if i == cancel else 0, outs[i]))
+            for i, p in enumerate(prompts)]
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.2, 0.6))  # under way
+        if fault != "client-cancel":
+            chaos.inject(fault, rng)
+        for t in threads:
+            t.join(240)
+        chaos.repair()
+        for p, out in zip(prompts, outs):
+            table[fault][1] += 1
+            ok = out.get("tokens") == chaos.expected[p]
+            table[fault][0] += ok
+            assert ok, f"round {rounds} ({fault}), {p!r}: {out.get('error') or 'different text'}"
+    summary = ", ".join(f"{f} {k}/{n}" for f, (k, n) in table.items() if n)
+    print(f"chaos seed {SEED}: {rounds} rounds in {time.monotonic() - started:.0f} s; {summary}")
+    assert rounds >= 3
+
