@@ -8,8 +8,9 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1 \
     TOKENIZERS_PARALLELISM=false \
-    SPECDEC_CACHE_DIR=/cache \
-    SPECDEC_HOST=0.0.0.0
+    SPECDEC_CACHE_DIR=/cache
+# Servers bind 127.0.0.1 unless told otherwise: a deployment sets SPECDEC_HOST=0.0.0.0
+# together with TLS and tokens (compose.yaml), or --insecure on a trusted network.
 
 WORKDIR /app
 # torch first and pinned, from the index that matches the hardware.

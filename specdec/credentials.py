@@ -9,6 +9,7 @@ writes, each file mode 0600 in a 0700 folder (existing files are kept unless --f
     client.crt/client.key  the orchestrator's client certificate (mutual TLS to the services)
     tokens                 tenant:token lines for the orchestrator (--auth-tokens)
     specdec.env            SPECDEC_SERVICE_TOKEN and SPECDEC_REDIS_PASSWORD (compose env_file)
+    redis.conf             Redis on TLS only, with that password (paths as compose mounts them)
 
 and prints one client token. Nothing here is for production PKI: it is a
 private CA that lives as long as the folder does.
@@ -107,9 +108,15 @@ def generate(folder: Path, *, hosts=DEFAULT_HOSTS, tenants=("default",), force: 
     _write(folder / "client.key", _pem_key(client_key))
     tokens = {tenant: random.token_urlsafe(32) for tenant in tenants}
     _write(folder / "tokens", "".join(f"{t}:{tok}\n" for t, tok in tokens.items()).encode())
+    redis_password = random.token_urlsafe(24)
     _write(folder / "specdec.env", (
         f"SPECDEC_SERVICE_TOKEN={random.token_urlsafe(32)}\n"
-        f"SPECDEC_REDIS_PASSWORD={random.token_urlsafe(24)}\n"
+        f"SPECDEC_REDIS_PASSWORD={redis_password}\n"
+    ).encode())
+    _write(folder / "redis.conf", (  # paths as compose.yaml mounts the folder
+        "port 0\ntls-port 6379\ntls-auth-clients no\n"
+        "tls-cert-file /secrets/server.crt\ntls-key-file /secrets/server.key\n"
+        f"tls-ca-cert-file /secrets/ca.crt\nrequirepass {redis_password}\n"
     ).encode())
     return tokens
 
@@ -130,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileExistsError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"wrote {args.folder}/: ca.crt, server.crt/key, client.crt/key, tokens, specdec.env",
+    print(f"wrote {args.folder}/: ca.crt, server.crt/key, client.crt/key, tokens, specdec.env, "
+          "redis.conf",
           file=sys.stderr)
     for tenant, token in tokens.items():
         print(f"{tenant}: {token}")

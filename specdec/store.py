@@ -1,12 +1,15 @@
 """Redis-backed session handles and service registry (the only module importing redis).
 
 Redis holds handles, never tensors: per session, the committed token ids and
-which target/draft replica holds its KV cache and at what length. Sampling
-parameters and the seed are not kept: each request carries its own, and the
-counter-based RNG draws from (seed, position) alone, so nothing else is needed
-to resume. Each round writes the whole record in one MULTI/EXEC transaction,
-so any orchestrator replica can resume a session from Redis alone and never
-sees a half-written round.
+which target/draft replica holds its KV cache and at what length, plus where
+the current turn started and its seed (a request with seed 0 gets a random
+one; a resumed turn must draw the same numbers). Sampling parameters are not
+kept: each request carries its own. Each write stores the whole record in one
+MULTI/EXEC transaction, so any orchestrator replica can resume a session from
+Redis alone and never sees a half-written round. A kept session (multi-turn)
+lives for the session TTL after its last write; a single-turn one only for a
+short TTL (it is deleted when its stream finishes, the TTL covers a stream
+that never finishes).
 
 Services register (address, role, model, tokenizer fingerprint, load) under a
 key with a TTL that a heartbeat refreshes; a replica that stops beating drops
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from array import array
 from collections.abc import Awaitable, Callable
@@ -33,6 +37,7 @@ from specdec.security import redact_url
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "specdec:"
 SESSION_TTL_S = 3600
+SINGLE_TURN_TTL_S = 300  # a single-turn record outlives its stream only if the stream never ends
 HEARTBEAT_S = 2.0
 
 
@@ -41,9 +46,15 @@ class StoreUnavailable(Unavailable):
 
 
 def connect(url: str = DEFAULT_URL, *, timeout_s: float = 1.0) -> aioredis.Redis:
-    """An asyncio Redis client with short timeouts (fail fast instead of hanging)."""
+    """An asyncio Redis client with short timeouts (fail fast instead of hanging).
+
+    TLS: a `rediss://` URL; redis-py reads its TLS settings from the query
+    (`?ssl_ca_certs=/path/ca.crt&ssl_certfile=...&ssl_keyfile=...`). A password
+    the URL does not carry comes from SPECDEC_REDIS_PASSWORD (out of argv and logs).
+    """
     return aioredis.Redis.from_url(
         url,
+        password=os.environ.get("SPECDEC_REDIS_PASSWORD") or None,
         socket_connect_timeout=timeout_s,
         socket_timeout=timeout_s,
         retry_on_timeout=False,
@@ -75,6 +86,9 @@ class SessionRecord:
     target_len: int = 0  # committed tokens that replica holds
     draft: str = ""
     draft_len: int = 0
+    turn_start: int = 0  # index of the current turn's first generated token (its prompt length)
+    turn_seed: int = 0  # the seed the current turn samples with
+    keep: bool = False  # a multi-turn session (session TTL); else single-turn (short TTL)
     created: float = 0.0
     updated: float = 0.0
     tenant: str = ""  # who created it; nobody else may see or continue it
@@ -86,6 +100,9 @@ class SessionRecord:
             "target_len": str(self.target_len).encode(),
             "draft": self.draft.encode(),
             "draft_len": str(self.draft_len).encode(),
+            "turn_start": str(self.turn_start).encode(),
+            "turn_seed": str(self.turn_seed).encode(),
+            "keep": b"1" if self.keep else b"0",
             "created": repr(self.created).encode(),
             "updated": repr(self.updated).encode(),
             "tenant": self.tenant.encode(),
@@ -102,6 +119,9 @@ class SessionRecord:
             target_len=int(h.get(b"target_len", b"0")),
             draft=h.get(b"draft", b"").decode(),
             draft_len=int(h.get(b"draft_len", b"0")),
+            turn_start=int(h.get(b"turn_start", b"0")),
+            turn_seed=int(h.get(b"turn_seed", b"0")),
+            keep=h.get(b"keep", b"1") == b"1",  # records from before the flag were all kept
             created=float(h.get(b"created", b"0")),
             updated=float(h.get(b"updated", b"0")),
             tenant=h.get(b"tenant", b"").decode(),
@@ -109,7 +129,8 @@ class SessionRecord:
 
 
 class SessionStore:
-    """Session records as Redis hashes under `<prefix>session:<id>`, each with a TTL."""
+    """Session records as Redis hashes under `<prefix>session:<id>`, each with a TTL
+    (`ttl_s` for kept sessions, `single_turn_ttl_s` for single-turn ones)."""
 
     def __init__(
         self,
@@ -118,11 +139,13 @@ class SessionStore:
         url: str = DEFAULT_URL,
         prefix: str = DEFAULT_PREFIX,
         ttl_s: int = SESSION_TTL_S,
+        single_turn_ttl_s: int = SINGLE_TURN_TTL_S,
     ) -> None:
         self._r = client
         self._url = url
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self.single_turn_ttl_s = min(single_turn_ttl_s, ttl_s)
 
     def _key(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
@@ -138,7 +161,7 @@ class SessionStore:
         key = self._key(record.session_id)
         pipe = self._r.pipeline(transaction=True)
         pipe.hset(key, mapping=record.to_hash())
-        pipe.expire(key, self.ttl_s)
+        pipe.expire(key, self.ttl_s if record.keep else self.single_turn_ttl_s)
         await _guard("session save", self._url, pipe.execute())
         return record
 
@@ -215,6 +238,9 @@ class ServiceRegistry:
         pipe.set(self._key(entry.role, entry.replica_id), json.dumps(asdict(entry)),
                  px=int(self.ttl_s * 1000))
         pipe.zadd(self._index(entry.role), {entry.replica_id: now + self.ttl_s})
+        # The index outlives no entry in it: once every replica of the role stops
+        # beating it expires with them (each beat sets it to its own entry's expiry, the latest).
+        pipe.pexpire(self._index(entry.role), int(self.ttl_s * 1000))
         await _guard("service register", self._url, pipe.execute())
 
     async def deregister(self, role: str, replica_id: str) -> None:

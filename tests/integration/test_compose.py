@@ -43,7 +43,14 @@ def test_compose_gpus_profiles_and_health_checks():
         assert test[:3] == ["CMD", "specdec", "health"], name
         port = services[name]["environment"]["SPECDEC_PORT"]
         assert test[3] == f"127.0.0.1:{port}", name
-        assert services[name]["environment"]["SPECDEC_REDIS_URL"] == "redis://redis:6379/0"
+        env = services[name]["environment"]
+        assert env["SPECDEC_REDIS_URL"].startswith("rediss://redis:6379/0"), name  # Redis over TLS
+        assert env["SPECDEC_TLS_CERT"] and env["SPECDEC_HOST"] == "0.0.0.0", name
+    orchestrator = services["orchestrator"]
+    assert orchestrator["environment"]["SPECDEC_AUTH_TOKENS"] == "/secrets/tokens"
+    assert all(p.startswith("127.0.0.1:") for p in orchestrator["ports"])  # not every interface
+    for name in ("target", "draft", "target-cpu", "draft-cpu"):
+        assert services[name]["environment"]["SPECDEC_TLS_CLIENT_CA"], name  # mutual TLS
 
 
 def test_dockerfile_copies_what_exists_and_installs_the_package():
@@ -62,3 +69,12 @@ def test_health_subcommand(stack):
     dead = subprocess.run([sys.executable, "-m", "specdec.cli", "health", f"127.0.0.1:{free_port()}",
                            "--timeout", "1"], capture_output=True, text=True, timeout=60)
     assert dead.returncode == 1 and "UNAVAILABLE" in dead.stderr
+
+
+def test_compose_redis_keeps_sessions_across_a_restart():
+    spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    redis = spec["services"]["redis"]
+    command = " ".join(redis["command"])  # a plain argv or a shell line
+    assert "--appendonly yes" in command and "--appendonly no" not in command
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert "redis-data" in spec["volumes"]
