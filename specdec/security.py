@@ -285,11 +285,12 @@ def add_security_args(parser: argparse.ArgumentParser, *, auth: str) -> None:
 
 
 def security_from_args(args: argparse.Namespace) -> ServerSecurity:
+    tenants = hasattr(args, "auth_tokens")  # the orchestrator: its --service-token is outgoing
     return ServerSecurity(
         tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
         tls_client_ca=args.tls_client_ca or "",
-        auth_tokens=getattr(args, "auth_tokens", "") or "",
-        service_token=getattr(args, "service_token", "") or "",
+        auth_tokens=(args.auth_tokens or "") if tenants else "",
+        service_token="" if tenants else (getattr(args, "service_token", "") or ""),
         insecure=bool(args.insecure),
     )
 

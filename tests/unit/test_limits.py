@@ -42,3 +42,4 @@ def test_message_caps_follow_the_model() -> None:
     receive, send = model_message_caps(vocab=49_152, max_k=16, max_request_tokens=8192)
     assert send >= 17 * 49_152 * 4 and send < 5 << 20
     assert 8192 * 10 <= receive < 1 << 20
+
