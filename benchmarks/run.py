@@ -29,7 +29,10 @@ distributions travel dense) on 1 prompt at k = 4; one torch thread per process.
 Scale with --per-category, --max-new-tokens, --reps.
 
 Outputs (--out, default benchmarks/results/latest): results.json (every raw
-figure + environment), results.md, PNG plots.
+figure + environment), results.md, PNG plots. With --trace-dir DIR every
+process started here writes its OpenTelemetry spans to DIR/<name>.jsonl, each
+service request carries its own trace id (records' "trace_id"), and
+`specdec trace DIR --trace-id ID` draws one of them.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import shlex
 import shutil
 import signal
@@ -167,6 +171,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
     p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--trace-dir", type=Path, default=None,
+                   help="record round-level traces: each started process writes DIR/<name>.jsonl "
+                        "(--trace-file); each record gets its trace_id")
     args = p.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     for key, value in sizes.items():
@@ -259,9 +266,10 @@ def _seed(args, prompt_index: int) -> int:
 class ServiceRunner:
     """Generate requests against one orchestrator (direct or through the link)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, traced: bool = False) -> None:
         from specdec.v1 import orchestrator_pb2_grpc
 
+        self.traced = traced  # send a traceparent with each request, so its trace id is known
         self.channel = grpc.insecure_channel(address)
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
@@ -281,8 +289,10 @@ class ServiceRunner:
         token_ids: list[int] = []
         stats = None
         ttft = None
+        trace_id = secrets.token_hex(16) if self.traced else ""
+        metadata = [("traceparent", f"00-{trace_id}-{secrets.token_hex(8)}-01")] if trace_id else None
         start = time.perf_counter()
-        for event in self.stub.Generate(request, timeout=600):
+        for event in self.stub.Generate(request, timeout=600, metadata=metadata):
             if event.HasField("chunk"):
                 if ttft is None and event.chunk.token_ids:
                     ttft = time.perf_counter() - start
@@ -292,12 +302,14 @@ class ServiceRunner:
         wall = time.perf_counter() - start
         if stats is None:
             raise RuntimeError(f"{item.config.name} {item.prompt.id}: stream ended without Stats")
-        # Not timed: free the session's KV on both services.
-        self.stub.EndSession(pb.EndSessionRequest(session_id=stats.session_id), timeout=30)
+        # Not timed: free the session's KV on both services (a single-turn session has no id left).
+        if stats.session_id:
+            self.stub.EndSession(pb.EndSessionRequest(session_id=stats.session_id), timeout=30)
         s = _message_dict(stats)
         return dict(token_ids=token_ids, new_tokens=len(token_ids), wall_s=wall,
                     ttft_s=ttft if ttft is not None else wall, target_passes=s["target_passes"],
-                    draft_passes=s["draft_calls"], prompt_tokens=s["prompt_tokens"], stats=s)
+                    draft_passes=s["draft_calls"], prompt_tokens=s["prompt_tokens"], stats=s,
+                    **({"trace_id": trace_id} if trace_id else {}))
 
     def close(self) -> None:
         self.channel.close()
@@ -472,18 +484,19 @@ def main(argv: list[str] | None = None) -> int:
     model_info: dict = {}
     try:
         if args.orchestrator:
-            runners["direct"] = ServiceRunner(args.orchestrator)
+            runners["direct"] = ServiceRunner(args.orchestrator, traced=args.trace_dir is not None)
         else:
             stack = Stack(StackSpec(target=args.target, draft=args.draft,
                                     draft_layers=args.draft_layers, device=args.device,
                                     dtype=args.dtype, draft_dtype=args.draft_dtype,
-                                    threads=args.threads,
+                                    threads=args.threads, trace_dir=args.trace_dir,
                                     redis_url=args.redis_url, log_dir=workdir / "logs"))
             print("starting target, draft and orchestrator...", file=sys.stderr)
             stack.start(with_link=not args.no_network)
-            runners["direct"] = ServiceRunner(stack.orchestrator_address)
+            traced = args.trace_dir is not None
+            runners["direct"] = ServiceRunner(stack.orchestrator_address, traced=traced)
             if stack.linked_address:
-                runners["linked"] = ServiceRunner(stack.linked_address)
+                runners["linked"] = ServiceRunner(stack.linked_address, traced=traced)
         if not args.no_peer:
             print("loading the in-process peer...", file=sys.stderr)
             runners["peer"] = PeerRunner(args)

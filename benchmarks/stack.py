@@ -30,6 +30,8 @@ class StackSpec:
     # k for requests that send k = 0: "auto" picks it each round (svc-draft-auto); every
     # other configuration sends its own k, so this touches nothing else.
     default_k: str = "auto"
+    # --trace-dir: every process appends its spans to DIR/<name>.jsonl (specdec.tracing).
+    trace_dir: Path | None = None
 
 
 @dataclass
@@ -52,10 +54,14 @@ class Stack:
             self._processes = Processes(self.spec.log_dir, env=env)
         return self._processes
 
+    def _trace_file(self, name: str) -> Path | None:
+        return self.spec.trace_dir / f"{name}.jsonl" if self.spec.trace_dir else None
+
     def _service_argv(self, role: str, port: int, model: str | None, layers: int | None,
                       dtype: str | None) -> list[str]:
         return service_argv(role, port, model=model, num_layers=layers, dtype=dtype,
-                            device=self.spec.device, threads=self.spec.threads)
+                            device=self.spec.device, threads=self.spec.threads,
+                            trace_file=self._trace_file(role))
 
     def _draft_argv(self, port: int) -> list[str]:
         """--draft folder; else an early exit of the target; else the service's own default."""
@@ -81,7 +87,8 @@ class Stack:
         port = procs.free_port()
         argv = orchestrator_argv(port, tokenizer=self.spec.target, targets=[target], drafts=[draft],
                                  redis_url=self.spec.redis_url, redis_prefix=self.prefix,
-                                 default_k=self.spec.default_k, threads=1)
+                                 default_k=self.spec.default_k, threads=1,
+                                 trace_file=self._trace_file(name))
         return self._group().serve(name, argv, port, timeout=timeout)
 
     def start(self, *, with_link: bool) -> None:

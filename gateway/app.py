@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 from fastapi import FastAPI, Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
@@ -39,12 +39,16 @@ _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "
 HTTP_REQUESTS = Counter("specdec_http_requests_total",
                         "HTTP responses of the OpenAI-compatible gateway, by route and status",
                         ["route", "status"])
+HTTP_SECONDS = Histogram("specdec_http_request_duration_seconds",
+                         "HTTP request latency at the gateway, from the request to the response's "
+                         "last byte (a stream: its whole length), by route", ["route"],
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 DISCONNECTS = Counter("specdec_http_stream_disconnects_total",
                       "Streams the HTTP client left before the end (generation cancelled)")
 
 
 class _CountResponses:
-    """Pure ASGI middleware: count each response's status (no per-chunk wrapping)."""
+    """Pure ASGI middleware: count each response's status and time it to its last byte."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -54,11 +58,14 @@ class _CountResponses:
             return await self.app(scope, receive, send)
         path = scope["path"]
         route = path if path in _ROUTES else "/v1/models" if path.startswith("/v1/models/") else "other"
+        start = time.perf_counter()
 
         async def counted(message) -> None:
             if message["type"] == "http.response.start":
                 HTTP_REQUESTS.labels(route, str(message["status"])).inc()
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                HTTP_SECONDS.labels(route).observe(time.perf_counter() - start)
 
         await self.app(scope, receive, counted)
 

@@ -29,6 +29,7 @@ from orchestrator.sessions import open_session
 from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling
 from orchestrator.stats import RoundTally, Tally, Timer
 from orchestrator.text import IncrementalDecoder
+from specdec import tracing
 from specdec.core.fingerprint import extend, prefix_fingerprints
 from specdec.core.kv import keep_lengths
 from specdec.core.speedup import AcceptanceEstimator
@@ -48,6 +49,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
     # Round 1's clock starts with the request (the Tally's): it carries the set-up below.
     tally = Tally(prompt_tokens=len(spec.prompt_ids), seed=spec.seed or secrets.randbits(63) + 1)
+    trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
     session = await open_session(spec, config, tally)
     with Timer(tally, "redis_ms"):  # routing reads the registry
         proposer = await open_proposer(spec, config, session.id, session.draft_home())
@@ -69,18 +71,21 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed)
 
             # 1. Propose (the proposer recovers from its own failures).
-            proposal = await proposer.propose(ctx)
+            with trace.step("propose"):
+                proposal = await proposer.propose(ctx)
             drafted = proposal.tokens[: rnd.k]
             tally.draft_calls += proposal.call is not None
             rnd.add_call(proposal.call, "draft", proposal.cache_misses)
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
-            reply = await _score(session.target, ctx, drafted, config.target_wait_s)
+            with trace.step("score"):
+                reply = await _score(session.target, ctx, drafted, config.target_wait_s)
             tally.target_passes += 1
             rnd.add_call(reply.call, "target", reply.cache_misses)
 
             # 3. Verify.
-            verdict = _verify(ctx, drafted, proposal, reply.response)
+            with trace.step("verify"):
+                verdict = _verify(ctx, drafted, proposal, reply.response)
             tally.add_verdict(len(drafted), verdict)
             rnd.drafted, rnd.accepted = len(drafted), verdict.accepted
             if adaptive is not None and proposer.proposes:
@@ -106,7 +111,9 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             tally.chunk_sent()
             yield ChunkEvent(text=text, token_ids=kept)
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
-    except BaseException:
+            trace.round_closed(rnd)
+    except BaseException as exc:
+        trace.abort(exc)
         # A client that went away (cancellation) or any failure mid-stream: the
         # session's KV must not linger on either service.
         await asyncio.shield(session.abandon(proposer.replica))
@@ -114,6 +121,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     tally.finish_reason = finish
     tally.proposer, tally.fallback_reason = proposer.name, proposer.fallback_reason
     tally.finish()
+    trace.finish()
     yield tally
 
 

@@ -16,6 +16,19 @@ REUSED = Counter("specdec_reused_prompt_tokens_total", "Prompt tokens served fro
 CACHE_MISSES = Counter("specdec_orchestrator_cache_misses_total", "Cache misses recovered by resending")
 TTFT = Histogram("specdec_ttft_seconds", "Time to the first streamed chunk",
                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+DRAFTED_AT = Counter("specdec_drafted_at_position_total",
+                     "Rounds that drafted a token at this draft position (1 = first drafted token)",
+                     ["position"])
+ACCEPTED_AT = Counter("specdec_accepted_at_position_total",
+                      "Rounds whose drafted token at this position was accepted", ["position"])
+PHASES = ("draft", "target", "network", "serialize", "orchestrator", "redis")
+ROUND_PHASE = Histogram("specdec_round_phase_seconds",
+                        "Time of one round spent in each phase (Stats.rounds: draft and target "
+                        "compute, network, serialization, orchestrator, Redis waits)", ["phase"],
+                        buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                 0.1, 0.25, 0.5, 1.0))
+for _phase in PHASES:  # every series exists before the first generation
+    ROUND_PHASE.labels(_phase)
 OVERHEAD = Histogram("specdec_round_overhead_seconds",
                      "Median per-round time outside the services' compute, per generation",
                      buckets=(0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05))
@@ -34,3 +47,9 @@ def observe(t: Tally) -> None:
     CACHE_MISSES.inc(t.cache_misses)
     TTFT.observe(t.ttft_ms / 1e3)
     OVERHEAD.observe(t.overhead_p50_ms / 1e3)
+    for i, (drafted, accepted) in enumerate(zip(t.drafted_at, t.accepted_at), 1):
+        DRAFTED_AT.labels(str(i)).inc(drafted)
+        ACCEPTED_AT.labels(str(i)).inc(accepted)
+    for r in t.rounds:
+        for phase in PHASES:
+            ROUND_PHASE.labels(phase).observe(getattr(r, f"{phase}_ms") / 1e3)

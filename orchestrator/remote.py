@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from specdec import tracing
 from specdec.core.fingerprint import EMPTY, extend
 from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
 from specdec.security import ServiceClientSecurity, aio_channel
@@ -125,8 +126,9 @@ class ModelClient:
         encoded = time.perf_counter()
         try:
             raw = await method(payload, timeout=timeout_s or self.timeout_s,
-                               metadata=self._metadata)
+                               metadata=tracing.rpc_metadata(self._metadata))  # + the trace context
         except grpc.aio.AioRpcError as exc:
+            tracing.rpc_span(self.role, name, self.address, start, encoded, None, time.perf_counter(), error=exc)
             if is_cache_miss(exc):
                 raise CacheMiss(f"{self.role} {exc.details()}") from None
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -150,6 +152,7 @@ class ModelClient:
             bytes_received=len(raw),
             serialize_ms=((encoded - start) + (end - received)) * 1e3,
         )
+        tracing.rpc_span(self.role, name, self.address, start, encoded, received, end, call)
         return response, call
 
     async def get_info(self, timeout_s: float = 5.0) -> common_pb2.ModelInfo:

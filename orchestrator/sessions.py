@@ -19,6 +19,7 @@ from dataclasses import replace
 from orchestrator.remote import ModelClient, SessionReplica, place
 from orchestrator.spec import GenerateSpec, LoopConfig, RecordStore
 from orchestrator.stats import RoundTally, Tally, Timer
+from specdec import tracing
 from specdec.errors import NotFound, Unavailable
 from specdec.store import SessionRecord
 
@@ -126,4 +127,6 @@ async def _timed_save(store: RecordStore, record: SessionRecord, rnd: RoundTally
     """store.save, noting the write's own duration on the round that made it."""
     start = time.perf_counter()
     await store.save(record)
-    rnd.redis_write_ms = (time.perf_counter() - start) * 1e3
+    end = time.perf_counter()
+    rnd.redis_write_ms = (end - start) * 1e3
+    tracing.interval("redis write", start, end, round_state=True)  # under the round's commit span (tracing on)

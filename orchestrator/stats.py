@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.remote import Call
+from specdec import tracing
 from specdec.core.verify import Verdict
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -165,8 +166,10 @@ class Timer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.ms = (time.perf_counter() - self.start) * 1e3
+        end = time.perf_counter()
+        self.ms = (end - self.start) * 1e3
         setattr(self.tally, self.attr, getattr(self.tally, self.attr) + self.ms)
+        tracing.interval("redis wait" if self.attr == "redis_ms" else self.attr, self.start, end)
 
 
 def stats_to_proto(t: Tally) -> pb.Stats:

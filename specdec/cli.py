@@ -344,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a CA, certificates and tokens into a folder (specdec secrets --help)")
     sub.add_parser("distill", add_help=False,
                    help="train a draft model for a target (its own flags: specdec distill --help)")
+    sub.add_parser("trace", add_help=False,
+                   help="draw one request's trace as a timeline PNG (specdec trace --help)")
     return p
 
 
@@ -357,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         from specdec.distill.cli import main as distill_main
 
         return distill_main(argv[1:])
+    if argv[:1] == ["trace"]:  # its own parser: python -m specdec.tracing.plot
+        from specdec.tracing.plot import main as trace_main
+
+        return trace_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

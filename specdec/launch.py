@@ -53,13 +53,14 @@ def service_argv(
     redis_url: str | None = None,
     redis_prefix: str | None = None,
     metrics_port: int | None = None,
+    trace_file: str | Path | None = None,
     extra: Iterable[str] = (),
 ) -> list[str]:
     """`python -m {role}_service ...`; unset options keep the service's defaults."""
     return ["python", "-m", f"{role}_service", "--port", str(port), *_flags(
         model=model, device=device, dtype=dtype, num_layers=num_layers, threads=threads,
         replica_id=replica_id, redis_url=redis_url, redis_prefix=redis_prefix,
-        metrics_port=metrics_port,
+        metrics_port=metrics_port, trace_file=trace_file,
     ), *extra]
 
 
@@ -75,12 +76,14 @@ def orchestrator_argv(
     default_proposer: str | None = None,
     default_k: str | None = None,
     metrics_port: int | None = None,
+    trace_file: str | Path | None = None,
     extra: Iterable[str] = (),
 ) -> list[str]:
     """`python -m orchestrator ...`; with no targets/drafts it discovers them in Redis."""
     argv = ["python", "-m", "orchestrator", "--port", str(port), *_flags(
         tokenizer=tokenizer, redis_url=redis_url, redis_prefix=redis_prefix, threads=threads,
         default_proposer=default_proposer, default_k=default_k, metrics_port=metrics_port,
+        trace_file=trace_file,
     )]
     for address in targets:
         argv += ["--target", address]

@@ -122,6 +122,7 @@ class KVCacheStore:
                             "held for this session")
         else:
             session.crop(cache_position)
+            metrics.CACHE_HITS.inc()
         session.last_used = time.monotonic()
         self._sessions.move_to_end(session_id)
         return session

@@ -24,6 +24,9 @@ CACHE_BYTES = Gauge("specdec_cache_bytes", "Bytes held by all sessions' KV cache
 EVICTIONS = Counter(
     "specdec_cache_evictions_total", "Sessions dropped by the service", ["reason"]
 )  # reason: max_sessions, budget, ttl
+CACHE_HITS = Counter(
+    "specdec_cache_hits_total", "Requests served from the session's cached prefix (cache_position > 0)"
+)
 CACHE_MISSES = Counter(
     "specdec_cache_misses_total", "Requests answered with FAILED_PRECONDITION cache miss", ["reason"]
 )  # reason: unknown_session, beyond_held, prefix_mismatch

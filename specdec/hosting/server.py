@@ -34,6 +34,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter
 
+from specdec import tracing
 from specdec.errors import ErrorInterceptor
 from specdec.security import ServerSecurity, add_security_args, security_from_args
 from specdec.hosting.drain import Drain
@@ -61,6 +62,7 @@ class ServerOptions:
     redis_prefix: str = "specdec:"
     advertise_address: str = ""  # what others dial; default host:port
     log_level: str = "INFO"
+    trace_file: str = ""  # JSON-lines spans (specdec.tracing); "" = off unless OTEL_TRACES_EXPORTER
     metrics_host: str = "127.0.0.1"  # the metrics endpoint's bind address
     security: ServerSecurity = ServerSecurity()  # TLS, tokens, --insecure
     # gRPC message caps; the model services size them from the model (serve.py).
@@ -115,6 +117,7 @@ def add_server_args(parser: argparse.ArgumentParser, *, default_port: int,
                         "[SPECDEC_ADVERTISE_ADDRESS]")
     g.add_argument("--log-level", default=env_default("log_level", "INFO"),
                    help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
+    tracing.add_args(g)
     add_security_args(parser, auth=auth)
 
 
@@ -128,6 +131,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         redis_prefix=args.redis_prefix,
         advertise_address=args.advertise_address or "",
         log_level=str(args.log_level).upper(),
+        trace_file=args.trace_file or "",
         metrics_host=args.metrics_host,
         security=security_from_args(args),
     )
@@ -157,8 +161,12 @@ async def serve(
     if drain is not None:
         interceptors = [*interceptors, drain.interceptor()]
     options.security.check_bind(options.host)
+    # service.name: specdec-target, specdec-draft, specdec-orchestrator
+    tracing.configure(options.trace_file, "specdec-" + service_names[0].rsplit(".", 1)[-1]
+                      .removesuffix("Service").lower())
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
+        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors,
+                      *tracing.server_interceptors(options.public_address)],
         options=[("grpc.max_send_message_length", options.max_send_bytes),
                  ("grpc.max_receive_message_length", options.max_receive_bytes)],
     )
@@ -209,6 +217,7 @@ async def serve(
         log.info("drain %s: %d call(s) refused, %d still running",
                  "done" if settled else "deadline reached", drain.refused, drain.in_flight)
     await server.stop(max(0.0, deadline - time.monotonic()))
+    tracing.shutdown()  # flush the spans still queued
     log.info("stopped")
 
 
