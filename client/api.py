@@ -19,12 +19,23 @@ Against a secured orchestrator: `Client(address, token="...", ca="ca.pem")`
 `await c.complete(...)`). Only the proto (specdec.v1) is used: the stats are
 the `specdec.v1.Stats` message. Errors are `grpc.RpcError`s with the server's
 status code and a message naming the offending field.
+
+Give several orchestrator addresses (a list, or one string with commas) and a
+stream that breaks with UNAVAILABLE (its orchestrator died, or Redis stayed
+down past the server's bound) is resumed on the next address: the request is
+sent again with the session id from its first chunk and `resume_from` = the
+index after the last token received, and the caller sees one uninterrupted
+stream (`retries` bounds the attempts). A request is single-turn unless
+`keep_session=True`; then `stats.session_id` continues it.
 """
 from __future__ import annotations
 
+import asyncio
+import time
+
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 
@@ -38,6 +49,9 @@ _PROPOSERS = {"default": pb.PROPOSER_UNSPECIFIED, "draft": pb.PROPOSER_DRAFT,
               "lookup": pb.PROPOSER_LOOKUP, "guess": pb.PROPOSER_GUESS, "none": pb.PROPOSER_NONE}
 Stats = pb.Stats
 Metadata = Sequence[tuple[str, str]]
+# A stream broken with these is resumed on the next address: the orchestrator is gone
+# (the connection broke) or a dependency stayed down.
+RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,7 @@ class Chunk:
 
     text: str
     token_ids: tuple[int, ...]
+    start_index: int = 0  # index of token_ids[0] in the session's tokens (the prompt's come first)
 
 
 @dataclass(frozen=True)
@@ -75,12 +90,14 @@ def build_request(
     guess: str = "",
     session_id: str = "",
     strict: bool = False,
+    keep_session: bool = False,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
     temperature 0 is greedy; seed 0 lets the server pick one (reported in stats.seed);
-    k 0 is the server's default; session_id continues a conversation (send the
-    whole conversation again: the shared prefix is served from cache).
+    k 0 is the server's default; keep_session=True keeps the session for later
+    turns (its id is stats.session_id), session_id continues one (send the whole
+    conversation again: the shared prefix is served from cache).
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -99,46 +116,124 @@ def build_request(
         guess=guess,
         session_id=session_id,
         strict=strict,
+        keep_session=keep_session,
     )
 
 
-class Stream:
-    """Chunks of one generation as they commit; `stats` is set once it is exhausted."""
+def split_addresses(address: str | Sequence[str]) -> list[str]:
+    """["a:1", "b:2"] from "a:1,b:2", ["a:1", "b:2"] or ["a:1,b:2"]."""
+    items = [address] if isinstance(address, str) else list(address)
+    addresses = [a.strip() for item in items for a in item.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("address: give at least one orchestrator address")
+    return addresses
 
-    def __init__(self, call: grpc.UnaryStreamMultiCallable, request: pb.GenerateRequest,
-                 timeout: float | None, metadata: Metadata | None = None) -> None:
-        self._call = call(request, timeout=timeout, metadata=metadata)
+
+class _Resume:
+    """A stream's progress (session id, index received up to) and the request that resumes it."""
+
+    def __init__(self, request: pb.GenerateRequest, retries: int) -> None:
+        self.request, self.retries = request, retries
+        self.session_id, self.next_index, self.failures = request.session_id, 0, 0
+
+    def chunk(self, c: pb.Chunk) -> Chunk:
+        self.session_id = c.session_id or self.session_id
+        self.next_index = c.start_index + len(c.token_ids)
+        return Chunk(c.text, tuple(c.token_ids), c.start_index)
+
+    def again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
+        """The request resuming the stream after `error`, or None when it is not to be retried."""
+        if error.code() not in RESUMABLE or self.failures >= self.retries:
+            return None
+        self.failures += 1
+        request = pb.GenerateRequest()
+        request.CopyFrom(self.request)
+        request.session_id = self.session_id  # "" only if no chunk came: then a plain retry
+        request.resume_from = self.next_index
+        return request
+
+    @property
+    def backoff_s(self) -> float:
+        return min(0.1 * 2 ** (self.failures - 1), 1.0)
+
+
+class _Stream:
+    """What the blocking and asyncio streams share: the call, its progress, and how it resumes."""
+
+    def __init__(self, client: _Orchestrators, request: pb.GenerateRequest, timeout: float | None,
+                 metadata: Metadata | None = None) -> None:
+        self._client, self._timeout, self._metadata = client, timeout, metadata
+        self._resume = _Resume(request, client.retries)
+        self._cancelled = False
+        self._call = client._stub.Generate(request, timeout=timeout, metadata=metadata)
         self.stats: pb.Stats | None = None
+
+    def _receive(self, response: pb.GenerateResponse) -> Chunk | None:
+        if response.HasField("chunk"):
+            return self._resume.chunk(response.chunk)
+        self.stats = response.stats
+        return None
+
+    def _again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
+        """After a break: the request resuming it, or None (the error stands)."""
+        return None if self._cancelled else self._resume.again(error)
+
+    def _restart(self, again: pb.GenerateRequest) -> None:
+        """Send the resuming request to the next address."""
+        stub = self._client._failover()
+        self._call = stub.Generate(again, timeout=self._timeout, metadata=self._metadata)
+
+    @property
+    def session_id(self) -> str:
+        """The stream's session (known from its first chunk on)."""
+        return self._resume.session_id
+
+    def cancel(self) -> None:
+        """Stop the generation (the session keeps what was committed; see keep_session)."""
+        self._cancelled = True
+        self._call.cancel()
+
+
+class Stream(_Stream):
+    """Chunks of one generation as they commit; `stats` is set once it is exhausted.
+
+    A break with UNAVAILABLE is resumed on the client's next address (no
+    duplicates, no gaps); `cancel()` stops it for good.
+    """
 
     def __iter__(self) -> Iterator[Chunk]:
-        for response in self._call:
-            if response.HasField("chunk"):
-                yield Chunk(response.chunk.text, tuple(response.chunk.token_ids))
-            else:
-                self.stats = response.stats
+        while True:
+            try:
+                for response in self._call:
+                    chunk = self._receive(response)
+                    if chunk is not None:
+                        yield chunk
+                return
+            except grpc.RpcError as error:
+                again = self._again(error)
+                if again is None:
+                    raise
+                time.sleep(self._resume.backoff_s)
+                self._restart(again)
 
-    def cancel(self) -> None:
-        """Stop the generation; the server frees the session's caches."""
-        self._call.cancel()
 
-
-class AsyncStream:
+class AsyncStream(_Stream):
     """The asyncio twin of `Stream`."""
 
-    def __init__(self, call, request: pb.GenerateRequest, timeout: float | None,
-                 metadata: Metadata | None = None) -> None:
-        self._call = call(request, timeout=timeout, metadata=metadata)
-        self.stats: pb.Stats | None = None
-
     async def __aiter__(self) -> AsyncIterator[Chunk]:
-        async for response in self._call:
-            if response.HasField("chunk"):
-                yield Chunk(response.chunk.text, tuple(response.chunk.token_ids))
-            else:
-                self.stats = response.stats
-
-    def cancel(self) -> None:
-        self._call.cancel()
+        while True:
+            try:
+                async for response in self._call:
+                    chunk = self._receive(response)
+                    if chunk is not None:
+                        yield chunk
+                return
+            except grpc.RpcError as error:
+                again = self._again(error)
+                if again is None:
+                    raise
+                await asyncio.sleep(self._resume.backoff_s)
+                self._restart(again)
 
 
 def _collect(chunks: Sequence[Chunk], stats: pb.Stats | None) -> Completion:
@@ -158,21 +253,48 @@ def _with_token(token: str | None, metadata: Metadata | None) -> Metadata | None
     return bearer_metadata(token) or None
 
 
-class Client:
-    """A blocking client for one orchestrator address.
+class _Orchestrators:
+    """The addresses a client talks to, one channel each, and which one is current."""
 
-    `token`: sent as `authorization: Bearer <token>`; `ca`: PEM file of the CA
-    that signed the orchestrator's certificate (enables TLS); `cert`/`key`: a
-    client certificate for mutual TLS.
+    def __init__(self, address: str | Sequence[str], *, timeout: float | None = 600.0,
+                 token: str | None = None, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, retries: int = 3) -> None:
+        self.addresses = split_addresses(address)
+        self.timeout, self.retries = timeout, retries
+        self._token = token
+        self._credentials = channel_credentials(ca, cert, key)
+        self._channels: dict[str, Any] = {}
+        self._use(0)
+
+    def _open(self, address: str) -> Any:
+        raise NotImplementedError
+
+    def _use(self, i: int) -> orchestrator_pb2_grpc.OrchestratorStub:
+        """Make address i the current one (its channel opened once)."""
+        self._current = i % len(self.addresses)
+        self.address = self.addresses[self._current]
+        if self.address not in self._channels:
+            self._channels[self.address] = self._open(self.address)
+        self._channel = self._channels[self.address]
+        self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
+        return self._stub
+
+    def _failover(self) -> orchestrator_pb2_grpc.OrchestratorStub:
+        """The next address becomes current (for this stream's resume and later calls)."""
+        return self._use(self._current + 1)
+
+
+class Client(_Orchestrators):
+    """A blocking client for one or more orchestrator addresses (a stream resumes on the next).
+
+    `address`: "host:port", several comma-separated, or a list; `retries`: how
+    many times a broken stream is resumed. `token`: sent as `authorization:
+    Bearer <token>`; `ca`: PEM file of the CA that signed the orchestrator's
+    certificate (enables TLS); `cert`/`key`: a client certificate for mutual TLS.
     """
 
-    def __init__(self, address: str, *, timeout: float | None = 600.0, token: str | None = None,
-                 ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._token = token
-        self._channel = sync_channel(address, channel_credentials(ca, cert, key))
-        self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
+    def _open(self, address: str) -> grpc.Channel:
+        return sync_channel(address, self._credentials)
 
     def generate(self, prompt: str | None = None, *, metadata: Metadata | None = None,
                  **options) -> Stream:
@@ -181,7 +303,7 @@ class Client:
         `metadata` ((key, value) pairs, e.g. ("authorization", "Bearer ...")) goes
         with the call as gRPC metadata.
         """
-        return Stream(self._stub.Generate, build_request(prompt, **options), self.timeout,
+        return Stream(self, build_request(prompt, **options), self.timeout,
                       _with_token(self._token, metadata))
 
     def complete(self, prompt: str | None = None, **options) -> Completion:
@@ -202,7 +324,8 @@ class Client:
         return reply.existed
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels.values():
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -211,20 +334,15 @@ class Client:
         self.close()
 
 
-class AsyncClient:
-    """An asyncio client for one orchestrator address."""
+class AsyncClient(_Orchestrators):
+    """An asyncio client for one or more orchestrator addresses (the options are Client's)."""
 
-    def __init__(self, address: str, *, timeout: float | None = 600.0, token: str | None = None,
-                 ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._token = token
-        self._channel = aio_channel(address, channel_credentials(ca, cert, key))
-        self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
+    def _open(self, address: str) -> grpc.aio.Channel:
+        return aio_channel(address, self._credentials)
 
     def generate(self, prompt: str | None = None, *, metadata: Metadata | None = None,
                  **options) -> AsyncStream:
-        return AsyncStream(self._stub.Generate, build_request(prompt, **options), self.timeout,
+        return AsyncStream(self, build_request(prompt, **options), self.timeout,
                            _with_token(self._token, metadata))
 
     async def complete(self, prompt: str | None = None, **options) -> Completion:
@@ -243,7 +361,8 @@ class AsyncClient:
         return reply.existed
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels.values():
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: the embedded default target [SPECDEC_TOKENIZER]")
     g.add_argument("--session-ttl", type=int, default=env_default("session_ttl", SESSION_TTL_S),
                    help="seconds an idle session is kept [SPECDEC_SESSION_TTL]")
+    g.add_argument("--redis-outage-s", type=float, default=env_default("redis_outage_s", 5.0),
+                   help="a Redis outage up to this many seconds is invisible to streams (writes "
+                        "are retried, reads at session start too); past it a stream ends with "
+                        "UNAVAILABLE and its committed tokens are saved once Redis answers "
+                        "[SPECDEC_REDIS_OUTAGE_S]")
     g.add_argument("--default-proposer", choices=[k for k in KINDS if k != GUESS],
                    default=env_default("default_proposer", "draft"),
                    help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
@@ -145,6 +150,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,
         max_new_tokens_limit=args.max_new_tokens_limit,
+        redis_outage_s=args.redis_outage_s,
     )
 
 

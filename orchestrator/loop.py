@@ -15,11 +15,16 @@ A cache miss from either service resends every committed token from position 0
 (orchestrator.remote.SessionReplica). The proposer handles its own failures
 (orchestrator.proposers), statistics live in orchestrator.stats and the
 session's lifecycle in orchestrator.sessions.
+
+A resume (`resume_from`, after the stream's orchestrator died) runs the same
+loop over the same turn: rounds are a function of the committed tokens, k and
+the seed, so they commit the same tokens again, and only tokens from
+`resume_from` on are streamed (their text is what follows the text of the
+tokens before it). Each chunk carries the absolute index of its first token.
 """
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -43,12 +48,14 @@ from specdec.wire import decode_probs
 class ChunkEvent:
     text: str
     token_ids: list[int]
+    start_index: int = 0  # index of token_ids[0] in the session's tokens (prompt included)
+    session_id: str = ""  # on the stream's first chunk (what a resume names)
 
 
 async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
     """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
     # Round 1's clock starts with the request (the Tally's): it carries the set-up below.
-    tally = Tally(prompt_tokens=len(spec.prompt_ids), seed=spec.seed or secrets.randbits(63) + 1)
+    tally = Tally(prompt_tokens=len(spec.prompt_ids))  # open_session sets the turn's seed
     trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
     session = await open_session(spec, config, tally)
     with Timer(tally, "redis_ms"):  # routing reads the registry
@@ -61,12 +68,13 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     decoder = IncrementalDecoder(config.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
     finish = None
+    sent = 0  # chunks streamed
     try:
         while not finish:
             rnd = RoundTally()
             remaining = spec.max_new_tokens - len(tokens) + len(spec.prompt_ids)
             if proposer.proposes:  # the round's extra token fills the last slot
-                k = k_max if adaptive is None else _adaptive_k(adaptive, tally, k_max)
+                k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
                 rnd.k = max(0, min(k, remaining - 1))
             ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed)
 
@@ -93,7 +101,8 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
             kept, finish = clip_to_stop(verdict.tokens, eos_ids=config.eos_ids, remaining=remaining)
-            text, kept, hit = _detokenize(kept, decoder, holdback)
+            skip = max(0, spec.resume_from - len(tokens))  # already streamed before a resume
+            text, kept, hit = _detokenize(kept, decoder, holdback, skip)
             finish = STOP if hit else finish
             session.target.cached, draft_keep = keep_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
@@ -105,20 +114,26 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             tokens.extend(kept)
             rnd.committed = len(kept)
             tally.new_tokens = len(tokens) - len(spec.prompt_ids)
-            if finish and not hit:
+            fresh = kept[skip:]
+            if finish and not hit and fresh:
                 text += _release_held(decoder, holdback)
             await session.save(tokens, proposer.replica, rnd, last=bool(finish))
-            tally.chunk_sent()
-            yield ChunkEvent(text=text, token_ids=kept)
+            if fresh:
+                tally.chunk_sent()
+                yield ChunkEvent(text=text, token_ids=fresh, start_index=len(tokens) - len(fresh),
+                                 session_id="" if sent else session.id)
+                sent += 1
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
             trace.round_closed(rnd)
     except BaseException as exc:
         trace.abort(exc)
         # A client that went away (cancellation) or any failure mid-stream: the
-        # session's KV must not linger on either service.
+        # record keeps the last committed state; a single-turn session's KV goes.
         await asyncio.shield(session.abandon(proposer.replica))
         raise
     tally.finish_reason = finish
+    if not session.kept:
+        tally.session_id = ""  # deleted: nothing to continue
     tally.proposer, tally.fallback_reason = proposer.name, proposer.fallback_reason
     tally.finish()
     trace.finish()
@@ -161,15 +176,22 @@ def _adaptive_k(estimator: AcceptanceEstimator, tally: Tally, k_max: int) -> int
 
 
 def _detokenize(
-    kept: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None
+    kept: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None, skip: int = 0
 ) -> tuple[str, list[int], bool]:
-    """Text for newly committed tokens; with stop strings, cut after the token completing one."""
+    """Text for newly committed tokens; with stop strings, cut after the token completing one.
+
+    The first `skip` tokens were streamed before (a resume): they go through the
+    decoder and the hold-back, and their text is dropped.
+    """
     if holdback is None:
-        return decoder.push(kept), kept, False
+        if skip:
+            decoder.push(kept[:skip])
+        return (decoder.push(kept[skip:]) if len(kept) > skip else ""), kept, False
     text = ""
     for i, token in enumerate(kept):
         emit, hit = holdback.push(decoder.push([token]))
-        text += emit
+        if i >= skip:
+            text += emit
         if hit:
             return text, kept[: i + 1], True
     return text, kept, False

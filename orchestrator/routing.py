@@ -5,7 +5,9 @@ target's tokenizer fingerprint). When the registry has none of a role, the
 static `--target` / `--draft` addresses are used. A session stays on the
 replica holding its KV while that replica is live; a new session goes to the
 least-loaded replica, counting sessions this process sent there since the
-replica's last heartbeat (so a burst does not pile onto one replica).
+replica's last heartbeat (so a burst does not pile onto one replica). While
+Redis is unreachable, the replicas it listed last are used (a dead one is
+then found by the call itself, which moves the session).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 
 from orchestrator.remote import ModelClient
-from specdec.store import ServiceRegistry
+from specdec.store import ServiceRegistry, StoreUnavailable
 
 
 class Router:
@@ -35,6 +37,7 @@ class Router:
         self._clients: dict[str, ModelClient] = {}
         self._picks: dict[str, list[float]] = {}  # address -> times this process routed to it
         self._rr = 0
+        self._last_live: dict[str, list[tuple[str, float, float]]] = {}  # role -> the registry's last answer
 
     def client(self, address: str, role: str) -> ModelClient:
         """One channel per (address); reused by every session."""
@@ -46,12 +49,23 @@ class Router:
     async def candidates(self, role: str) -> list[tuple[str, float, float]]:
         """(address, load, last heartbeat) of usable replicas of `role`."""
         if self.registry is not None:
+            try:
+                entries = await self.registry.live(role)
+            except StoreUnavailable:
+                if not self._last_live.get(role) and not self.static.get(role):
+                    raise
+                entries = None
             live = [
                 (e.address, e.load, e.seen)
-                for e in await self.registry.live(role)
+                for e in entries or ()
                 if not self.fingerprint or not e.tokenizer_fingerprint
                 or e.tokenizer_fingerprint == self.fingerprint
             ]
+            if live:
+                self._last_live[role] = live
+            elif entries is None or _recent(self._last_live.get(role, []), self.registry.ttl_s):
+                # Redis down, or restarted empty and the replicas have not beaten yet.
+                live = self._last_live.get(role, [])
             if live:
                 return live
         return [(address, 0.0, 0.0) for address in self.static.get(role, [])]
@@ -86,3 +100,8 @@ class Router:
     async def close(self) -> None:
         for client in self._clients.values():
             await client.close()
+
+
+def _recent(entries: Sequence[tuple[str, float, float]], ttl_s: float) -> bool:
+    """Whether a heartbeat in `entries` is younger than one registry TTL."""
+    return any(time.time() - seen < ttl_s for _, _, seen in entries)

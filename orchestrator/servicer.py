@@ -98,6 +98,8 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         guess_ids=tuple(guess_ids),
         session_id=request.session_id,
         strict=request.strict,
+        keep_session=request.keep_session,
+        resume_from=int(request.resume_from),
         tenant=tenant,
     )
 
@@ -125,7 +127,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def _generate(self, spec: GenerateSpec) -> AsyncIterator[pb.GenerateResponse]:
         async for event in generate(spec, self.config):
             if isinstance(event, ChunkEvent):
-                yield pb.GenerateResponse(chunk=pb.Chunk(text=event.text, token_ids=event.token_ids))
+                yield pb.GenerateResponse(chunk=pb.Chunk(
+                    text=event.text, token_ids=event.token_ids, start_index=event.start_index,
+                    session_id=event.session_id))
             else:
                 metrics.observe(event)
                 yield pb.GenerateResponse(stats=stats_to_proto(event))

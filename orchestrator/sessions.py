@@ -1,29 +1,62 @@
-"""A session's lifecycle in the loop: open, save each round's committed state, forget, abandon.
+"""A session's lifecycle in the loop: open, save each round's committed state, finish or give up.
 
 The Redis record (specdec.store.SessionRecord) is the last committed state:
-the committed token ids and, per role, the replica holding the session's KV
-and how many of those tokens it holds. A turn resumes from it on any
-orchestrator replica. Each round's write overlaps the next round's RPCs; the
-next save (or the end of the request) first waits for it, so records land in
-order and a failed write surfaces.
+the committed token ids, per role the replica holding the session's KV and
+how many of those tokens it holds, and where the current turn started and
+its seed. A turn resumes from it on any orchestrator replica.
+
+Writes go through one `RecordWriter` per session: only the latest state
+needs to land, so pending states coalesce, and a write that fails (Redis
+down, frozen or restarting) is retried with backoff while the stream keeps
+going from the loop's in-memory state. Each round waits briefly for the
+previous write (records land in order and lag the stream by about a round).
+A stream gives up with UNAVAILABLE only once Redis has failed for longer than
+the outage bound (`--redis-outage-s`); the writer then goes on in the
+background, for a bounded time, so the committed prefix lands as soon as
+Redis is back.
+
+A failed turn never deletes the record: cancellation, a timeout or an outage
+leave the last committed state for the next turn or a retry. Only EndSession
+and the TTL delete a kept session; a single-turn one (keep_session unset) is
+deleted when its stream finishes.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
+
+import grpc
 
 from orchestrator.remote import ModelClient, SessionReplica, place
 from orchestrator.spec import GenerateSpec, LoopConfig, RecordStore
 from orchestrator.stats import RoundTally, Tally, Timer
 from specdec import tracing
-from specdec.errors import NotFound, Unavailable
-from specdec.store import SessionRecord
+from specdec.errors import InvalidArgument, NotFound, SpecdecError, Unavailable
+from specdec.store import SessionRecord, StoreUnavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WRITE_WAIT_S = 0.25  # longest a round waits for the previous write before going on without it
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 0.25  # backoff between attempts while Redis fails
+# On top of the bound: the outage is seen at the first failed attempt and ends at
+# the first one after Redis answers again (its own start-up included).
+OUTAGE_GRACE_S = 0.5
+_DELETE = object()  # a pending "delete the record" in place of a state
+_WRITERS: dict[str, RecordWriter] = {}  # per session id: this process's one writer
+_BACKGROUND: set[asyncio.Task] = set()  # releases outliving their request
+
+
+class SeedUnknown(SpecdecError):
+    """A sampled turn cannot be resumed: its seed was random and is not recorded."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -34,35 +67,155 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class Session:
-    """One request's hold on a session: its record, the target replica, the write in flight."""
+def outage_error(bound_s: float, what: str) -> Unavailable:
+    return Unavailable(f"redis (the session store) unavailable for more than {bound_s:g} s ({what}); "
+                       "the session's committed tokens are saved once it answers")
 
-    def __init__(self, store: RecordStore, record: SessionRecord, target: SessionReplica,
+
+class RecordWriter:
+    """Lands a session's latest record in Redis, retrying through outages.
+
+    `submit` replaces whatever state is still pending (only the latest needs to
+    land); one task writes, so states land in order. A failed attempt is
+    retried with backoff until `give_up_s` after the outage began.
+    """
+
+    def __init__(self, store: RecordStore, session_id: str, *, give_up_s: float) -> None:
+        self.store, self.session_id, self.give_up_s = store, session_id, give_up_s
+        self._pending: object = None  # a SessionRecord, _DELETE, or None
+        self._rnd: RoundTally | None = None  # the round whose state is pending (its write time)
+        self._task: asyncio.Task | None = None
+        self._since: float | None = None  # start of the first attempt not yet followed by a success
+        self.failing = False  # the last attempt failed (Redis down): nobody waits for the retry
+        self.last_error = ""
+
+    @classmethod
+    def for_session(cls, store: RecordStore, session_id: str, *, give_up_s: float) -> RecordWriter:
+        """The process's writer for `session_id`: a failed turn's, still retrying, is adopted
+        (so its older state can never land after this turn's)."""
+        writer = _WRITERS.get(session_id)
+        if writer is None or writer.store is not store or not writer._same_loop():
+            writer = _WRITERS[session_id] = cls(store, session_id, give_up_s=give_up_s)
+        return writer
+
+    def _same_loop(self) -> bool:
+        return self._task is None or self._task.get_loop() is asyncio.get_running_loop()
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def outage_s(self) -> float:
+        """How long the oldest unlanded state has been waiting on Redis (0 when all landed)."""
+        return time.monotonic() - self._since if self._since is not None and self.busy else 0.0
+
+    def submit(self, state: SessionRecord, rnd: RoundTally | None = None) -> None:
+        self._pending, self._rnd = state, rnd
+        self._start()
+
+    def submit_delete(self) -> None:
+        self._pending, self._rnd = _DELETE, None
+        self._start()
+
+    def cancel(self) -> None:
+        """Drop whatever is pending (the session is being forgotten)."""
+        self._pending = None
+        if self.busy:
+            self._task.cancel()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for every submitted state to land; True when it has."""
+        if self.busy:
+            await asyncio.wait({self._task}, timeout=max(0.0, timeout_s))  # never cancels the write
+        return not self.busy
+
+    def _start(self) -> None:
+        if not self.busy:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        delay = RETRY_FIRST_S
+        try:
+            while self._pending is not None:
+                state, rnd = self._pending, self._rnd
+                self._pending = None
+                start = time.perf_counter()
+                self._since = self._since or time.monotonic()
+                try:
+                    if state is _DELETE:
+                        await self.store.delete(self.session_id)
+                    else:
+                        await self.store.save(state)
+                except StoreUnavailable as exc:
+                    if self._pending is None:  # nothing newer: this state is still the latest
+                        self._pending, self._rnd = state, rnd
+                    self.failing, self.last_error = True, str(exc)
+                    if time.monotonic() - self._since > self.give_up_s:
+                        log.error("session %s: record not saved, redis failing for %.0f s: %s",
+                                  self.session_id, self.give_up_s, exc)
+                        self._pending = None
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, RETRY_MAX_S)
+                    continue
+                end = time.perf_counter()
+                if self._since is not None and time.monotonic() - self._since > 1.0:
+                    log.info("session %s: record saved after a redis outage of %.1f s",
+                             self.session_id, time.monotonic() - self._since)
+                self._since, self.failing, delay = None, False, RETRY_FIRST_S
+                if rnd is not None:
+                    rnd.redis_write_ms = (end - start) * 1e3
+                # under the commit span of the round that submitted it (tracing on)
+                tracing.interval("redis write", start, end, round_state=rnd is not None)
+        finally:
+            if self._pending is None and _WRITERS.get(self.session_id) is self:
+                del _WRITERS[self.session_id]
+
+
+class Session:
+    """One request's hold on a session: its record, the target replica, its record writer."""
+
+    def __init__(self, config: LoopConfig, record: SessionRecord, target: SessionReplica,
                  reuse: int, tally: Tally) -> None:
-        self.store, self.record, self.target, self.tally = store, record, target, tally
+        self.store, self.record, self.target, self.tally = config.store, record, target, tally
+        self.outage_bound_s = config.redis_outage_s
         self.reuse = reuse  # leading prompt tokens equal to the record's committed tokens
-        self._saving: asyncio.Future | None = None  # the previous round's write
+        self.writer = RecordWriter.for_session(config.store, record.session_id,
+                                               give_up_s=config.redis_retry_s)
 
     @property
     def id(self) -> str:
         return self.record.session_id
 
+    @property
+    def kept(self) -> bool:
+        return self.record.keep
+
     def draft_home(self) -> tuple[str, int]:
         """The draft replica the record names and how many of this prompt's tokens it holds."""
         return self.record.draft, min(self.reuse, self.record.draft_len)
+
+    def _check_outage(self, what: str) -> None:
+        if self.writer.outage_s > self.outage_bound_s + OUTAGE_GRACE_S:
+            log.warning("session %s: giving up the stream: %s", self.id, self.writer.last_error)
+            raise outage_error(self.outage_bound_s, what)
 
     async def save(self, tokens: Sequence[int], draft: SessionReplica | None, rnd: RoundTally,
                    *, last: bool) -> None:
         """Record the committed state after a round; the write overlaps the next round.
 
-        Only the wait for the previous write counts as this round's Redis time
-        (the hidden part is in that round's redis_write_ms); the last round also
-        waits for its own. Without a draft replica the record keeps its draft
-        fields, so a later turn with a draft can still reuse that KV.
+        The round first waits for the previous write, but not past WRITE_WAIT_S
+        of it, nor once an attempt has failed: while Redis is slow or down the
+        stream goes on and the writer keeps only the latest state. Only that wait counts as this round's Redis
+        time (the write's own duration is its round's redis_write_ms). Without a
+        draft replica the record keeps its draft fields, so a later turn with a
+        draft can still reuse that KV.
         """
         with Timer(self.tally, "redis_ms"):
-            if self._saving is not None:
-                await self._saving
+            if self.writer.busy and not self.writer.failing:
+                await self.writer.wait(WRITE_WAIT_S - self.writer.outage_s)
+        self._check_outage("session save")
         self.record = replace(
             self.record, tokens=tuple(tokens), target=self.target.address, target_len=self.target.cached,
             draft=draft.address if draft else self.record.draft,
@@ -71,32 +224,85 @@ class Session:
         self.tally.target_replica = self.target.address
         if draft is not None:
             self.tally.draft_replica = draft.address
-        self._saving = asyncio.ensure_future(_timed_save(self.store, self.record, rnd))
+        self.writer.submit(self.record, rnd)
         if last:
             with Timer(self.tally, "redis_ms"):
-                await self._saving
+                await self._finish(draft)
+
+    async def _finish(self, draft: SessionReplica | None) -> None:
+        """A kept session's last state must land (within the outage bound) before the turn ends;
+        a single-turn session's record is deleted and its KV released (neither waits on a fault)."""
+        if self.kept:
+            while not await self.writer.wait(0.05):
+                self._check_outage("session save")
+            return
+        self.writer.submit_delete()
+        await self.writer.wait(WRITE_WAIT_S)  # else it lands in the background
+        _in_background(release_kv(self.id, [self.target.client, draft.client if draft else None]))
 
     async def abandon(self, draft: SessionReplica | None) -> None:
-        """Let an in-flight write land (so it cannot resurrect the record), then forget the session."""
-        if self._saving is not None:
-            try:
-                await self._saving
-            except Exception:  # noqa: BLE001 - the session is being dropped anyway
-                pass
-        clients = [self.target.client, draft.client if draft else None]
-        await forget_session(self.id, self.store, clients)
+        """After a failed or cancelled turn: keep the record (the writer lands the last state,
+        in the background if Redis is down). A single-turn session's KV is released: only a
+        resume comes back to it, and that resends."""
+        if not self.kept:
+            await release_kv(self.id, [self.target.client, draft.client if draft else None])
+
+
+async def retry_redis(fetch: Callable[[], Awaitable[T]], bound_s: float, what: str) -> T:
+    """`fetch()`, retried with backoff while Redis is unavailable, for up to the outage bound."""
+    deadline = time.monotonic() + bound_s + OUTAGE_GRACE_S
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            return await fetch()
+        except StoreUnavailable as exc:
+            if time.monotonic() + delay > deadline:
+                log.warning("%s: %s", what, exc)
+                raise outage_error(bound_s, what) from None
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
+
+
+def _turn_seed(spec: GenerateSpec, record: SessionRecord | None) -> int:
+    """The request's seed; for a resume with seed 0, the one the record kept for this turn."""
+    if spec.seed:
+        return spec.seed
+    if spec.resume_from:
+        if record is not None and record.turn_start == len(spec.prompt_ids) and record.turn_seed:
+            return record.turn_seed
+        if not spec.sampling.greedy:
+            raise SeedUnknown("seed: this sampled turn cannot be resumed: its seed was random and "
+                              "no record of the turn is left (send an explicit seed to make "
+                              "sampled streams resumable)")
+    return secrets.randbits(63) + 1
 
 
 async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> Session:
-    """Resume the Redis record (or start one) and route the target to the replica holding its KV."""
-    with Timer(tally, "redis_ms"):
-        record = await config.store.load(spec.session_id) if spec.session_id else None
-    if record is not None and record.tenant != spec.tenant:
-        record = None  # another tenant's session: exactly as if the id were unknown
-    if spec.session_id and record is None:
+    """Resume the Redis record (or start one) and route the target to the replica holding its KV.
+
+    The turn's start and seed go into the record first (the write overlaps
+    routing and round 1, which waits for it): a resume after this
+    orchestrator dies must draw the same numbers.
+    """
+    if spec.resume_from and spec.resume_from < len(spec.prompt_ids):
+        raise InvalidArgument(f"resume_from: {spec.resume_from} is before the turn's first generated "
+                              f"token (index {len(spec.prompt_ids)})")
+    record = None
+    if spec.session_id:
+        with Timer(tally, "redis_ms"):
+            record = await retry_redis(lambda: config.store.load(spec.session_id),
+                                       config.redis_outage_s, "session load")
+    foreign = record is not None and record.tenant != spec.tenant
+    if foreign:
+        record = None  # another tenant's session: as if the id were unknown, and never overwritten
+    if spec.session_id and record is None and (foreign or not spec.resume_from):
         raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
-    record = record or SessionRecord(session_id=uuid.uuid4().hex, created=time.time(),
-                                     tenant=spec.tenant)
+    seed = tally.seed = _turn_seed(spec, record)
+    # A resume whose record is gone (a single-turn stream that had finished) starts it again.
+    record = record or SessionRecord(session_id=spec.session_id or uuid.uuid4().hex,
+                                     created=time.time(), tenant=spec.tenant)
+    record = replace(record, turn_start=len(spec.prompt_ids), turn_seed=seed,
+                     keep=record.keep or spec.keep_session)
     tally.session_id = record.session_id
     reuse = common_prefix(record.tokens, spec.prompt_ids)
     with Timer(tally, "redis_ms"):
@@ -106,27 +312,34 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address
     tally.reused_prompt_tokens = min(target.cached, len(spec.prompt_ids) - 1)
-    return Session(config.store, record, target, reuse, tally)
+    session = Session(config, record, target, reuse, tally)
+    session.writer.submit(record)
+    return session
 
 
-async def forget_session(session_id: str, store: RecordStore, clients: Sequence[ModelClient | None]) -> None:
-    """Free a session's KV on both services and drop its record (best effort)."""
+def _in_background(coro: Awaitable[None]) -> None:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+async def release_kv(session_id: str, clients: Sequence[ModelClient | None]) -> None:
+    """Free a session's KV on the services (best effort: a service's own LRU/TTL is the backstop)."""
     for client in clients:
         if client is not None:
             try:
                 await client.release(session_id)
             except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
                 log.warning("release of %s on %s failed: %s", session_id, client.address, exc)
+
+
+async def forget_session(session_id: str, store: RecordStore, clients: Sequence[ModelClient | None]) -> None:
+    """Free a session's KV on both services and drop its record (best effort)."""
+    writer = _WRITERS.pop(session_id, None)
+    if writer is not None:
+        writer.cancel()  # a write still retrying must not bring the record back
+    await release_kv(session_id, clients)
     try:
         await store.delete(session_id)
     except Exception as exc:  # noqa: BLE001
         log.warning("dropping session record %s failed: %s", session_id, exc)
-
-
-async def _timed_save(store: RecordStore, record: SessionRecord, rnd: RoundTally) -> None:
-    """store.save, noting the write's own duration on the round that made it."""
-    start = time.perf_counter()
-    await store.save(record)
-    end = time.perf_counter()
-    rnd.redis_write_ms = (end - start) * 1e3
-    tracing.interval("redis write", start, end, round_state=True)  # under the round's commit span (tracing on)

@@ -35,6 +35,8 @@ class GenerateSpec:
     session_id: str = ""  # "" = a new session
     strict: bool = False
     tenant: str = ""  # the authenticated caller; a session is only ever visible to its own
+    keep_session: bool = False  # keep the record for later turns; else deleted when the stream ends
+    resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,5 @@ class LoopConfig:
     default_proposer: str = DRAFT
     max_new_tokens_limit: int = 4096
     target_wait_s: float = 10.0  # how long a round waits for some target replica to answer
+    redis_outage_s: float = 5.0  # a Redis outage up to this long is invisible to streams
+    redis_retry_s: float = 300.0  # how long a record write is retried after its stream gave up

@@ -47,6 +47,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-k", type=int, default=0, help="drafted tokens per round (0 = server default)")
     g.add_argument("--guess", default="", help="expected continuation (--proposer guess)")
     g.add_argument("--session-id", default="", help="continue this session")
+    g.add_argument("--keep-session", action="store_true",
+                   help="keep the session for later turns (its id is printed; --session-id continues it)")
     g.add_argument("--strict", action="store_true", help="fail if the draft service is down")
     g.add_argument("--raw", action="store_true",
                    help="send the prompt as is, without the chat template")
@@ -57,7 +59,7 @@ def _request_options(args: argparse.Namespace) -> dict:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop,
         proposer=args.proposer, k=args.k, guess=args.guess, session_id=args.session_id,
-        strict=args.strict,
+        strict=args.strict, keep_session=args.keep_session,
     )
     if not args.raw:
         options["messages"] = [{"role": "user", "content": args.prompt}]
@@ -77,7 +79,7 @@ def format_stats(stats) -> str:
         f"time: target {stats.target_ms:.0f} ms, draft {stats.draft_ms:.0f} ms, network "
         f"{stats.network_ms:.0f} ms, serialization {stats.serialize_ms:.0f} ms, orchestrator {stats.orchestrator_ms:.0f} ms, redis "
         f"{stats.redis_ms:.0f} ms; bytes sent {stats.bytes_sent}, received {stats.bytes_received}",
-        f"session {stats.session_id} (seed {stats.seed}, prompt {stats.prompt_tokens} tokens, "
+        f"session {stats.session_id or '(single-turn)'} (seed {stats.seed}, prompt {stats.prompt_tokens} tokens, "
         f"{stats.reused_prompt_tokens} reused)",
     ]
     if stats.fallback_reason:

@@ -37,7 +37,7 @@ def _restart(stack: Stack, name: str, role: str, model) -> None:
 def test_restarted_services_mid_session_give_identical_text(private):
     stack, c, (target_dir, draft_dir) = private
     turn1 = [{"role": "user", "content": "Tell me about the cat."}]
-    first = c.complete(messages=turn1, max_new_tokens=10, proposer="draft", k=3)
+    first = c.complete(messages=turn1, max_new_tokens=10, proposer="draft", k=3, keep_session=True)
     sid = first.stats.session_id
     turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "More."}]
     expected = c.complete(messages=turn2, max_new_tokens=20, proposer="none")
@@ -88,12 +88,13 @@ def test_redis_unreachable_is_unavailable_not_a_hang(private):
     stack, _, (target_dir, _) = private
     dead = f"redis://127.0.0.1:{procs.free_port()}/0"
     address = stack.start_orchestrator("orch-noredis", target_dir, redis_url=dead,
-                                       targets=[stack.addresses["target"]])
+                                       targets=[stack.addresses["target"]],
+                                       extra=("--redis-outage-s", "1"))
     try:
-        with Client(address, timeout=30) as c:
+        with Client(address, timeout=30, retries=0) as c:
             started = time.monotonic()
-            with pytest.raises(grpc.RpcError) as info:
-                c.complete(PROMPT, max_new_tokens=4)
+            with pytest.raises(grpc.RpcError) as info:  # a kept session's state must land
+                c.complete(PROMPT, max_new_tokens=4, keep_session=True)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "redis" in info.value.details()
             assert time.monotonic() - started < 5

@@ -31,7 +31,7 @@ def test_sessions_spread_over_replicas_and_stick_to_their_kv(replicas):
     with Client(replicas.addresses["orchA"]) as a, Client(replicas.addresses["orchB"]) as b:
         runs = []
         for prompt in PROMPTS * 2:
-            out = a.complete(prompt, max_new_tokens=12, proposer="draft", k=3)
+            out = a.complete(prompt, max_new_tokens=12, proposer="draft", k=3, keep_session=True)
             ref = a.complete(prompt, max_new_tokens=12, proposer="none")
             assert out.token_ids == ref.token_ids
             runs.append(out)
@@ -54,7 +54,7 @@ def test_sessions_spread_over_replicas_and_stick_to_their_kv(replicas):
 
 def test_a_dead_replica_drops_out_and_its_sessions_move(replicas, tiny_pair):
     with Client(replicas.addresses["orchA"]) as a:
-        first = a.complete(PROMPTS[0], max_new_tokens=8, proposer="draft", k=3)
+        first = a.complete(PROMPTS[0], max_new_tokens=8, proposer="draft", k=3, keep_session=True)
         holder = next(n for n in ("target1", "target2")
                       if replicas.addresses[n] == first.stats.target_replica)
         replicas.stop_one(holder)  # deregisters on SIGTERM
@@ -86,7 +86,7 @@ def test_killing_the_target_mid_stream_fails_over_with_identical_text(replicas):
         replicas.start_service("target2" if "target1" in live else "target1", "target",
                                replicas.target_dir)
     with Client(replicas.addresses["orchA"]) as a:
-        first = a.complete(PROMPTS[1], max_new_tokens=4, proposer="none")
+        first = a.complete(PROMPTS[1], max_new_tokens=4, proposer="none", keep_session=True)
         expected = a.complete(PROMPTS[1] + " x", max_new_tokens=120, proposer="none")
         stream = a.generate(PROMPTS[1] + " x", max_new_tokens=120, proposer="draft", k=2,
                             session_id=first.stats.session_id)

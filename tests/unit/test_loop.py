@@ -28,6 +28,7 @@ import torch
 from scipy.stats import chisquare
 
 from orchestrator.loop import ChunkEvent, generate
+from orchestrator import sessions
 from orchestrator.remote import Call, ServiceDown
 from orchestrator.routing import Router
 from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
@@ -36,8 +37,8 @@ from specdec.core import rng
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import Purpose
 from specdec.core.sampling import SamplingParams, probs_from_logits, sample
-from specdec.errors import CacheMiss, Unavailable
-from specdec.store import SessionRecord
+from specdec.errors import CacheMiss, InvalidArgument, Unavailable
+from specdec.store import SessionRecord, StoreUnavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.wire import encode_probs, sampling_from_proto
@@ -79,6 +80,7 @@ class FakeService:
         self.fail_after: int | None = None  # go down after this many more calls
         self.restart_at: int | None = None  # lose every cache (a restart) just before this call
         self.calls = 0
+        self.delay_s = 0.0  # per call, so a stream spans a store outage
 
     def restart(self) -> None:
         self.caches.clear()
@@ -107,6 +109,7 @@ class FakeService:
                     bytes_received=response.ByteSize(), serialize_ms=0.0005)
 
     async def score(self, request: model_pb2.ScoreRequest):
+        await asyncio.sleep(self.delay_s)
         cache = self._feed(request)
         n, k = len(cache), request.k
         logits = torch.stack([self.model.logits(cache[:j]) for j in range(n - k, n + 1)])  # [k + 1, vocab]
@@ -118,6 +121,7 @@ class FakeService:
 
     async def propose(self, request: model_pb2.ProposeRequest):
         """Draft k tokens (argmax, or sampled with the DRAFT uniforms); feed all but the last."""
+        await asyncio.sleep(self.delay_s)
         cache = self._feed(request)
         params = sampling_from_proto(request.sampling)
         drafted, q_rows = [], []
@@ -367,7 +371,7 @@ def test_a_draft_misreporting_q_fails_the_same_test() -> None:
 def test_record_and_service_caches_agree_with_the_committed_tokens() -> None:
     target, draft = make_models(2)
     stack = Stack(target, draft)
-    out, _, tally = stack.run(PROMPTS[1], k=3, max_new=20)
+    out, _, tally = stack.run(PROMPTS[1], k=3, max_new=20, keep_session=True)
     record = stack.store.records[tally.session_id]
     assert list(record.tokens) == list(PROMPTS[1]) + out
     assert (record.target, record.draft) == ("t0", "d0") == (tally.target_replica, tally.draft_replica)
@@ -380,7 +384,7 @@ def test_record_and_service_caches_agree_with_the_committed_tokens() -> None:
 def test_second_turn_reuses_the_kv_and_survives_a_restart() -> None:
     target, draft = make_models(0)
     stack = Stack(target, draft)
-    first, _, t1 = stack.run(PROMPTS[0], k=4, max_new=10)
+    first, _, t1 = stack.run(PROMPTS[0], k=4, max_new=10, keep_session=True)
     turn2 = PROMPTS[0] + tuple(first) + (4, 5)
     ref = plain_greedy(target, turn2, 12)
     out, _, t2 = stack.run(turn2, k=4, max_new=12, session_id=t1.session_id)
@@ -398,7 +402,7 @@ def test_second_turn_reuses_the_kv_and_survives_a_restart() -> None:
 def test_draft_failover_moves_to_another_replica() -> None:
     target, draft = make_models(1)
     stack = Stack(target, draft, drafts=2)
-    first, _, t1 = stack.run(PROMPTS[1], k=2, max_new=6)
+    first, _, t1 = stack.run(PROMPTS[1], k=2, max_new=6, keep_session=True)
     home = t1.draft_replica  # the second turn starts there, and it dies after two calls
     other = ({"d0", "d1"} - {home}).pop()
     stack.services[home].fail_after = 2
@@ -425,8 +429,11 @@ def test_draft_down_falls_back_to_target_only_or_fails_when_strict() -> None:
     stack.services["d0"].fail_after = 2
     with pytest.raises(Unavailable, match="strict"):
         stack.run(PROMPTS[1], k=3, strict=True)
-    # The failed request is abandoned: no record, no KV left on the target.
-    assert not stack.store.records and not stack.services["t0"].caches
+    # The failed single-turn request keeps its last committed state (for a resume; a short
+    # TTL in Redis) and frees its KV on the target.
+    (record,) = stack.store.records.values()
+    assert list(record.tokens[: len(PROMPTS[1])]) == list(PROMPTS[1]) and not record.keep
+    assert not stack.services["t0"].caches
 
 
 def test_no_draft_replica_at_all() -> None:
@@ -442,7 +449,7 @@ def test_no_draft_replica_at_all() -> None:
 def test_target_failover_resends_the_session_to_another_replica() -> None:
     target, draft = make_models(2)
     stack = Stack(target, draft, targets=2)
-    first, _, t1 = stack.run(PROMPTS[0], k=2, max_new=6)
+    first, _, t1 = stack.run(PROMPTS[0], k=2, max_new=6, keep_session=True)
     home = t1.target_replica
     other = ({"t0", "t1"} - {home}).pop()
     stack.services[home].fail_after = 3
@@ -456,7 +463,7 @@ def test_target_failover_resends_the_session_to_another_replica() -> None:
     stack.services["t0"].fail_after = 3
     with pytest.raises(ServiceDown):
         stack.run(PROMPTS[0], k=2)
-    assert not stack.store.records and not stack.services["d0"].caches
+    assert len(stack.store.records) == 1 and not stack.services["d0"].caches
 
 
 # --------------------------------------------------------------------- stats
@@ -475,3 +482,233 @@ def test_every_stats_field_comes_from_the_tally() -> None:
     for r in stats.rounds:
         parts = r.draft_ms + r.target_ms + r.serialize_ms + r.network_ms + r.orchestrator_ms + r.redis_ms
         assert parts == pytest.approx(r.total_ms, abs=1e-6)
+
+
+# --------------------------------------------------------------------- Redis outages, failed turns, resume
+
+
+class FlakyStore(MemoryStore):
+    """A MemoryStore that can fail (Redis down) or hang (Redis frozen) for a while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down_until = 0.0  # monotonic: every call fails before this
+        self.frozen_until = 0.0  # monotonic: every call waits until this, then succeeds
+        self.attempts = self.failures = 0
+
+    def fail_for(self, seconds: float) -> None:
+        self.down_until = time.monotonic() + seconds
+
+    async def _gate(self) -> None:
+        self.attempts += 1
+        if time.monotonic() < self.frozen_until:
+            await asyncio.sleep(self.frozen_until - time.monotonic())
+        if time.monotonic() < self.down_until:
+            self.failures += 1
+            raise StoreUnavailable("redis unavailable during session save: ConnectionError")
+
+    async def load(self, session_id):
+        await self._gate()
+        return await super().load(session_id)
+
+    async def save(self, record):
+        await self._gate()
+        return await super().save(record)
+
+    async def delete(self, session_id):
+        await self._gate()
+        return await super().delete(session_id)
+
+
+def flaky_stack(outage_s: float, **config) -> Stack:
+    target, draft = make_models(0)
+    stack = Stack(target, draft, redis_outage_s=outage_s, **config)
+    stack.store = stack.config.store = FlakyStore()
+    for service in stack.services.values():
+        service.delay_s = 0.004  # ~10 ms a round: a 48-token stream spans the outages below
+    return stack
+
+
+async def _collect(stack: Stack, prompt, *, stop_after: int | None = None, **spec):
+    """(chunks, tally or None, error or None) of one stream; stop_after chunks = a cancellation."""
+    spec = GenerateSpec(prompt_ids=tuple(prompt), max_new_tokens=spec.pop("max_new", MAX_NEW),
+                        sampling=spec.pop("sampling", GREEDY), seed=spec.pop("seed", 7),
+                        k=spec.pop("k", 4), **spec)
+    chunks, tally, error = [], None, None
+    stream = generate(spec, stack.config)
+    try:
+        async for event in stream:
+            if isinstance(event, ChunkEvent):
+                chunks.append(event)
+                if stop_after is not None and len(chunks) == stop_after:
+                    await stream.aclose()  # what a cancelled gRPC call does to the loop
+                    break
+            else:
+                tally = event
+    except Unavailable as exc:
+        error = exc
+    return chunks, tally, error
+
+
+def _ids(chunks) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def test_a_redis_outage_within_the_bound_is_invisible() -> None:
+    """Writes fail for 0.15 s mid-stream (bound 0.3 s): the stream keeps going (same text),
+    the states written during the outage coalesce, and the last state lands when Redis is back."""
+    stack = flaky_stack(0.3)
+    ref = plain_greedy(stack.services["t0"].model, PROMPTS[0])
+
+    async def body():
+        async def outage():
+            await asyncio.sleep(0.03)
+            stack.store.fail_for(0.15)
+        asyncio.ensure_future(outage())
+        return await _collect(stack, PROMPTS[0], keep_session=True)
+
+    chunks, tally, error = asyncio.run(body())
+    assert error is None and _ids(chunks) == ref
+    assert stack.store.failures >= 2  # the outage was hit, and retried
+    saves = stack.store.attempts - stack.store.failures
+    assert saves < 1 + len(chunks)  # the session's opening + one per round, had nothing coalesced
+    record = stack.store.records[tally.session_id]
+    assert list(record.tokens) == list(PROMPTS[0]) + ref and record.keep
+
+
+def test_a_frozen_redis_within_the_bound_is_invisible() -> None:
+    stack = flaky_stack(1.0)
+    ref = plain_greedy(stack.services["t0"].model, PROMPTS[0])
+
+    async def body():
+        async def freeze():
+            await asyncio.sleep(0.03)
+            stack.store.frozen_until = time.monotonic() + 0.4
+        asyncio.ensure_future(freeze())
+        started = time.monotonic()
+        out = await _collect(stack, PROMPTS[0], keep_session=True)
+        return out, time.monotonic() - started
+
+    (chunks, tally, error), elapsed = asyncio.run(body())
+    assert error is None and _ids(chunks) == ref
+    assert list(stack.store.records[tally.session_id].tokens) == list(PROMPTS[0]) + ref
+    assert elapsed < 1.0  # the rounds did not wait out the freeze one by one
+
+
+def test_past_the_bound_the_stream_fails_and_the_prefix_is_saved_when_redis_returns() -> None:
+    stack = flaky_stack(0.1)
+
+    async def body():
+        first, _, _ = await _collect(stack, PROMPTS[0], max_new=4, keep_session=True)
+        sid = first[0].session_id
+        turn2 = PROMPTS[0] + tuple(_ids(first))
+
+        async def outage():
+            await asyncio.sleep(0.03)
+            stack.store.fail_for(1.2)
+        asyncio.ensure_future(outage())
+        chunks, tally, error = await _collect(stack, turn2, session_id=sid)
+        during = stack.store.records[sid]
+        await asyncio.sleep(1.5)  # Redis is back: the background writer lands the state
+        return sid, turn2, chunks, tally, error, during
+
+    sid, turn2, chunks, tally, error, during = asyncio.run(body())
+    assert tally is None and error is not None and "redis" in str(error) and "redis://" not in str(error)
+    assert error.code.name == "UNAVAILABLE"
+    assert len(during.tokens) < len(turn2) + len(_ids(chunks))  # nothing landed in the outage
+    record = stack.store.records[sid]
+    assert list(record.tokens[: len(turn2) + len(_ids(chunks))]) == list(turn2) + _ids(chunks)
+    # The next turn (a retry of this one) continues from it: the session survived.
+    ref = plain_greedy(stack.services["t0"].model, turn2)
+    out, _, t3 = stack.run(turn2, k=4, session_id=sid)
+    assert out == ref and t3.reused_prompt_tokens >= len(turn2) - 1
+
+
+def test_a_cancelled_or_failed_turn_keeps_the_session_and_a_retry_continues() -> None:
+    stack = flaky_stack(1.0)
+    model = stack.services["t0"].model
+
+    async def body():
+        first, t1, _ = await _collect(stack, PROMPTS[1], max_new=6, keep_session=True)
+        turn2 = PROMPTS[1] + tuple(_ids(first)) + (4,)
+        cut, _, _ = await _collect(stack, turn2, session_id=t1.session_id, stop_after=2)
+        kept = stack.store.records[t1.session_id]
+        # The draft dies and the request is strict: a failed turn, not a cancelled one.
+        stack.services["d0"].fail_after = 1
+        _, _, error = await _collect(stack, turn2, session_id=t1.session_id, strict=True)
+        stack.services["d0"].fail_after, stack.services["d0"].down = None, False
+        retry, t2, _ = await _collect(stack, turn2, session_id=t1.session_id)
+        return t1, turn2, cut, kept, error, retry, t2
+
+    t1, turn2, cut, kept, error, retry, t2 = asyncio.run(body())
+    assert list(kept.tokens[: len(turn2) + len(_ids(cut))]) == list(turn2) + _ids(cut)
+    assert kept.keep and error is not None and "strict" in str(error)
+    assert _ids(retry) == plain_greedy(model, turn2) and t2.session_id == t1.session_id
+    assert t2.reused_prompt_tokens >= len(turn2) - 1  # the record and the KV were kept
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=8)],
+                         ids=["greedy", "sampled"])
+def test_resume_streams_exactly_what_follows(sampling: SamplingParams) -> None:
+    """A stream cut after 2 chunks (its orchestrator gone), resumed from several indices,
+    gives the uncut stream's tokens and text, contiguous; seed 0 is taken from the record."""
+    target, draft = make_models(1)
+    stack = Stack(target, draft)
+
+    async def body():
+        # Kept, so that each resume below finds the record (a single-turn one is deleted when
+        # its stream finishes, the first resume's here).
+        cut, _, _ = await _collect(stack, PROMPTS[0], stop_after=2, sampling=sampling, seed=0,
+                                   keep_session=True)
+        sid = cut[0].session_id
+        record = stack.store.records[sid]
+        assert record.turn_start == len(PROMPTS[0]) and record.turn_seed
+        full, ref_tally, _ = await _collect(stack, PROMPTS[0], sampling=sampling, seed=record.turn_seed)
+        ends = [c.start_index + len(c.token_ids) for c in cut]
+        resumed = {}
+        for n in (ends[0], ends[1], ends[1] + 1, len(PROMPTS[0]) + ref_tally.new_tokens):
+            resumed[n] = await _collect(stack, PROMPTS[0], sampling=sampling, seed=0,
+                                        session_id=sid, resume_from=n)
+        assert stack.store.records[sid].turn_seed == record.turn_seed
+        return cut, full, resumed
+
+    cut, full, resumed = asyncio.run(body())
+    assert cut[0].start_index == len(PROMPTS[0]) and cut[1].start_index == cut[0].start_index + len(cut[0].token_ids)
+    assert _ids(full)[: len(_ids(cut))] == _ids(cut)
+    whole_ids, whole_text = _ids(full), "".join(c.text for c in full)
+    decoder = Tokenizer()
+    for n, (chunks, tally, error) in resumed.items():
+        assert error is None and tally is not None
+        have = whole_ids[: n - len(PROMPTS[0])]
+        assert have + _ids(chunks) == whole_ids, n
+        index = n
+        for c in chunks:
+            assert c.start_index == index
+            index += len(c.token_ids)
+        assert decoder.decode(have) + "".join(c.text for c in chunks) == whole_text
+    assert resumed[len(PROMPTS[0]) + len(whole_ids)][0] == []  # everything was received: stats only
+
+
+def test_resume_errors() -> None:
+    target, draft = make_models(1)
+    stack = Stack(target, draft)
+    with pytest.raises(InvalidArgument, match="resume_from"):
+        stack.run(PROMPTS[0], resume_from=2, session_id="x")
+    with pytest.raises(sessions.SeedUnknown, match="seed"):
+        stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 1, session_id="gone",
+                  sampling=SamplingParams(temperature=1.0), seed=0)
+    # Greedy needs no seed: a resume whose record is gone regenerates the turn.
+    out, _, _ = stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 3, session_id="gone")
+    assert out == plain_greedy(target, PROMPTS[0])[3:]
+
+
+def test_single_turn_requests_leave_no_record_and_no_kv() -> None:
+    target, draft = make_models(0)
+    stack = Stack(target, draft)
+    for prompt in PROMPTS:
+        _, _, tally = stack.run(prompt, k=3, max_new=8)
+        assert tally.session_id == ""
+    assert not stack.store.records
+    assert not any(svc.caches for svc in stack.services.values())
+    _, _, tally = stack.run(PROMPTS[0], k=3, max_new=8, keep_session=True)
+    assert list(stack.store.records) == [tally.session_id] and stack.store.records[tally.session_id].keep
