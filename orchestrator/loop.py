@@ -28,7 +28,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from orchestrator.proposers import DraftContext, Proposal, open_proposer
+from orchestrator.proposers import DraftContext, Proposal, Proposer, open_proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
 from orchestrator.sessions import open_session
 from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling
@@ -37,7 +37,7 @@ from orchestrator.text import IncrementalDecoder
 from specdec import tracing
 from specdec.core.fingerprint import extend, prefix_fingerprints
 from specdec.core.kv import keep_lengths
-from specdec.core.speedup import AcceptanceEstimator
+from specdec.core.speedup import GoodputPolicy
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 from specdec.v1 import model_pb2
@@ -63,7 +63,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     sampling = WireSampling.encode(spec.sampling)  # once per request, not per RPC
     tokens = list(spec.prompt_ids)
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
-    adaptive = AcceptanceEstimator() if not spec.k and config.adaptive_k and proposer.adaptive else None
+    adaptive = GoodputPolicy() if not spec.k and config.adaptive_k and proposer.adaptive else None
     k_max = config.max_k if adaptive is not None else spec.k or config.default_k
     decoder = IncrementalDecoder(config.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
@@ -90,6 +90,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
                 reply = await _score(session.target, ctx, drafted, config.target_wait_s)
             tally.target_passes += 1
             rnd.add_call(reply.call, "target", reply.cache_misses)
+            _observe_costs(config, session.target, proposer, proposal, reply, len(drafted))
 
             # 3. Verify.
             with trace.step("verify"):
@@ -162,17 +163,28 @@ def _verify(ctx: DraftContext, drafted: list[int], proposal: Proposal,
     return verify_sampled(drafted, q, decode_probs(response.probs), seed=ctx.seed, position=len(ctx.tokens))
 
 
-def _adaptive_k(estimator: AcceptanceEstimator, tally: Tally, k_max: int) -> int:
-    """The k with the best expected speed-up at the observed acceptance and costs.
+def _adaptive_k(policy: GoodputPolicy, config: LoopConfig, target: SessionReplica,
+                proposer: Proposer, k_max: int) -> int:
+    """This round's k: the best goodput (committed tokens per second for the replica) under load.
 
-    c = a drafted token's cost relative to a target pass, both measured so far
-    (server-side); at least 1, so acceptance keeps being observed.
+    Decided here, in the orchestrator, because only it sees both halves: the
+    session's acceptance by position (it verifies) and both services' costs
+    (config.costs, learned from every call's ServerTiming: the target's verify
+    cost by tokens per forward and its current batch rows, the draft's step
+    cost). Each service sees only its own batch. k = 0 where drafting does
+    not pay (a compute-bound, loaded target); a session at k = 0 still drafts
+    a little every few rounds so it can return (specdec.core.speedup.GoodputPolicy).
     """
-    if tally.drafted_tokens and tally.target_passes:
-        c = (tally.draft_ms / tally.drafted_tokens) / max(tally.target_ms / tally.target_passes, 1e-6)
-    else:
-        c = 0.1  # before any measurement: a draft ~10x cheaper than the target
-    return max(1, estimator.best_k(c=c, k_max=k_max))
+    draft = proposer.replica.address if proposer.replica is not None else None
+    return policy.choose(config.costs.round_costs(target.address, draft), k_max)
+
+
+def _observe_costs(config: LoopConfig, target: SessionReplica, proposer: Proposer, proposal: Proposal,
+                   reply: Reply, drafted: int) -> None:
+    """Every session's calls teach the per-replica cost table (orchestrator.costs) what forwards cost."""
+    config.costs.observe("target", target.address, reply.call)
+    if proposal.call is not None and proposer.replica is not None:
+        config.costs.observe("draft", proposer.replica.address, proposal.call, drafted)
 
 
 def _detokenize(

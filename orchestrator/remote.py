@@ -81,6 +81,13 @@ class Call:
     bytes_sent: int
     bytes_received: int
     serialize_ms: float = 0.0  # encoding the request + decoding the response, here
+    # The service's forward and its batch (ServerTiming; rows/tokens 0 from a service that
+    # does not batch), and the tokens this call sent: the goodput k's cost inputs.
+    forward_ms: float = 0.0
+    batch_rows: int = 0
+    batch_tokens: int = 0
+    tokens: int = 0
+    calls: int = 1  # > 1: a chunked request's calls, summed
 
     @property
     def network_ms(self) -> float:
@@ -90,7 +97,9 @@ class Call:
     def __add__(self, other: Call) -> Call:
         return Call(self.rpc_ms + other.rpc_ms, self.server_ms + other.server_ms,
                     self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received,
-                    self.serialize_ms + other.serialize_ms)
+                    self.serialize_ms + other.serialize_ms, self.forward_ms + other.forward_ms,
+                    max(self.batch_rows, other.batch_rows), max(self.batch_tokens, other.batch_tokens),
+                    self.tokens + other.tokens, self.calls + other.calls)
 
 
 def _method_path(service: str, method: str) -> str:
@@ -151,6 +160,10 @@ class ModelClient:
             bytes_sent=len(payload),
             bytes_received=len(raw),
             serialize_ms=((encoded - start) + (end - received)) * 1e3,
+            forward_ms=timing.forward_ms if timing is not None else 0.0,
+            batch_rows=int(getattr(timing, "batch_rows", 0)),
+            batch_tokens=int(getattr(timing, "batch_tokens", 0)),
+            tokens=len(getattr(request, "tokens", ())),
         )
         tracing.rpc_span(self.role, name, self.address, start, encoded, received, end, call)
         return response, call

@@ -6,9 +6,10 @@ with in-memory fakes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.costs import CostBook
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
 from specdec.store import SessionRecord
@@ -75,7 +76,8 @@ class LoopConfig:
     max_k: int = 16  # largest k both services accept
     target_max_k: int = 16  # largest k the target scores in one pass (bounds a Check guess)
     default_k: int = 5
-    adaptive_k: bool = False  # k = 0 in a request: pick k per round from observed acceptance
+    adaptive_k: bool = False  # k = 0 in a request: pick k per round for goodput (loop._adaptive_k)
+    costs: CostBook = field(default_factory=CostBook)  # per-replica forward costs, from every call
     default_proposer: str = DRAFT
     max_new_tokens_limit: int = 4096
     target_wait_s: float = 10.0  # how long a round waits for some target replica to answer

@@ -5,11 +5,17 @@ tokens per round, a draft step costing c target passes and a verification pass
 costing v target passes (v ~ 1 when k+1 tokens cost about one token's forward):
   tokens per target pass  E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)
   speed-up over target-only decoding   = E / (v + k c)
-This is what adaptive draft length uses to pick k from observed acceptance.
+
+Under load (one forward serving many sessions) the same question is asked of
+goodput instead: `goodput` / `GoodputPolicy` below choose k per round from
+acceptance by position, the draft's cost and the target's verify cost as a
+function of the tokens in the forward; k = 0 wherever drafting does not pay.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 
 def _check(alpha: float, k: int) -> None:
@@ -120,3 +126,151 @@ class AcceptanceEstimator:
     def best_k(self, c: float, v: float = 1.0, k_max: int = 16) -> int:
         """The k that maximises expected speed-up at the current alpha."""
         return best_k(min(max(self.alpha, 0.0), 1.0), c, v, k_max)
+
+
+# ---------------------------------------------------------------------------- goodput under load
+
+
+def expected_committed(accept: Sequence[float], k: int) -> float:
+    """Expected tokens a round drafting k commits: 1 + p_1 + p_1 p_2 + ... + p_1...p_k.
+
+    `accept[i]` is the chance draft position i is accepted given the ones before
+    it were; positions past the end of `accept` reuse its last value (1 token
+    when it is empty: nothing is known to be accepted).
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    total, run = 1.0, 1.0
+    for i in range(k):
+        p = accept[min(i, len(accept) - 1)] if accept else 0.0
+        run *= min(max(p, 0.0), 1.0)
+        total += run
+    return total
+
+
+def interpolate_cost(points: Sequence[tuple[float, float]], tokens: float, flat_tokens: float = 8.0) -> float:
+    """A forward's cost at `tokens` tokens from measured (tokens, ms) points.
+
+    Piecewise linear between points (sorted by tokens, made non-decreasing);
+    past the last point, the last segment's slope; before the first point or
+    with a single point, the prior shape cost ~ (flat_tokens + T): a forward
+    costs a fixed part worth `flat_tokens` tokens plus the same per token (on
+    this kind of CPU one forward over 8-16 single-token rows costs 2-3x one
+    row's). Raises ValueError with no points.
+    """
+    if not points:
+        raise ValueError("no cost points")
+    pts = sorted((max(float(t), 1e-9), float(ms)) for t, ms in points)
+    mono, top = [], 0.0
+    for t, ms in pts:
+        top = max(top, ms)
+        mono.append((t, top))
+    t0, c0 = mono[0]
+    if tokens <= t0 or len(mono) == 1:
+        return c0 * (flat_tokens + tokens) / (flat_tokens + t0)
+    for (ta, ca), (tb, cb) in zip(mono, mono[1:]):
+        if tokens <= tb:
+            return ca + (cb - ca) * (tokens - ta) / (tb - ta) if tb > ta else cb
+    (ta, ca), (tb, cb) = mono[-2], mono[-1]
+    slope = (cb - ca) / (tb - ta) if tb > ta else 0.0
+    slope = max(slope, cb / (flat_tokens + tb))  # never flatter than the prior's per-token cost
+    return cb + slope * (tokens - tb)
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """What one round costs in milliseconds, measured on the replicas a session uses.
+
+    verify_ms(T): the target's forward over T tokens in all (its batch included).
+    rows: sessions sharing a target forward now (>= 1; 1 = no batching or no load).
+    draft_step_ms: one drafting step (a draft forward at the draft's current batch).
+    draft_call_ms: a Propose call's cost beyond its steps (RPC, queueing); paid only when k > 0.
+    round_ms: per round whatever k is (the Score call's RPC and queueing, the orchestrator).
+    """
+
+    verify_ms: Callable[[float], float]
+    rows: float = 1.0
+    draft_step_ms: float = 0.0
+    draft_call_ms: float = 0.0
+    round_ms: float = 0.0
+
+
+def goodput(accept: Sequence[float], k: int, costs: RoundCosts) -> float:
+    """Committed tokens per millisecond per session when every session in the forward drafts k.
+
+    The forward's sessions are taken alike (SmartSpec's batch goodput): `rows`
+    of them each send k + 1 tokens, so the target's forward has rows (k + 1)
+    tokens and each session's round takes the draft's k steps plus that
+    forward. The replica's goodput is rows times this, so the best k for one
+    is the best for the replica. With one session (rows = 1) it is the classic
+    speed-up E / (v + k c) in milliseconds. Under load the forward's cost grows
+    with its tokens (compute-bound), and k (k + 1)-fold tokens cost more than
+    the extra accepted ones earn: k = 0 wins.
+    """
+    rows = max(1.0, costs.rows)
+    draft = costs.draft_call_ms + k * costs.draft_step_ms if k else 0.0
+    ms = costs.round_ms + draft + costs.verify_ms(rows * (k + 1))
+    return expected_committed(accept, k) / max(ms, 1e-9)
+
+
+def best_goodput_k(accept: Sequence[float], costs: RoundCosts, k_max: int, margin: float = 0.05) -> int:
+    """The k in 0..k_max with the highest goodput; k > 0 must beat k = 0 by `margin` (never a loss)."""
+    g0 = goodput(accept, 0, costs)
+    best, best_g = 0, g0 * (1.0 + margin)
+    for k in range(1, k_max + 1):
+        g = goodput(accept, k, costs)
+        if g > best_g:
+            best, best_g = k, g
+    return best
+
+
+class GoodputPolicy:
+    """One session's k per round: best goodput at its acceptance by position; probing at k = 0.
+
+    Acceptance by position: each position's accepted/tested counts, shrunk
+    towards the session's overall rate (an EWMA) with the weight of
+    `shrink` tests, so a rarely tested position borrows the overall rate.
+    A session whose best k is 0 still drafts `probe_k` tokens every
+    `probe_every`-th round, so acceptance keeps being measured and the session
+    returns to drafting when load falls or its text gets easier. Without any
+    cost measurement yet it drafts `start_k`.
+    """
+
+    def __init__(self, *, probe_every: int = 8, probe_k: int = 2, start_k: int = 2,
+                 shrink: float = 4.0, margin: float = 0.05, halflife: float = 64.0) -> None:
+        if probe_every < 1 or probe_k < 1:
+            raise ValueError("probe_every and probe_k must be >= 1")
+        self.estimator = AcceptanceEstimator(halflife=halflife)
+        self.probe_every, self.probe_k, self.start_k = probe_every, probe_k, start_k
+        self.shrink, self.margin = shrink, margin
+        self.idle_rounds = 0  # rounds in a row chosen k = 0
+        self.probes = 0
+
+    def acceptance(self, k_max: int) -> list[float]:
+        est = self.estimator
+        alpha = min(max(est.alpha, 0.0), 1.0)
+        out = []
+        for i in range(k_max):
+            tested = est.tested_at[i] if i < len(est.tested_at) else 0
+            accepted = est.accepted_at[i] if i < len(est.accepted_at) else 0
+            out.append((accepted + self.shrink * alpha) / (tested + self.shrink))
+        return out
+
+    def choose(self, costs: RoundCosts | None, k_max: int) -> int:
+        """This round's k (0..k_max)."""
+        if k_max <= 0:
+            return 0
+        if costs is None:
+            return min(self.start_k, k_max)
+        k = best_goodput_k(self.acceptance(k_max), costs, k_max, self.margin)
+        if k:
+            self.idle_rounds = 0
+            return k
+        self.idle_rounds += 1
+        if self.idle_rounds % self.probe_every == 0:
+            self.probes += 1
+            return min(self.probe_k, k_max)
+        return 0
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        self.estimator.observe(n_drafted, n_accepted)

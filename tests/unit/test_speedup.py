@@ -68,3 +68,84 @@ def test_estimator_tracks_drift_and_counts_positions() -> None:
     assert est.tested_at[0] == 200
     with pytest.raises(ValueError, match="n_accepted"):
         est.observe(2, 3)
+
+
+# ---------------------------------------------------------------------------- goodput k under load
+
+from specdec.core.speedup import (  # noqa: E402
+    GoodputPolicy, RoundCosts, best_goodput_k, expected_committed, goodput, interpolate_cost,
+)
+
+
+def cpu_verify(tokens: float) -> float:
+    """A CPU-like target: 60 ms for one token, +7 ms per token (16 rows x 1 token ~ 2.75x one row)."""
+    return 53.0 + 7.0 * tokens
+
+
+def test_expected_committed_by_position() -> None:
+    assert expected_committed([], 4) == 1.0
+    assert expected_committed([0.9, 0.5], 0) == 1.0
+    assert math.isclose(expected_committed([0.9, 0.5], 2), 1 + 0.9 + 0.45)
+    assert math.isclose(expected_committed([0.9, 0.5], 3), 1 + 0.9 + 0.45 + 0.225)  # the last rate repeats
+    assert math.isclose(expected_committed([0.7], 5), expected_tokens_per_pass(0.7, 5))
+
+
+def test_interpolate_cost() -> None:
+    pts = [(1, 60.0), (4, 62.0), (16, 150.0)]
+    assert interpolate_cost(pts, 1) == 60.0 and interpolate_cost(pts, 4) == 62.0
+    assert math.isclose(interpolate_cost(pts, 10), 62.0 + 88.0 * 6 / 12)
+    assert math.isclose(interpolate_cost(pts, 20), 150.0 + 88.0 / 12 * 4)  # the last segment's slope
+    assert interpolate_cost(pts, 0.5) < 60.0
+    # Made non-decreasing: a noisy lower sample at more tokens does not make tokens free.
+    assert interpolate_cost([(1, 60.0), (8, 50.0)], 8) == 60.0
+    # One point: the prior shape (flat_tokens + T).
+    assert math.isclose(interpolate_cost([(1, 9.0)], 17, flat_tokens=8.0), 9.0 * 25 / 9)
+    with pytest.raises(ValueError):
+        interpolate_cost([], 1)
+
+
+def test_low_load_and_high_acceptance_drafts() -> None:
+    costs = RoundCosts(verify_ms=cpu_verify, rows=1, draft_step_ms=6.0, draft_call_ms=1.0, round_ms=2.0)
+    k = best_goodput_k([0.85] * 8, costs, k_max=8)
+    assert k >= 3
+    assert goodput([0.85] * 8, k, costs) > goodput([0.85] * 8, 0, costs) * 1.5
+    assert best_goodput_k([0.05] * 8, costs, k_max=8) == 0  # a useless draft: never a loss
+
+
+def compute_bound(tokens: float) -> float:
+    """Past 4 rows every token costs the same (the minimum-rows padding makes 1-4 equal)."""
+    return 15.0 * max(tokens, 4.0)
+
+
+def test_compute_bound_load_does_not_draft() -> None:
+    # A realistic acceptance on the CPU-like target with 16 sessions in the forward: k = 0.
+    loaded = RoundCosts(verify_ms=cpu_verify, rows=16, draft_step_ms=6.0, draft_call_ms=1.0, round_ms=2.0)
+    assert best_goodput_k([0.6] * 8, loaded, k_max=8) == 0
+    # At that load a very good draft still earns k = 1 there (1.85 tokens for 1.7x the forward) ...
+    assert best_goodput_k([0.85] * 8, loaded, k_max=8) == 1
+    # ... but not once the verify is compute-bound (cost proportional to tokens).
+    bound = RoundCosts(verify_ms=compute_bound, rows=16, draft_step_ms=6.0, draft_call_ms=1.0, round_ms=2.0)
+    assert best_goodput_k([0.95] * 8, bound, k_max=8) == 0
+    # The same single session drafts on it: 4 tokens cost no more than 1.
+    assert best_goodput_k([0.85] * 8, RoundCosts(verify_ms=compute_bound, rows=1, draft_step_ms=3.0), 8) >= 2
+    # A memory-bound verify (flat in tokens, e.g. a GPU) keeps drafting at the same load.
+    flat = RoundCosts(verify_ms=lambda t: 20.0 + 0.01 * t, rows=16, draft_step_ms=2.0)
+    assert best_goodput_k([0.85] * 8, flat, k_max=8) >= 3
+    # With few sessions in the forward drafting still pays.
+    light = RoundCosts(verify_ms=cpu_verify, rows=2, draft_step_ms=6.0, draft_call_ms=1.0, round_ms=2.0)
+    assert best_goodput_k([0.85] * 8, light, k_max=8) > 0
+
+
+def test_policy_probes_at_k0_and_returns_to_drafting() -> None:
+    policy = GoodputPolicy(probe_every=4, probe_k=2)
+    assert policy.choose(None, 8) == 2  # nothing measured: the start k
+    loaded = RoundCosts(verify_ms=compute_bound, rows=16, draft_step_ms=6.0)
+    ks = []
+    for _ in range(12):
+        k = policy.choose(loaded, 8)
+        ks.append(k)
+        policy.observe(k, k)  # everything drafted is accepted
+    assert ks == [0, 0, 0, 2] * 3 and policy.probes == 3
+    idle = RoundCosts(verify_ms=cpu_verify, rows=1, draft_step_ms=6.0)
+    assert policy.choose(idle, 8) >= 4  # load gone, acceptance measured high by the probes
+    assert policy.choose(loaded, 0) == 0

@@ -1,0 +1,129 @@
+"""What forwards cost on each replica, learned online from the services' ServerTiming.
+
+The goodput-adaptive k (specdec.core.speedup.GoodputPolicy) needs, for the
+replicas a session uses: the target's verify cost as a function of the tokens
+in its forward, v(T); how many sessions share a target forward now; a draft
+step's cost; and each call's cost beyond its forward. Every Score and Propose
+reply carries the service's forward_ms and the batch that served it
+(batch_rows, batch_tokens: the requests and tokens in that forward; 0 from a
+service that runs one request per forward, where the forward had exactly the
+call's tokens). `CostBook` keeps, per replica address:
+
+  v(T)        an EWMA of forward_ms per token-count bucket (powers of two), with
+              the bucket's mean T, interpolated piecewise-linearly
+              (speedup.interpolate_cost); every session's calls feed it, so
+              target-only sessions teach the adaptive ones what load costs
+  rows        an EWMA of batch_rows over recent Score calls: the current load
+  step_ms     a draft forward per drafted token (forward_ms / tokens drafted)
+  call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
+
+Why the decision is made in the orchestrator and not in the services: k
+needs the session's acceptance by position (only the orchestrator verifies)
+and both services' costs (each service sees only its own batch). The
+services report their batch; the orchestrator, which holds one CostBook per
+process, decides each session's k per round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.remote import Call
+from specdec.core.speedup import RoundCosts, interpolate_cost
+
+
+@dataclass
+class _Ewma:
+    alpha: float
+    value: float = 0.0
+    n: int = 0
+
+    def add(self, x: float) -> None:
+        self.value = x if self.n == 0 else self.value + self.alpha * (x - self.value)
+        self.n += 1
+
+
+@dataclass
+class ReplicaCosts:
+    """One replica's measured costs (either role)."""
+
+    alpha: float = 0.25  # weight of a new forward-cost sample
+    load_alpha: float = 0.5  # weight of a new batch_rows sample: load changes fast
+    buckets: dict[int, tuple[_Ewma, _Ewma]] = field(default_factory=dict)  # bucket -> (tokens, ms)
+    rows: _Ewma = field(default_factory=lambda: _Ewma(0.5))
+    step_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))
+    call_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))
+
+    def __post_init__(self) -> None:
+        self.rows.alpha = self.load_alpha
+        self.step_ms.alpha = self.call_ms.alpha = self.alpha
+
+    def observe_score(self, call: Call) -> None:
+        """A Score call: its forward's cost at its forward's token count, and the load."""
+        if call.calls != 1 or call.forward_ms <= 0:
+            return  # a chunked prefill's summed calls, or a service that reports no forward time
+        tokens = call.batch_tokens if call.batch_rows else call.tokens
+        if tokens <= 0:
+            return
+        bucket = int(tokens).bit_length()
+        mean_tokens, ms = self.buckets.setdefault(bucket, (_Ewma(self.alpha), _Ewma(self.alpha)))
+        mean_tokens.add(tokens)
+        ms.add(call.forward_ms)
+        self.rows.add(max(1, call.batch_rows))
+        self.call_ms.add(max(0.0, call.rpc_ms - call.forward_ms))
+
+    def observe_propose(self, call: Call, drafted: int) -> None:
+        """A Propose call that drafted `drafted` tokens: per-step cost and the call's own cost."""
+        if call.calls != 1 or call.forward_ms <= 0 or drafted <= 0:
+            return
+        self.step_ms.add(call.forward_ms / drafted)
+        self.call_ms.add(max(0.0, call.rpc_ms - call.forward_ms))
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.buckets)
+
+    def verify_ms(self, tokens: float) -> float:
+        """v(T): a forward over `tokens` tokens, from the buckets (ValueError before any sample)."""
+        return interpolate_cost([(t.value, ms.value) for t, ms in self.buckets.values()], tokens)
+
+    def snapshot(self) -> dict:
+        """For logs and benchmarks: the table as plain numbers."""
+        return {
+            "verify_ms": {round(t.value, 1): round(ms.value, 3) for t, ms in sorted(
+                self.buckets.values(), key=lambda b: b[0].value)},
+            "rows": round(self.rows.value, 2), "step_ms": round(self.step_ms.value, 3),
+            "call_ms": round(self.call_ms.value, 3),
+        }
+
+
+class CostBook:
+    """Every replica's costs in this orchestrator process, by role and address."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[tuple[str, str], ReplicaCosts] = {}
+
+    def replica(self, role: str, address: str) -> ReplicaCosts:
+        return self.replicas.setdefault((role, address), ReplicaCosts())
+
+    def observe(self, role: str, address: str, call: Call | None, drafted: int = 0) -> None:
+        if call is None:
+            return
+        costs = self.replica(role, address)
+        if role == "target":
+            costs.observe_score(call)
+        else:
+            costs.observe_propose(call, drafted)
+
+    def round_costs(self, target: str, draft: str | None) -> RoundCosts | None:
+        """The inputs of one session's k decision; None until the target's cost was measured."""
+        t = self.replicas.get(("target", target))
+        if t is None or not t.measured:
+            return None
+        d = self.replicas.get(("draft", draft)) if draft else None
+        if d is None or not d.step_ms.n:
+            # No draft step measured yet: assume a step costs a tenth of a single-row verify.
+            step, call = 0.1 * t.verify_ms(1), t.call_ms.value
+        else:
+            step, call = d.step_ms.value, d.call_ms.value
+        return RoundCosts(verify_ms=t.verify_ms, rows=max(1.0, t.rows.value), draft_step_ms=step,
+                          draft_call_ms=call, round_ms=t.call_ms.value)
