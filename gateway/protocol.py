@@ -3,8 +3,10 @@
 Parameters fall into four groups:
 - mapped: model, messages / prompt, max_tokens, max_completion_tokens, temperature,
   top_p, seed, stop, n (1 only), stream, stream_options.include_usage;
-- extensions: `speculation` {proposer, k, guess}, `session_id` (continue a multi-turn
-  session: the shared prefix is served from the services' KV caches), `top_k`, `min_p`;
+- extensions: `speculation` {proposer, k, guess}, `keep_session` (keep this turn's
+  session for later turns; its id comes back in `usage.speculation.session_id`),
+  `session_id` (continue a kept session: the shared prefix is served from the
+  services' KV caches), `top_k`, `min_p`;
 - accepted and ignored: user, metadata, store, service_tier, parallel_tool_calls;
 - known but not supported: accepted only at their neutral value (frequency_penalty 0,
   logit_bias {}, logprobs false, tools [], response_format text, best_of 1, ...),
@@ -72,6 +74,7 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     speculation: Speculation | None = None
     session_id: str = ""
+    keep_session: bool = False
     top_k: int = 0
     min_p: float = 0.0
 
@@ -183,6 +186,9 @@ def generate_options(request: _Common, default_max_tokens: int) -> dict[str, Any
         k=spec.k,
         guess=spec.guess,
         session_id=request.session_id,
+        # Continuing a session keeps it too; otherwise a turn is single-turn and
+        # leaves nothing behind (see GenerateRequest.keep_session).
+        keep_session=request.keep_session or bool(request.session_id),
     )
 
 

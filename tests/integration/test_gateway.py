@@ -215,6 +215,26 @@ def test_defaults_and_auth_pass_through(gw):
 # ------------------------------------------------------------------- errors
 
 
+def test_multi_turn_through_keep_session(gw, grpc_client):
+    """A kept session's id comes back in usage; the next turn reuses its prefix.
+    Without keep_session a turn is single-turn: no id, nothing to continue."""
+    single = gw.openai.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4,
+                                               temperature=0)
+    assert single.usage.model_extra["speculation"]["session_id"] == ""
+    first = gw.openai.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6,
+                                              temperature=0, extra_body={"keep_session": True})
+    session_id = first.usage.model_extra["speculation"]["session_id"]
+    assert session_id
+    turn2 = CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "And then?"}]
+    second = gw.openai.chat.completions.create(model=MODEL, messages=turn2, max_tokens=6,
+                                               temperature=0, extra_body={"session_id": session_id})
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    expected = grpc_client.complete(messages=turn2, max_new_tokens=6, temperature=0)
+    assert second.choices[0].message.content == expected.text
+    grpc_client.end_session(session_id)
+
+
 def test_n_above_one_is_rejected_with_the_openai_error_shape(gw):
     with pytest.raises(openai.BadRequestError) as err:
         gw.openai.chat.completions.create(model=MODEL, messages=CHAT, n=2)
