@@ -14,7 +14,8 @@ call's tokens). `CostBook` keeps, per replica address:
               (speedup.interpolate_cost); every session's calls feed it, so
               target-only sessions teach the adaptive ones what load costs
   rows        an EWMA of batch_rows over recent Score calls: the current load
-  step_ms     a draft forward per drafted token (forward_ms / tokens drafted)
+  step_ms     one draft step (forward_ms / forwards; / tokens drafted from a service
+              that does not count its forwards)
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
 
 Why the decision is made in the orchestrator and not in the services: k
@@ -59,8 +60,8 @@ class ReplicaCosts:
 
     def observe_score(self, call: Call) -> None:
         """A Score call: its forward's cost at its forward's token count, and the load."""
-        if call.calls != 1 or call.forward_ms <= 0:
-            return  # a chunked prefill's summed calls, or a service that reports no forward time
+        if call.calls != 1 or call.forwards > 1 or call.forward_ms <= 0:
+            return  # chunked prefill (several calls or forwards summed), or no forward time reported
         tokens = call.batch_tokens if call.batch_rows else call.tokens
         if tokens <= 0:
             return
@@ -75,7 +76,7 @@ class ReplicaCosts:
         """A Propose call that drafted `drafted` tokens: per-step cost and the call's own cost."""
         if call.calls != 1 or call.forward_ms <= 0 or drafted <= 0:
             return
-        self.step_ms.add(call.forward_ms / drafted)
+        self.step_ms.add(call.forward_ms / (call.forwards or drafted))
         self.call_ms.add(max(0.0, call.rpc_ms - call.forward_ms))
 
     @property

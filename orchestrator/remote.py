@@ -87,6 +87,7 @@ class Call:
     batch_rows: int = 0
     batch_tokens: int = 0
     tokens: int = 0
+    forwards: int = 0  # forward passes forward_ms sums (0: a service that does not say)
     calls: int = 1  # > 1: a chunked request's calls, summed
 
     @property
@@ -99,7 +100,7 @@ class Call:
                     self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received,
                     self.serialize_ms + other.serialize_ms, self.forward_ms + other.forward_ms,
                     max(self.batch_rows, other.batch_rows), max(self.batch_tokens, other.batch_tokens),
-                    self.tokens + other.tokens, self.calls + other.calls)
+                    self.tokens + other.tokens, self.forwards + other.forwards, self.calls + other.calls)
 
 
 def _method_path(service: str, method: str) -> str:
@@ -164,6 +165,7 @@ class ModelClient:
             batch_rows=int(getattr(timing, "batch_rows", 0)),
             batch_tokens=int(getattr(timing, "batch_tokens", 0)),
             tokens=len(getattr(request, "tokens", ())),
+            forwards=int(getattr(timing, "forwards", 0)),
         )
         tracing.rpc_span(self.role, name, self.address, start, encoded, received, end, call)
         return response, call

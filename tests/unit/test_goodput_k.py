@@ -86,3 +86,15 @@ def test_cost_book_learns_verify_cost_and_load() -> None:
     assert not book.replica("target", "v").measured
     book.observe("draft", "d", Call(rpc_ms=14, server_ms=12, bytes_sent=0, bytes_received=0, forward_ms=12), 4)
     assert book.round_costs("t", "d").draft_step_ms == 3.0
+
+
+def test_forwards_split_the_forward_time() -> None:
+    book = CostBook()
+    # A Score fed in two prefill chunks (two forwards summed) is no sample of one forward's cost.
+    book.observe("target", "t", Call(1, 1, 0, 0, forward_ms=40, batch_rows=1, batch_tokens=64, tokens=100,
+                                     forwards=2))
+    assert not book.replica("target", "t").measured
+    book.observe("target", "t", Call(1, 1, 0, 0, forward_ms=20, batch_rows=1, batch_tokens=5, tokens=5, forwards=1))
+    # A Propose of 4 steps whose first step also fed 2 prefill chunks: 6 forwards.
+    book.observe("draft", "d", Call(7, 6, 0, 0, forward_ms=6.0, forwards=6), drafted=4)
+    assert book.round_costs("t", "d").draft_step_ms == 1.0

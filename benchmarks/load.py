@@ -1,0 +1,503 @@
+"""python -m benchmarks.load: many concurrent streams, with and without batching, and the in-process peer.
+
+N = 1, 2, 4, 8, 16 concurrent greedy streams (suite prompts, one each, all
+started at once) x {target-only, adaptive draft (k chosen per round by the
+orchestrator for goodput), draft k = 4, prompt lookup k = 4}, on two stacks
+started side by side:
+
+  batched    the services as they start by default (cross-session batching)
+  unbatched  the same with --max-batch 1 (one request per forward)
+
+and the in-process peer on the same weights: transformers `generate` over a
+left-padded batch of the same N prompts (greedy), and `assistant_model=` with
+the same draft at batch 1 (k = 4; it serves one request at a time, so it runs
+at N = 1). Cells are interleaved: for each repetition and each N, every
+configuration runs once, the order rotated.
+
+Per cell: aggregate tokens/s (all streams' tokens / first start to last end),
+per-stream tokens/s, TTFT and inter-token latency p50/p99, the batches the
+services formed (their Prometheus histograms specdec_batch_rows and
+specdec_batch_tokens, deltas over the cell), and for the adaptive draft the
+k its rounds used. Greedy identity: every stream's tokens must equal
+target-only alone on the batched stack (run first, one prompt at a time);
+otherwise the run exits 1 and lists the mismatches.
+
+One torch thread per process; the target and the draft get one each (on a
+2-core machine: one core each). Full mode on the embedded models (SmolLM2-135M
++ the shipped distilled draft, 32 new tokens) takes about 15-25 minutes on 2
+cores. --quick --tiny (tiny random models, N = 1, 4, 12 tokens) is the CI
+variant. Outputs in --out: results.json, results.md, tps_vs_n.png,
+ttft_vs_n.png (benchmarks.load_report; re-render with
+`python -m benchmarks.load_report DIR/results.json`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import load_report, suite
+
+REPO = Path(__file__).resolve().parent.parent
+BATCHED, UNBATCHED, PEER = "batched", "unbatched", "peer"
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    name: str
+    proposer: str  # none / draft / lookup (services); padded / assisted (peer)
+    k: int = 0  # draft: 0 = adaptive
+
+
+SERVICE_CONFIGS = (
+    LoadConfig("target-only", "none"),
+    LoadConfig("adaptive", "draft", 0),
+    LoadConfig("draft-k4", "draft", 4),
+    LoadConfig("lookup-k4", "lookup", 4),
+)
+PEER_PADDED = LoadConfig("hf-padded", "padded")
+PEER_ASSISTED = LoadConfig("hf-assisted-k4", "assisted", 4)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CI sizes: N = 1, 4; 12 new tokens")
+    p.add_argument("--tiny", action="store_true", help="tiny random models (tests.tiny.build_pair)")
+    p.add_argument("--target", help="target --model; default: the embedded one")
+    p.add_argument("--draft", help="draft --model; default: the draft service's own (the distilled draft)")
+    p.add_argument("--ns", help="concurrent streams (full 1,2,4,8,16; quick 1,4)")
+    p.add_argument("--max-new-tokens", type=int, help="(full 32, quick 12)")
+    p.add_argument("--reps", type=int, default=1, help="repetitions of every cell (default 1)")
+    p.add_argument("--configs", default=",".join(c.name for c in SERVICE_CONFIGS),
+                   help="service configurations to run (default: all)")
+    p.add_argument("--max-batch", type=int, default=16, help="the batched stack's --max-batch")
+    p.add_argument("--no-unbatched", action="store_true", help="skip the --max-batch 1 stack")
+    p.add_argument("--no-peer", action="store_true", help="skip the in-process peer")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load")
+    p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    args = p.parse_args(argv)
+    args.ns = [int(x) for x in (args.ns or ("1,4" if args.quick else "1,2,4,8,16")).split(",") if x.strip()]
+    args.max_new_tokens = args.max_new_tokens or (12 if args.quick else 32)
+    names = {c.name: c for c in SERVICE_CONFIGS}
+    try:
+        args.configs = [names[n.strip()] for n in args.configs.split(",") if n.strip()]
+    except KeyError as exc:
+        p.error(f"--configs: unknown {exc}; expected some of {', '.join(names)}")
+    if min(args.ns) < 1 or args.reps < 1 or args.max_new_tokens < 1:
+        p.error("--ns, --reps and --max-new-tokens must be >= 1")
+    return args
+
+
+# ---------------------------------------------------------------------------- the stacks
+
+
+def batching_flag_available() -> bool:
+    """Whether the model services take --max-batch (cross-session batching)."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "target_service", "--help"], cwd=REPO, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--max-batch" in out
+
+
+class LoadStack:
+    """Target + draft (each with a metrics endpoint) + one orchestrator (--default-k auto)."""
+
+    def __init__(self, name: str, args, log_dir: Path, service_flags: list[str]) -> None:
+        from specdec.launch import Processes, child_env
+
+        self.name, self.args, self.flags = name, args, service_flags
+        self.prefix = f"specdec-load-{uuid.uuid4().hex[:8]}:"
+        env = child_env(args.threads, quiet=True, SPECDEC_THREADS=str(args.threads), SPECDEC_REDIS_URL="")
+        self.group = Processes(log_dir / name, env=env)
+        (log_dir / name).mkdir(parents=True, exist_ok=True)
+        self.address = ""
+        self.metrics: dict[str, str] = {}
+        self._pending: list[tuple[str, object]] = []
+
+    def start(self) -> None:
+        """Start the services (not waiting); `wait` makes them healthy and starts the orchestrator."""
+        from specdec import procs
+        from specdec.launch import service_argv
+
+        self.services = {}
+        for role, model in (("target", self.args.target), ("draft", self.args.draft)):
+            port, mport = procs.free_port(), procs.free_port()
+            argv = service_argv(role, port, model=model, threads=self.args.threads, metrics_port=mport,
+                                extra=self.flags)
+            proc = self.group.start(role, argv)
+            self.services[role] = f"127.0.0.1:{port}"
+            self.metrics[role] = f"http://127.0.0.1:{mport}/metrics"
+            self._pending.append((self.services[role], proc))
+
+    def wait(self) -> None:
+        from specdec import procs
+        from specdec.launch import orchestrator_argv
+
+        for address, proc in self._pending:
+            procs.wait_healthy(address, proc, timeout=600)
+        port = procs.free_port()
+        argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
+                                 drafts=[self.services["draft"]], redis_url=self.args.redis_url,
+                                 redis_prefix=self.prefix, default_k="auto", threads=1)
+        self.address = self.group.serve("orchestrator", argv, port, timeout=300)
+
+    def scrape(self) -> dict:
+        """{role: {metric: {"count", "sum", "buckets": {le: cumulative}}}} for the batch histograms."""
+        return {role: _histograms(url) for role, url in self.metrics.items()}
+
+    def stop(self) -> None:
+        self.group.stop_all()
+        try:
+            import redis
+
+            client = redis.Redis.from_url(self.args.redis_url, socket_timeout=2)
+            keys = list(client.scan_iter(match=f"{self.prefix}*", count=500))
+            if keys:
+                client.delete(*keys)
+        except Exception:  # noqa: BLE001 - best effort; the keys carry a TTL anyway
+            pass
+
+
+HISTOGRAMS = ("specdec_batch_rows", "specdec_batch_tokens")
+
+
+def _histograms(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return {}
+    out: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in HISTOGRAMS:
+            continue
+        h = out.setdefault(family.name, {"count": 0.0, "sum": 0.0, "buckets": {}})
+        for s in family.samples:  # summed over label sets (Score/Propose kinds, if labelled)
+            if s.name.endswith("_bucket"):
+                le = s.labels.get("le", "+Inf")
+                h["buckets"][le] = h["buckets"].get(le, 0.0) + s.value
+            elif s.name.endswith("_count"):
+                h["count"] += s.value
+            elif s.name.endswith("_sum"):
+                h["sum"] += s.value
+    return out
+
+
+def histogram_delta(before: dict, after: dict) -> dict:
+    """Per role and metric: forwards, mean, and the bucket counts formed between two scrapes."""
+    out: dict[str, dict] = {}
+    for role, metrics in after.items():
+        for name, h in metrics.items():
+            b = before.get(role, {}).get(name, {"count": 0.0, "sum": 0.0, "buckets": {}})
+            count = h["count"] - b["count"]
+            cum = {le: v - b["buckets"].get(le, 0.0) for le, v in h["buckets"].items()}
+            ordered = sorted(cum.items(), key=lambda kv: math.inf if kv[0] == "+Inf" else float(kv[0]))
+            per_bucket, prev = {}, 0.0
+            for le, v in ordered:
+                if v - prev > 0:
+                    per_bucket[le] = v - prev
+                prev = v
+            out.setdefault(role, {})[name.replace("specdec_", "")] = {
+                "forwards": count, "mean": (h["sum"] - b["sum"]) / count if count else None,
+                "buckets": per_bucket}
+    return out
+
+
+# ---------------------------------------------------------------------------- streams
+
+
+async def _stream(stub, request, start: float) -> dict:
+    from specdec.v1 import orchestrator_pb2 as pb
+
+    token_ids, chunks, stats = [], [], None
+    async for event in stub.Generate(request, timeout=900):
+        if event.HasField("chunk"):
+            if event.chunk.token_ids:
+                chunks.append((time.perf_counter() - start, len(event.chunk.token_ids)))
+                token_ids.extend(event.chunk.token_ids)
+        else:
+            stats = event.stats
+    end = time.perf_counter() - start
+    if stats is None:
+        raise RuntimeError("stream ended without Stats")
+    if stats.session_id:
+        await stub.EndSession(pb.EndSessionRequest(session_id=stats.session_id), timeout=30)
+    return {"token_ids": token_ids, "chunks": chunks, "end_s": end,
+            "ttft_s": chunks[0][0] if chunks else end, "prompt_tokens": stats.prompt_tokens,
+            "rounds_k": [r.k for r in stats.rounds], "proposer_used": stats.proposer}
+
+
+async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prompt], max_new: int,
+                      seed: int) -> list[dict]:
+    """All prompts' streams at once through the orchestrator at `address`."""
+    import grpc
+
+    from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc
+
+    kind = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP}[config.proposer]
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        requests = [pb.GenerateRequest(
+            messages=[pb.ChatMessage(role=r, content=c) for r, c in p.messages], max_new_tokens=max_new,
+            sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer=kind, k=config.k,
+            strict=True) for p in prompts]
+        start = time.perf_counter()
+        results = await asyncio.gather(*(_stream(stub, r, start) for r in requests))
+    for p, r in zip(prompts, results):
+        r["prompt_id"] = p.id
+    return list(results)
+
+
+# ---------------------------------------------------------------------------- the in-process peer
+
+
+class Peer:
+    """The same weights in this process: padded-batch greedy `generate`, and assisted at batch 1."""
+
+    def __init__(self, args) -> None:
+        from draft_service.role import default_draft
+        from specdec.hosting.loader import load
+
+        self.target = load(args.target, device="cpu", dtype="float32")
+        self.draft = load(args.draft or default_draft(), device="cpu")
+        self.eos = list(self.target.eos_token_ids)
+        tok = self.target.tokenizer
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos[0]
+        self._ids: dict[str, list[int]] = {}
+
+    def ids(self, prompt: suite.Prompt) -> list[int]:
+        from orchestrator.text import encode_prompt
+
+        if prompt.id not in self._ids:
+            self._ids[prompt.id] = encode_prompt(self.target.tokenizer, "", prompt.messages)
+        return self._ids[prompt.id]
+
+    def _cut(self, new: list[int]) -> list[int]:
+        for i, tok in enumerate(new):
+            if tok in self.eos:
+                return new[: i + 1]
+        return new
+
+    def padded(self, prompts: list[suite.Prompt], max_new: int) -> list[dict]:
+        """One `generate` over the left-padded batch; a token per row each forward."""
+        import torch
+
+        rows = [self.ids(p) for p in prompts]
+        width = max(len(r) for r in rows)
+        input_ids = torch.tensor([[self.pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        ends: list[float] = []
+        handle = self.target.model.register_forward_hook(lambda *_: ends.append(time.perf_counter()))
+        try:
+            with torch.inference_mode():
+                start = time.perf_counter()
+                out = self.target.model.generate(
+                    input_ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=0, do_sample=False,
+                    temperature=None, top_p=None, top_k=None, eos_token_id=self.eos, pad_token_id=self.pad,
+                    use_cache=True)
+                end = time.perf_counter() - start
+        finally:
+            handle.remove()
+        steps = [t - start for t in ends]  # forward i ends: every unfinished row has its token i + 1
+        results = []
+        for i, p in enumerate(prompts):
+            new = self._cut(out[i, width:].tolist())
+            chunks = [(steps[j] if j < len(steps) else end, 1) for j in range(len(new))]
+            results.append({"prompt_id": p.id, "token_ids": new, "chunks": chunks,
+                            "end_s": chunks[-1][0] if chunks else end, "ttft_s": chunks[0][0] if chunks else end,
+                            "prompt_tokens": len(rows[i]), "rounds_k": [], "proposer_used": "hf-padded"})
+        return results
+
+    def assisted(self, prompt: suite.Prompt, max_new: int) -> list[dict]:
+        import torch
+
+        from benchmarks.inprocess import PeerConfig, generate
+
+        ids = torch.tensor([self.ids(prompt)])
+        r = generate(self.target.model, self.draft.model, ids, PeerConfig("assisted", 4),
+                     max_new_tokens=max_new, eos_token_ids=self.eos)
+        n = max(1, len(r.token_ids))
+        # transformers streams a round's tokens together; spread the rest evenly after the first.
+        step = (r.wall_s - r.ttft_s) / max(1, n - 1)
+        chunks = [(r.ttft_s + i * step, 1) for i in range(len(r.token_ids))]
+        return [{"prompt_id": prompt.id, "token_ids": r.token_ids, "chunks": chunks, "end_s": r.wall_s,
+                 "ttft_s": r.ttft_s, "prompt_tokens": r.prompt_tokens, "rounds_k": [],
+                 "proposer_used": "hf-assisted"}]
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def plan(args, modes: list[str]) -> list[tuple[int, int, str, LoadConfig]]:
+    """(rep, N, mode, config) cells: per repetition and N, every configuration once, rotated."""
+    cells = [(mode, c) for mode in modes for c in args.configs]
+    if not args.no_peer:
+        cells.append((PEER, PEER_PADDED))
+    out, turn = [], 0
+    for rep in range(args.reps):
+        for n in args.ns:
+            shift = turn % len(cells)
+            order = cells[shift:] + cells[:shift]
+            if not args.no_peer and n == min(args.ns):
+                order.append((PEER, PEER_ASSISTED))  # batch 1 by definition: measured once per rep
+            out += [(rep, n, mode, c) for mode, c in order]
+            turn += 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-load-"))
+    if args.tiny:
+        from tests.tiny import build_pair
+
+        target_dir, draft_dir = build_pair(workdir / "tiny")
+        args.target, args.draft = str(target_dir), str(draft_dir)
+    started = time.time()
+    batching = batching_flag_available()
+    modes = [BATCHED] + ([UNBATCHED] if batching and not args.no_unbatched else [])
+    prompts = suite.subset(suite.load(args.suite), -(-max(args.ns) // 5))[: max(args.ns)]
+    if len(prompts) < max(args.ns):
+        raise SystemExit(f"the suite has {len(prompts)} prompts, fewer than N = {max(args.ns)}")
+    cells = plan(args, modes)
+    print(f"benchmarks.load: N = {args.ns}, {len(cells)} cells, batching flag "
+          f"{'available' if batching else 'NOT available (services run one request per forward)'}; "
+          f"out {args.out}", file=sys.stderr)
+
+    stacks: dict[str, LoadStack] = {}
+    records: list[dict] = []
+    reference: dict[str, list[int]] = {}
+    failure, result = None, None
+    try:
+        flags = {BATCHED: ["--max-batch", str(args.max_batch)] if batching else [], UNBATCHED: ["--max-batch", "1"]}
+        for mode in modes:
+            stacks[mode] = LoadStack(mode, args, workdir / "logs", flags[mode])
+            stacks[mode].start()
+        peer = None if args.no_peer else Peer(args)  # loads while the services start
+        for stack in stacks.values():
+            stack.wait()
+        # Reference (and warm-up): target-only alone on the batched stack, one prompt at a time.
+        for p in prompts:
+            (r,) = asyncio.run(run_streams(stacks[BATCHED].address, SERVICE_CONFIGS[0], [p], args.max_new_tokens,
+                                           args.seed))
+            reference[p.id] = r["token_ids"]
+        for mode in modes:  # warm-up: every configuration once, short, not recorded
+            for c in args.configs:
+                asyncio.run(run_streams(stacks[mode].address, c, prompts[:2], 4, args.seed))
+        if peer is not None:
+            peer.padded(prompts[:2], 4)
+            peer.assisted(prompts[0], 4)
+        print(f"reference done ({time.time() - started:.0f} s); measuring", file=sys.stderr)
+        raw = (args.out / "records.jsonl").open("w")
+        for i, (rep, n, mode, config) in enumerate(cells):
+            group = prompts[:n] if config is not PEER_ASSISTED else prompts[:1]
+            before = stacks[mode].scrape() if mode in stacks else {}
+            t0 = time.perf_counter()
+            if mode == PEER:
+                streams = peer.padded(group, args.max_new_tokens) if config is PEER_PADDED \
+                    else peer.assisted(group[0], args.max_new_tokens)
+            else:
+                streams = asyncio.run(run_streams(stacks[mode].address, config, group, args.max_new_tokens,
+                                                  args.seed))
+            wall = time.perf_counter() - t0
+            batches = histogram_delta(before, stacks[mode].scrape()) if mode in stacks else {}
+            record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
+                      "proposer": config.proposer, "k": config.k, "wall_s": wall, "streams": streams,
+                      "batches": batches}
+            records.append(record)
+            raw.write(json.dumps(record) + "\n")
+            raw.flush()
+            tokens = sum(len(s["token_ids"]) for s in streams)
+            print(f"[{i + 1}/{len(cells)}] rep {rep} N={len(group):2d} {mode:9s} {config.name:15s} "
+                  f"{tokens / max(wall, 1e-9):6.1f} tok/s", file=sys.stderr)
+        raw.close()
+    except BaseException as exc:  # noqa: BLE001 - still write what was measured
+        failure = f"{type(exc).__name__}: {exc}"
+        for stack in stacks.values():
+            for log in sorted((workdir / "logs" / stack.name).glob("*.log")):
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                print(f"--- {stack.name}/{log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
+        raise
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+        settings = {
+            "command": "python -m benchmarks.load " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
+            "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
+            "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
+            "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
+            "elapsed_s": time.time() - started, "failure": failure,
+        }
+        if records or failure:
+            result = load_report.build(records, reference, settings, _environment(args))
+            (args.out / "results.json").write_text(json.dumps(load_report.json_safe(result), indent=1))
+            load_report.render(result, args.out)
+    if result is None:
+        print("nothing was measured", file=sys.stderr)
+        return 1
+    bad = result["identity"]["mismatches"]
+    print(f"wrote {args.out}/results.json, results.md, plots ({time.time() - started:.0f} s)", file=sys.stderr)
+    if bad:
+        print(f"GREEDY IDENTITY FAILED: {len(bad)} streams differ from target-only alone:", file=sys.stderr)
+        for m in bad:
+            print(f"  {m['prompt_id']} {m['mode']} {m['config']} N={m['n']} rep={m['rep']} "
+                  f"first difference at token {m['first_difference']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _environment(args) -> dict:
+    import platform
+
+    import torch
+    import transformers
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "target_model": args.target or "embedded default (SmolLM2-135M)",
+            "draft_model": args.draft or "the draft service's default (shipped distilled draft)"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

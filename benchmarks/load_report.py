@@ -1,0 +1,307 @@
+"""Summaries, the greedy identity check, the goal table, Markdown and PNGs for benchmarks.load.
+
+Re-render a saved run: `python -m benchmarks.load_report path/to/results.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+PLOTS = ("tps_vs_n.png", "ttft_vs_n.png")
+SERVICE_MODES = ("batched", "unbatched")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of values, or None."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def json_safe(value):
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------- identity
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def identity_mismatches(records: list[dict], reference: dict[str, list[int]]) -> list[dict]:
+    """Every service stream whose tokens differ from target-only alone on its prompt."""
+    bad = []
+    for r in records:
+        if r["mode"] not in SERVICE_MODES:
+            continue
+        for i, s in enumerate(r["streams"]):
+            diff = first_difference(s["token_ids"], reference.get(s["prompt_id"], []))
+            if diff is not None:
+                bad.append({"mode": r["mode"], "config": r["config"], "n": r["n"], "rep": r["rep"], "stream": i,
+                            "prompt_id": s["prompt_id"], "first_difference": diff})
+    return bad
+
+
+def identity(records: list[dict], reference: dict[str, list[int]]) -> dict:
+    compared = sum(len(r["streams"]) for r in records if r["mode"] in SERVICE_MODES)
+    bad = identity_mismatches(records, reference)
+    peer = [(s["prompt_id"], r["config"], r["n"], first_difference(s["token_ids"], reference.get(s["prompt_id"], [])))
+            for r in records if r["mode"] == "peer" for s in r["streams"]]
+    return {"compared": compared, "mismatches": bad, "passed": not bad and compared > 0,
+            "peer_compared": len(peer),
+            "peer_differ": [{"prompt_id": p, "config": c, "n": n, "first_difference": d}
+                            for p, c, n, d in peer if d is not None]}
+
+
+# ---------------------------------------------------------------------------- summaries
+
+
+def _itl(stream: dict) -> list[float]:
+    """Inter-token latency, ms, per token after the first: a chunk's gap spread over its tokens."""
+    out, prev = [], None
+    for t, n in stream["chunks"]:
+        if prev is not None and n:
+            out += [(t - prev) * 1e3 / n] * n
+        elif prev is None and n > 1:
+            out += [0.0] * (n - 1)  # tokens arriving with the first one
+        prev = t
+    return out
+
+
+def _batches(records: list[dict]) -> dict:
+    """Per role and metric: forwards and mean over all of a cell's repetitions, buckets summed."""
+    out: dict[str, dict] = {}
+    for r in records:
+        for role, metrics in (r.get("batches") or {}).items():
+            for name, h in metrics.items():
+                acc = out.setdefault(role, {}).setdefault(name, {"forwards": 0.0, "total": 0.0, "buckets": {}})
+                if h.get("forwards") and h.get("mean") is not None:
+                    acc["forwards"] += h["forwards"]
+                    acc["total"] += h["mean"] * h["forwards"]
+                for le, v in h.get("buckets", {}).items():
+                    acc["buckets"][le] = acc["buckets"].get(le, 0.0) + v
+    for metrics in out.values():
+        for h in metrics.values():
+            h["mean"] = h.pop("total") / h["forwards"] if h["forwards"] else None
+    return out
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    cells: dict[tuple, list[dict]] = {}
+    for r in records:
+        cells.setdefault((r["mode"], r["config"], r["n"]), []).append(r)
+    out = []
+    for (mode, config, n), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        agg = []
+        per_stream, ttft, itl, ks = [], [], [], []
+        for r in rs:
+            streams = r["streams"]
+            tokens = sum(len(s["token_ids"]) for s in streams)
+            span = max((s["end_s"] for s in streams), default=0.0)
+            agg.append(tokens / span if span > 0 else 0.0)
+            per_stream += [len(s["token_ids"]) / s["end_s"] for s in streams if s["end_s"] > 0]
+            ttft += [s["ttft_s"] * 1e3 for s in streams]
+            for s in streams:
+                itl += _itl(s)
+                ks += s.get("rounds_k", [])
+        out.append({
+            "mode": mode, "config": config, "n": n, "reps": len(rs),
+            "agg_tps": statistics.median(agg), "agg_tps_all": agg,
+            "stream_tps_median": statistics.median(per_stream) if per_stream else None,
+            "stream_tps_min": min(per_stream) if per_stream else None,
+            "ttft_p50_ms": _pct(ttft, 0.5), "ttft_p99_ms": _pct(ttft, 0.99),
+            "itl_p50_ms": _pct(itl, 0.5), "itl_p99_ms": _pct(itl, 0.99),
+            "k_mean": statistics.fmean(ks) if ks else None,
+            "k0_share": sum(k == 0 for k in ks) / len(ks) if ks else None,
+            "batches": _batches(rs),
+        })
+    return out
+
+
+def _cell(summaries: list[dict], mode: str, config: str, n: int) -> dict | None:
+    return next((s for s in summaries if (s["mode"], s["config"], s["n"]) == (mode, config, n)), None)
+
+
+def goals(summaries: list[dict], ident: dict, settings: dict) -> list[dict]:
+    """The issue's goal table: figure, value, target, met."""
+    out = []
+
+    def add(figure: str, value, target: str, met: bool | None, note: str = "") -> None:
+        out.append({"figure": figure, "value": value, "target": target, "met": met, "note": note})
+
+    def tps(mode: str, config: str, n: int) -> float | None:
+        c = _cell(summaries, mode, config, n)
+        return c["agg_tps"] if c else None
+
+    base = tps("batched", "target-only", 1)
+    for n, factor in ((8, 4.0), (16, 5.0)):
+        v = tps("batched", "target-only", n)
+        ratio = v / base if v and base else None
+        add(f"target-only aggregate tokens/s, N={n} / N=1", ratio, f">= {factor:g}x",
+            None if ratio is None else ratio >= factor)
+    t1, t8 = (_cell(summaries, "batched", "target-only", n) for n in (1, 8))
+    ratio = t8["ttft_p50_ms"] / t1["ttft_p50_ms"] if t1 and t8 and t1["ttft_p50_ms"] else None
+    add("target-only TTFT p50, N=8 / N=1", ratio, "<= 2x", None if ratio is None else ratio <= 2.0)
+    ns = settings.get("ns", [])
+    pairs = [(n, tps("batched", "adaptive", n), tps("batched", "target-only", n)) for n in ns]
+    pairs = [(n, a / t) for n, a, t in pairs if a and t]
+    if pairs:
+        worst = min(r for _, r in pairs)
+        add("adaptive / target-only aggregate tokens/s, every N", worst, ">= 1.0 at every N", worst >= 1.0,
+            ", ".join(f"N={n}: {r:.2f}" for n, r in pairs))
+    pairs = [(n, tps("batched", "target-only", n), tps("peer", "hf-padded", n)) for n in ns]
+    pairs = [(n, a / p) for n, a, p in pairs if a and p]
+    if pairs:
+        worst = min(r for _, r in pairs)
+        add("batched target-only / in-process padded generate, every N", worst, ">= 1.0 at every N",
+            worst >= 1.0, ", ".join(f"N={n}: {r:.2f}" for n, r in pairs))
+    share = (ident["compared"] - len(ident["mismatches"])) / ident["compared"] if ident["compared"] else None
+    add("greedy identity (every stream = target-only alone)", share, "100%", ident["passed"],
+        f"{ident['compared']} streams compared")
+    return out
+
+
+def build(records: list[dict], reference: dict[str, list[int]], settings: dict, environment: dict) -> dict:
+    summaries = summarize(records)
+    ident = identity(records, reference)
+    return {"environment": environment, "settings": settings, "reference": reference, "records": records,
+            "summaries": summaries, "identity": ident, "goals": goals(summaries, ident, settings)}
+
+
+# ---------------------------------------------------------------------------- Markdown and plots
+
+
+def _f(x, fmt: str = ".1f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _met(m) -> str:
+    return "–" if m is None else ("met" if m else "**missed**")
+
+
+def markdown(result: dict) -> str:
+    env, cfg, ident = result["environment"], result["settings"], result["identity"]
+    lines = [
+        f"# specdec load benchmark ({'quick' if cfg.get('quick') else 'full'})", "",
+        f"- command: `{cfg.get('command', '')}`",
+        f"- target: {env.get('target_model')}; draft: {env.get('draft_model')}; "
+        f"{cfg.get('threads')} torch thread per process (target and draft one each)",
+        f"- CPU: {env.get('cpu')} ({env.get('cpu_count')} cores, shared); torch {env.get('torch')}, "
+        f"transformers {env.get('transformers')}; git {env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''}",
+        f"- N = {cfg.get('ns')} concurrent greedy streams (suite prompts, all started at once), "
+        f"{cfg.get('max_new_tokens')} new tokens, {cfg.get('reps')} repetition(s), cells interleaved per N",
+        f"- stacks: {', '.join(cfg.get('modes', []))}"
+        + ("" if cfg.get("batching_flag") else " — **the services have no --max-batch flag in this build: "
+           "they run one request per forward; no unbatched stack was started**"),
+        "",
+        "## Goals", "",
+        "| figure | value | target | |", "|---|---|---|---|",
+    ]
+    for g in result["goals"]:
+        value = g["value"]
+        shown = _f(value * 100, ".0f") + "%" if "identity" in g["figure"] and value is not None else _f(value, ".2f")
+        lines.append(f"| {g['figure']} | {shown}{' (' + g['note'] + ')' if g['note'] else ''} | {g['target']} "
+                     f"| {_met(g['met'])} |")
+    lines += ["", "## Greedy identity", ""]
+    if ident["mismatches"]:
+        lines.append(f"**FAILED**: {len(ident['mismatches'])} of {ident['compared']} streams differ from "
+                     "target-only alone:")
+        lines += [f"- {m['prompt_id']} {m['mode']} {m['config']} N={m['n']} rep {m['rep']}: first difference "
+                  f"at token {m['first_difference']}" for m in ident["mismatches"][:50]]
+    else:
+        lines.append(f"PASSED: all {ident['compared']} streams (both stacks, every configuration and N) equal "
+                     "target-only alone, token for token.")
+    lines += ["", f"In-process peer vs target-only alone: {len(ident['peer_differ'])} of "
+              f"{ident['peer_compared']} greedy outputs differ"
+              + (" (" + ", ".join(f"{d['config']} N={d['n']} {d['prompt_id']}@{d['first_difference']}"
+                                  for d in ident["peer_differ"][:12]) + ")" if ident["peer_differ"] else "")
+              + " (padding changes the peer's kernel shapes; informative, not part of the check).", ""]
+    lines += ["## Cells", "",
+              "Aggregate tokens/s = all streams' tokens / (first start to last end), median over repetitions. "
+              "TTFT and inter-token latency (ITL: a chunk's gap spread over its tokens) pooled over streams. "
+              "Batches: the services' histograms over the cell (forwards, mean rows and tokens per forward). "
+              "k: the k the adaptive rounds used (mean, share of rounds at k = 0).", "",
+              "| stack | config | N | agg tok/s | stream tok/s med / min | TTFT p50 / p99 ms | ITL p50 / p99 ms "
+              "| target rows / tokens per forward | draft rows per forward | k mean (k=0) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in result["summaries"]:
+        b = s.get("batches") or {}
+        t_rows = b.get("target", {}).get("batch_rows", {}).get("mean")
+        t_tok = b.get("target", {}).get("batch_tokens", {}).get("mean")
+        d_rows = b.get("draft", {}).get("batch_rows", {}).get("mean")
+        k = f"{_f(s['k_mean'], '.2f')} ({_f(s['k0_share'] * 100, '.0f')}%)" if s["k_mean"] is not None \
+            and s["config"] == "adaptive" else "–"
+        lines.append(
+            f"| {s['mode']} | {s['config']} | {s['n']} | {_f(s['agg_tps'])} | {_f(s['stream_tps_median'])} / "
+            f"{_f(s['stream_tps_min'])} | {_f(s['ttft_p50_ms'], '.0f')} / {_f(s['ttft_p99_ms'], '.0f')} | "
+            f"{_f(s['itl_p50_ms'], '.0f')} / {_f(s['itl_p99_ms'], '.0f')} | {_f(t_rows, '.2f')} / {_f(t_tok, '.1f')} "
+            f"| {_f(d_rows, '.2f')} | {k} |")
+    lines += ["", "Notes:", "",
+              "- All N streams start at the same instant, so their prefills land together: on a CPU a forward "
+              "over N prompts costs about N prompts' compute, and TTFT grows with N whatever the batching.",
+              "- hf-assisted-k4 is `generate(assistant_model=)` at batch 1: it serves one request at a time, "
+              "measured at the smallest N only.",
+              "- The machine's cores are shared with other work; compare ratios within this run.", ""]
+    return "\n".join(lines)
+
+
+def plots(result: dict, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[int, dict]]] = {}
+    for s in result["summaries"]:
+        series.setdefault(f"{s['mode']}: {s['config']}", []).append((s["n"], s))
+    for name, key, ylabel in (("tps_vs_n.png", "agg_tps", "aggregate tokens/s"),
+                              ("ttft_vs_n.png", "ttft_p50_ms", "TTFT p50 (ms)")):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for label, points in sorted(series.items()):
+            points = sorted((n, s[key]) for n, s in points if s[key] is not None)
+            if not points:
+                continue
+            style = "-" if label.startswith("batched") else ("--" if label.startswith("unbatched") else ":")
+            ax.plot([n for n, _ in points], [v for _, v in points], style, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams N")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel} vs N")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+
+
+def render(result: dict, out_dir: Path) -> None:
+    out_dir = Path(out_dir)
+    (out_dir / "results.md").write_text(markdown(result))
+    plots(result, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.load_report")
+    p.add_argument("results", type=Path)
+    p.add_argument("--out", type=Path, help="default: the results file's folder")
+    args = p.parse_args(argv)
+    render(json.loads(args.results.read_text()), args.out or args.results.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
