@@ -230,20 +230,24 @@ class GoodputPolicy:
     Acceptance by position: each position's accepted/tested counts, shrunk
     towards the session's overall rate (an EWMA) with the weight of
     `shrink` tests, so a rarely tested position borrows the overall rate.
-    A session whose best k is 0 still drafts `probe_k` tokens every
-    `probe_every`-th round, so acceptance keeps being measured and the session
-    returns to drafting when load falls or its text gets easier. Without any
-    cost measurement yet it drafts `start_k`.
+    The decision is taken afresh every round from the current costs, so a
+    session returns to drafting as soon as the load falls. A session whose
+    best k is 0 still drafts `probe_k` tokens after `probe_every` rounds at
+    k = 0, so its acceptance stays measured (its text may have got easier);
+    each probe after which k stays 0 doubles the wait, up to `probe_max`, so
+    sustained load costs few probes. Without any cost measurement yet it
+    drafts `start_k`.
     """
 
-    def __init__(self, *, probe_every: int = 8, probe_k: int = 2, start_k: int = 2,
+    def __init__(self, *, probe_every: int = 8, probe_max: int = 64, probe_k: int = 2, start_k: int = 2,
                  shrink: float = 4.0, margin: float = 0.05, halflife: float = 64.0) -> None:
-        if probe_every < 1 or probe_k < 1:
-            raise ValueError("probe_every and probe_k must be >= 1")
+        if probe_every < 1 or probe_k < 1 or probe_max < probe_every:
+            raise ValueError("need probe_every >= 1, probe_k >= 1 and probe_max >= probe_every")
         self.estimator = AcceptanceEstimator(halflife=halflife)
-        self.probe_every, self.probe_k, self.start_k = probe_every, probe_k, start_k
+        self.probe_every, self.probe_max, self.probe_k, self.start_k = probe_every, probe_max, probe_k, start_k
         self.shrink, self.margin = shrink, margin
-        self.idle_rounds = 0  # rounds in a row chosen k = 0
+        self.idle_rounds = 0  # rounds at k = 0 since the last draft
+        self.wait = probe_every  # rounds at k = 0 before the next probe
         self.probes = 0
 
     def acceptance(self, k_max: int) -> list[float]:
@@ -264,13 +268,77 @@ class GoodputPolicy:
             return min(self.start_k, k_max)
         k = best_goodput_k(self.acceptance(k_max), costs, k_max, self.margin)
         if k:
-            self.idle_rounds = 0
+            self.idle_rounds, self.wait = 0, self.probe_every
             return k
         self.idle_rounds += 1
-        if self.idle_rounds % self.probe_every == 0:
-            self.probes += 1
-            return min(self.probe_k, k_max)
-        return 0
+        if self.idle_rounds < self.wait:
+            return 0
+        self.probes += 1
+        self.idle_rounds, self.wait = 0, min(2 * self.wait, self.probe_max)
+        return min(self.probe_k, k_max)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         self.estimator.observe(n_drafted, n_accepted)
+
+
+# ---------------------------------------------------------------------------- parallel speculation
+
+
+def pre_draft_hit_rate(alpha: float, k: int, beta: float | None = None) -> float:
+    """The share of rounds whose drafts were pre-drafted during the previous round's verify.
+
+    A pre-draft is used when the previous round accepted all k drafts (alpha^k)
+    and its bonus token was the draft's own guess (beta; by default alpha: under
+    greedy the guess is right exactly when a (k+1)-th draft would have been
+    accepted): h = alpha^k * beta.
+    """
+    _check(alpha, k)
+    beta = alpha if beta is None else beta
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    return alpha**k * beta if k else 0.0
+
+
+def parallel_round_cost(alpha: float, k: int, c: float, v: float = 1.0, *, c0: float = 0.0,
+                        beta: float | None = None) -> float:
+    """Expected critical-path time of a round in parallel (post-verify) mode, in target passes.
+
+        T_par = v + (1 - h) (c0 + k c) + h max(0, c0 + (k + 1) c - v)
+
+    v: the verify pass over k + 1 tokens; c0 + k c: a Propose call drafting k
+    (c0 its fixed part: RPC, queueing); h = pre_draft_hit_rate(alpha, k, beta).
+    A hit round makes no draft call; it waits only for what of the pre-draft
+    (k + 1 steps, started with the previous round's verify) outlasts that verify.
+    A miss round drafts as in sequential mode. Sequential mode is h = 0:
+    T_seq = v + c0 + k c.
+    """
+    if c < 0 or c0 < 0 or v <= 0:
+        raise ValueError(f"need c >= 0, c0 >= 0 and v > 0, got c={c}, c0={c0}, v={v}")
+    h = pre_draft_hit_rate(alpha, k, beta)
+    draft = c0 + k * c if k else 0.0
+    return v + (1.0 - h) * draft + h * max(0.0, c0 + (k + 1) * c - v)
+
+
+def parallel_speedup(alpha: float, k: int, c: float, v: float = 1.0, *, c0: float = 0.0,
+                     beta: float | None = None) -> float:
+    """Expected speed-up of parallel mode over target-only decoding: E(alpha, k) / T_par.
+
+    E = (1 - alpha^(k+1)) / (1 - alpha) tokens per round, as in sequential mode
+    (the proposals are the same; only when they are made changes). With the
+    draft off the critical path only on hits (h = alpha^(k+1) by default), the
+    gain over sequential mode, E / T_par vs E / (v + c0 + k c), is largest at
+    small k, where full acceptance is likeliest.
+    """
+    return expected_tokens_per_pass(alpha, k) / parallel_round_cost(alpha, k, c, v, c0=c0, beta=beta)
+
+
+def best_parallel_k(alpha: float, c: float, v: Callable[[int], float] | float = 1.0, *, c0: float = 0.0,
+                    beta: float | None = None, k_max: int = 16) -> int:
+    """The k in 0..k_max with the highest parallel-mode speed-up (smallest on ties).
+
+    `v` may be a function of k (the verify pass's cost grows with its k + 1 tokens).
+    """
+    def vk(k: int) -> float:
+        return v(k) if callable(v) else v
+
+    return max(range(k_max + 1), key=lambda k: (parallel_speedup(alpha, k, c, vk(k), c0=c0, beta=beta), -k))

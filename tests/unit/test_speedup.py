@@ -137,15 +137,16 @@ def test_compute_bound_load_does_not_draft() -> None:
 
 
 def test_policy_probes_at_k0_and_returns_to_drafting() -> None:
-    policy = GoodputPolicy(probe_every=4, probe_k=2)
+    policy = GoodputPolicy(probe_every=4, probe_max=8, probe_k=2)
     assert policy.choose(None, 8) == 2  # nothing measured: the start k
     loaded = RoundCosts(verify_ms=compute_bound, rows=16, draft_step_ms=6.0)
     ks = []
-    for _ in range(12):
+    for _ in range(28):
         k = policy.choose(loaded, 8)
         ks.append(k)
         policy.observe(k, k)  # everything drafted is accepted
-    assert ks == [0, 0, 0, 2] * 3 and policy.probes == 3
+    # A probe after 4 rounds at k = 0, then the wait doubles to 8 (the most here).
+    assert ks == [0, 0, 0, 2] + [0] * 7 + [2] + [0] * 7 + [2] + [0] * 7 + [2] and policy.probes == 4
     idle = RoundCosts(verify_ms=cpu_verify, rows=1, draft_step_ms=6.0)
     assert policy.choose(idle, 8) >= 4  # load gone, acceptance measured high by the probes
     assert policy.choose(loaded, 0) == 0
