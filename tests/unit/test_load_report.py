@@ -1,0 +1,48 @@
+"""The load benchmark's arithmetic: histogram deltas, inter-token latency, the goal table."""
+from __future__ import annotations
+
+from benchmarks.load import histogram_delta
+from benchmarks.load_report import _itl, goals, identity, summarize
+
+
+def test_histogram_delta_gives_the_batches_formed_in_between() -> None:
+    before = {"target": {"specdec_batch_rows": {"count": 10.0, "sum": 10.0,
+                                                "buckets": {"1.0": 10.0, "4.0": 10.0, "+Inf": 10.0}}}}
+    after = {"target": {"specdec_batch_rows": {"count": 14.0, "sum": 22.0,
+                                               "buckets": {"1.0": 11.0, "4.0": 14.0, "+Inf": 14.0}}}}
+    d = histogram_delta(before, after)["target"]["batch_rows"]
+    assert d == {"forwards": 4.0, "mean": 3.0, "buckets": {"1.0": 1.0, "4.0": 3.0}}
+    assert histogram_delta({}, {"draft": {}}) == {}
+
+
+def test_itl_spreads_a_chunk_over_its_tokens() -> None:
+    stream = {"chunks": [(0.1, 1), (0.3, 4), (0.4, 1)]}
+    assert [round(x, 6) for x in _itl(stream)] == [50.0] * 4 + [100.0]
+
+
+def _record(mode: str, config: str, n: int, end_s: float, tokens: list[int], ttft_s: float = 0.1) -> dict:
+    streams = [{"prompt_id": f"p{i}", "token_ids": tokens, "chunks": [(ttft_s, 1), (end_s, len(tokens) - 1)],
+                "end_s": end_s, "ttft_s": ttft_s, "rounds_k": [0, 2]} for i in range(n)]
+    return {"rep": 0, "n": n, "mode": mode, "config": config, "streams": streams, "batches": {}}
+
+
+def test_goal_table_met_and_missed() -> None:
+    ref = {f"p{i}": [1, 2, 3, 4] for i in range(16)}
+    records = []
+    for n, end in ((1, 1.0), (8, 1.5), (16, 2.0)):  # 4, 21.3 and 32 tokens/s
+        records.append(_record("batched", "target-only", n, end, [1, 2, 3, 4], ttft_s=0.1 if n == 1 else 0.3))
+        records.append(_record("batched", "adaptive", n, end * 0.9, [1, 2, 3, 4]))
+        records.append(_record("peer", "hf-padded", n, end * 2, [1, 2, 3, 4]))
+    summaries = summarize(records)
+    ident = identity(records, ref)
+    table = {g["figure"]: g for g in goals(summaries, ident, {"ns": [1, 8, 16]})}
+    assert table["target-only aggregate tokens/s, N=8 / N=1"]["met"] is True  # 5.33x
+    assert table["target-only aggregate tokens/s, N=16 / N=1"]["met"] is True  # 8x
+    assert table["target-only TTFT p50, N=8 / N=1"]["met"] is False  # 3x
+    assert table["adaptive / target-only aggregate tokens/s, every N"]["met"] is True
+    assert table["batched target-only / in-process padded generate, every N"]["met"] is True
+    assert table["greedy identity (every stream = target-only alone)"]["met"] is True
+    records[1]["streams"][0]["token_ids"] = [1, 2, 9, 4]
+    ident = identity(records, ref)
+    assert [m["first_difference"] for m in ident["mismatches"]] == [2] and not ident["passed"]
+    assert ident["peer_compared"] == 25 and ident["peer_differ"] == []
