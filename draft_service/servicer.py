@@ -1,4 +1,4 @@
-"""DraftService: decode -> draft_service.drafting.propose on the model worker -> encode."""
+"""DraftService: decode -> draft_service.drafting.propose on the batching worker -> encode."""
 from __future__ import annotations
 
 import time
@@ -16,6 +16,6 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
         started = time.perf_counter()
         req = self.decode(request)
         p_min = check_p_min(request.p_min)
-        timed = await self.host.run(propose, self.host, req, request.seed, p_min)
-        drafts = timed.value.value
-        return fill_response(model_pb2.ProposeResponse(tokens=drafts.tokens), timed, started, drafts.probs)
+        done = await propose(self.host, req, request.seed, p_min)
+        drafts = done.value
+        return fill_response(model_pb2.ProposeResponse(tokens=drafts.tokens), done, started, drafts.probs)

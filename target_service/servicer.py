@@ -1,4 +1,4 @@
-"""TargetService: decode -> target_service.scoring.score on the model worker -> encode."""
+"""TargetService: decode -> target_service.scoring.score on the batching worker -> encode."""
 from __future__ import annotations
 
 import time
@@ -16,7 +16,7 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
         started = time.perf_counter()
         req = self.decode(request)
         check_score(req)
-        timed = await self.host.run(score, self.host, req)
-        scores = timed.value.value
-        return fill_response(model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids), timed, started,
+        done = await score(self.host, req)
+        scores = done.value
+        return fill_response(model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids), done, started,
                              scores.probs)

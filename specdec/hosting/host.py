@@ -2,32 +2,44 @@
 
 All model work runs on ONE worker thread per model (the model and its caches
 are not re-entrant); the gRPC event loop only validates, queues and encodes.
-Calls for different sessions therefore interleave whole-call by whole-call.
-What a call does with the model is the role's (target_service.scoring,
-draft_service.drafting); this module only gives it a session's cache.
+The worker batches concurrent calls of different sessions into one forward
+pass (specdec.hosting.batching, specdec.hosting.rows). What a call does with
+the model is the role's (target_service.scoring, draft_service.drafting): a
+`Work` that feeds tokens and takes logits step by step.
+
+Two backends:
+  * row-wise (--max-batch > 1, the default): many sessions per forward, each
+    session's KV in its own growable buffers (rows.SessionKV). Chosen only if
+    the model passes rows.unsupported's checks; otherwise a log line says why
+    and the host falls back to the stock backend.
+  * stock (--max-batch 1): one request per forward with a transformers
+    DynamicCache per session, exactly the pre-batching path.
 
 Numerics: every forward uses the session's own KV cache with explicit
 `position_ids`, so Score over n new tokens equals n one-token Scores (greedy
-identical; probabilities equal to ~1e-6 in float32, see tests/service).
+identical; probabilities equal to ~1e-6 in float32, see tests/service). In the
+row-wise backend a session's logits are bitwise the same alone and batched
+(rows.calibrate).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from specdec.hosting import metrics
-from specdec.hosting.kvcache import CachedSession, KVCacheStore
+from specdec.hosting import rows
+from specdec.hosting.batching import BatchLimits, BatchWorker, SessionWork, Work
+from specdec.hosting.kvcache import DynamicKV, KVCacheStore
 from specdec.hosting.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+__all__ = ["HostLimits", "ModelHost", "SessionWork", "Timed", "Work"]
 
 
 @dataclass(frozen=True)
@@ -37,99 +49,111 @@ class HostLimits:
     session_ttl_s: float = 600.0
     max_k: int = 16  # largest k (drafted tokens) in one Propose or Score
     max_request_tokens: int = 8192  # tokens in one request; more is RESOURCE_EXHAUSTED
+    max_batch: int = 16  # requests (sessions) per forward; 1 = batching off
+    max_batch_tokens: int = 256  # tokens per forward (a lone larger step still runs)
+    max_wait_us: int = 500  # wait for company this long, only when nothing is running
 
 
 @dataclass(frozen=True)
 class Timed:
-    """A worker result with where the time went (milliseconds)."""
+    """A plain worker call's result with where the time went (milliseconds)."""
 
     value: Any
     queue_ms: float
     total_ms: float
 
 
-@dataclass(frozen=True)
-class SessionWork(Generic[T]):
-    """What `ModelHost.on_session` returns: the work's value and the cache afterwards."""
+class StockForward:
+    """One session per forward over a transformers DynamicCache (batching off, or unsupported models)."""
 
-    value: T
-    cache_length: int  # tokens the session holds after the call
-    forward_ms: float
+    max_rows = 1
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+
+    def new_cache(self) -> DynamicKV:
+        return DynamicKV(self.model.config)
+
+    def __call__(self, batch: Sequence[rows.Row]) -> list[torch.Tensor]:
+        (row,) = batch
+        start, n = row.kv.length, len(row.tokens)
+        keep = max(row.keep, 1)  # transformers reads logits_to_keep=0 as "all"
+        out = self.model(
+            input_ids=torch.tensor([list(row.tokens)], dtype=torch.long, device=self.device),  # [1, n]
+            position_ids=torch.arange(start, start + n, device=self.device).unsqueeze(0),  # [1, n]
+            cache=row.kv.cache, use_cache=True, logits_to_keep=keep,
+        )
+        return [out.logits[0, keep - row.keep:]]  # [keep, vocab]
+
+
+def pick_forward(loaded: LoadedModel, limits: HostLimits) -> StockForward | rows.RowsForward:
+    """The row-wise backend where batching is on and the model passes its checks; else stock."""
+    model = loaded.model
+    if limits.max_batch <= 1:
+        return StockForward(model)
+    reason = rows.unsupported(model)
+    if reason:
+        log.warning("batching off for %s: %s; serving one request per forward", loaded.name, reason)
+        return StockForward(model)
+    started = time.monotonic()
+    # The most tokens one forward can hold: the budget, or one lone step of a
+    # request (a prefill chunk's tail plus k + 1 scored positions).
+    most_tokens = max(limits.max_batch_tokens, BatchLimits.prefill_chunk + limits.max_k + 1)
+    most_kept = min(most_tokens, limits.max_batch * (limits.max_k + 1))
+    tokens, kept = rows.calibrate(model, most_tokens, most_kept)
+    log.info("batch-invariant row counts on %s (%d thread(s)): tokens %s, kept logits %s (%.1f s)",
+             loaded.device, torch.get_num_threads(), tokens, kept, time.monotonic() - started)
+    rows.enable(model)
+    forward = rows.RowsForward(model, tokens, kept)
+    forward.max_rows = limits.max_batch
+    return forward
 
 
 class ModelHost:
     """One model, its per-session KV caches and its worker thread; see the module docstring."""
 
     def __init__(self, loaded: LoadedModel, limits: HostLimits, *, replica_id: str = ""):
-        from transformers import DynamicCache
-
         self.loaded = loaded
         self.limits = limits
         self.replica_id = replica_id
         self.device = loaded.device
         self.eos_ids = frozenset(loaded.eos_token_ids)
-        config = loaded.model.config
+        with torch.inference_mode():
+            self.forward = pick_forward(loaded, limits)
         self.caches = KVCacheStore(
-            lambda: DynamicCache(config=config),
+            self.forward.new_cache,
             max_sessions=limits.max_sessions,
             budget_bytes=limits.cache_budget_bytes,
             ttl_s=limits.session_ttl_s,
         )
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self.worker = BatchWorker(
+            self.forward, self.caches,
+            BatchLimits(max_batch=limits.max_batch, max_tokens=limits.max_batch_tokens,
+                        max_wait_us=limits.max_wait_us),
+        )
+
+    @property
+    def max_batch(self) -> int:
+        """Requests per forward actually served (1 where the model runs unbatched)."""
+        return self.worker.max_batch
 
     # ---- on the event loop -----------------------------------------------------
 
+    async def serve(self, work: Work[T]) -> SessionWork[T]:
+        """Run a Score or Propose on the worker, batched with whatever else is running."""
+        return await self.worker.submit(work)
+
     async def run(self, fn: Callable[..., T], *args: Any) -> Timed:
-        """Run `fn(*args)` on the model worker; measure queueing and total time."""
+        """Run `fn(*args)` on the worker between forwards (Release, the TTL sweep)."""
         submitted = time.perf_counter()
-        started: list[float] = []
-
-        def call() -> T:
-            started.append(time.perf_counter())
-            with torch.inference_mode():
-                return fn(*args)
-
-        value = await asyncio.get_running_loop().run_in_executor(self._worker, call)
-        done = time.perf_counter()
-        queue_s = started[0] - submitted
-        metrics.QUEUE_SECONDS.observe(queue_s)
-        return Timed(value, queue_s * 1e3, (done - submitted) * 1e3)
+        value, queue_s = await self.worker.call(lambda: fn(*args))
+        return Timed(value, queue_s * 1e3, (time.perf_counter() - submitted) * 1e3)
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=True)
+        self.worker.close()
 
     # ---- on the worker ---------------------------------------------------------
-
-    def on_session(
-        self, session_id: str, cache_position: int, prefix_hash: int,
-        work: Callable[[CachedSession], T],
-    ) -> SessionWork[T]:
-        """Run `work` on the session's cache after the cache check (CacheMiss if it fails).
-
-        A session whose work raised may hold a half-extended cache, so it is forgotten.
-        """
-        session = self.caches.acquire(session_id, cache_position, prefix_hash)
-        started = time.perf_counter()
-        try:
-            value = work(session)
-        except BaseException:
-            self.caches.discard(session_id)
-            raise
-        forward_ms = (time.perf_counter() - started) * 1e3
-        self.caches.settle(session)
-        return SessionWork(value, session.length, forward_ms)
-
-    def forward(self, session: CachedSession, tokens: Sequence[int], keep: int) -> torch.Tensor:
-        """Append `tokens` to the session's cache; logits of the last `keep` positions."""
-        start = session.length
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        positions = torch.arange(start, start + len(tokens), device=self.device).unsqueeze(0)
-        out = self.loaded.model(
-            input_ids=ids, position_ids=positions, cache=session.cache, use_cache=True,
-            logits_to_keep=keep,
-        )
-        session.append(tokens)
-        return out.logits[0, -keep:]  # [keep, vocab]
 
     def release(self, session_id: str) -> bool:
         return self.caches.release(session_id)

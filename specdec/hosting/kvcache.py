@@ -1,8 +1,11 @@
 """Per-session KV caches with prefix fingerprints, LRU eviction and an idle TTL.
 
 Not thread-safe on purpose: a ModelHost touches its KVCacheStore only from its
-single model-worker thread, so requests for different sessions interleave
-call by call and never mid-forward.
+single model-worker thread (specdec.hosting.batching), between forwards.
+
+A session's cache is a `specdec.hosting.rows.SessionKV` (batched serving) or a
+`DynamicKV` (one request per forward); both crop to an absolute length and
+report the bytes they hold.
 
 Cache check (the contract in proto/specdec/v1/model.proto): a session holding
 n tokens keeps fingerprints[i] = fingerprint(tokens[:i]) for i in 0..n. A
@@ -30,7 +33,7 @@ class CachedSession:
     """One session's KV cache and the fingerprints of the tokens it holds."""
 
     session_id: str
-    cache: Any  # a transformers Cache (DynamicCache)
+    cache: Any  # SessionKV or DynamicKV: crop(length), nbytes
     fingerprints: list[int] = field(default_factory=lambda: [fp.EMPTY])
     last_used: float = field(default_factory=time.monotonic)
     nbytes: int = 0
@@ -41,9 +44,8 @@ class CachedSession:
 
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens (absolute, so a retry is idempotent)."""
-        remove = self.length - length
-        if remove > 0:
-            self.cache.crop(-remove)  # transformers: a negative count drops from the end
+        if length < self.length:
+            self.cache.crop(length)
             del self.fingerprints[length + 1 :]
 
     def append(self, tokens: Sequence[int]) -> None:
@@ -52,14 +54,32 @@ class CachedSession:
             self.fingerprints.append(fp.extend(self.fingerprints[-1], token))
 
 
-def cache_nbytes(cache: Any) -> int:
-    """Bytes of the tensors behind a DynamicCache (storage, so views count in full)."""
-    total = 0
-    for layer in getattr(cache, "layers", ()):
-        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if tensor is not None:
-                total += tensor.untyped_storage().nbytes()
-    return total
+class DynamicKV:
+    """A transformers DynamicCache behind SessionKV's interface (the one-request-per-forward path)."""
+
+    def __init__(self, config: Any):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def crop(self, length: int) -> None:
+        remove = self.length - length
+        if remove > 0:
+            self.cache.crop(-remove)  # transformers: a negative count drops from the end
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors behind the cache (storage, so views count in full)."""
+        total = 0
+        for layer in getattr(self.cache, "layers", ()):
+            for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if tensor is not None:
+                    total += tensor.untyped_storage().nbytes()
+        return total
 
 
 class KVCacheStore:
@@ -129,7 +149,7 @@ class KVCacheStore:
 
     def settle(self, session: CachedSession) -> None:
         """After a call: re-measure the session and enforce the byte budget."""
-        session.nbytes = cache_nbytes(session.cache)
+        session.nbytes = session.cache.nbytes
         total = self.nbytes
         for victim in list(self._sessions.values()):
             if total <= self.budget_bytes:

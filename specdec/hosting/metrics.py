@@ -10,14 +10,24 @@ from prometheus_client import Counter, Gauge, Histogram
 
 FORWARD_SECONDS = Histogram(
     "specdec_forward_seconds",
-    "Model work per call (all forward passes of one Score or Propose)",
+    "Model work per call (all forward passes one Score or Propose took part in)",
     ["verb"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 QUEUE_SECONDS = Histogram(
     "specdec_queue_seconds",
-    "Time a call waited for the model worker",
+    "Time a call waited before joining a forward (or running, for Release)",
     buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+)
+BATCH_ROWS = Histogram(
+    "specdec_batch_rows",
+    "Requests (one per session) in one forward pass",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+)
+BATCH_TOKENS = Histogram(
+    "specdec_batch_tokens",
+    "Tokens fed in one forward pass (padding rows excluded)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
 )
 ACTIVE_SESSIONS = Gauge("specdec_active_sessions", "Sessions holding a KV cache")
 CACHE_BYTES = Gauge("specdec_cache_bytes", "Bytes held by all sessions' KV caches")

@@ -62,6 +62,16 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
                    default=env_default("max_request_tokens", 8192),
                    help="tokens in one request before RESOURCE_EXHAUSTED "
                         "[SPECDEC_MAX_REQUEST_TOKENS]")
+    b = parser.add_argument_group("batching (concurrent calls of different sessions share a forward pass)")
+    b.add_argument("--max-batch", type=int, default=env_default("max_batch", 16),
+                   help="requests (sessions) per forward; 1 = batching off, one request per forward "
+                        "[SPECDEC_MAX_BATCH] (default %(default)s)")
+    b.add_argument("--max-batch-tokens", type=int, default=env_default("max_batch_tokens", 256),
+                   help="tokens per forward; longer prompts are fed in chunks of 64 "
+                        "[SPECDEC_MAX_BATCH_TOKENS] (default %(default)s)")
+    b.add_argument("--max-wait-us", type=int, default=env_default("max_wait_us", 500),
+                   help="when idle, wait this long for more requests to batch with the first "
+                        "[SPECDEC_MAX_WAIT_US] (default %(default)s)")
     c.add_argument("--replica-id", default=env_default("replica_id", ""),
                    help="name in GetInfo and the registry; default hostname:port [SPECDEC_REPLICA_ID]")
     add_server_args(parser, default_port=role.default_port)
@@ -75,6 +85,9 @@ def limits_from_args(args: argparse.Namespace) -> HostLimits:
         session_ttl_s=float(args.session_ttl),
         max_k=int(args.max_k),
         max_request_tokens=int(args.max_request_tokens),
+        max_batch=max(1, int(args.max_batch)),
+        max_batch_tokens=max(1, int(args.max_batch_tokens)),
+        max_wait_us=max(0, int(args.max_wait_us)),
     )
 
 

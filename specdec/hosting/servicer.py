@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from specdec.hosting.host import ModelHost, SessionWork, Timed
+from specdec.hosting.host import ModelHost, SessionWork
 from specdec.hosting.requests import ModelRequest, decode_request, require_session_id
 from specdec.v1 import common_pb2
 from specdec.wire import encode_probs
@@ -49,13 +49,13 @@ class ModelServicerBase:
         )
 
 
-def fill_response(response: Any, timed: Timed, started: float, probs: torch.Tensor | None) -> Any:
+def fill_response(response: Any, work: SessionWork, started: float, probs: torch.Tensor | None) -> Any:
     """Set a Score/Propose response's cache_length, timing and (PROBS mode) probs; return it."""
-    work: SessionWork = timed.value
     response.cache_length = work.cache_length
     response.timing.CopyFrom(common_pb2.ServerTiming(
-        queue_ms=timed.queue_ms, forward_ms=work.forward_ms,
+        queue_ms=work.queue_ms, forward_ms=work.forward_ms,
         total_ms=(time.perf_counter() - started) * 1e3,
+        batch_rows=work.batch_rows, batch_tokens=work.batch_tokens, forwards=work.forwards,
     ))
     if probs is not None:
         response.probs.CopyFrom(encode_probs(probs))

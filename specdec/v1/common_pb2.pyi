@@ -45,14 +45,20 @@ class Distributions(_message.Message):
     def __init__(self, rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dense: _Optional[bytes] = ..., row_offsets: _Optional[bytes] = ..., ids: _Optional[bytes] = ..., values: _Optional[bytes] = ...) -> None: ...
 
 class ServerTiming(_message.Message):
-    __slots__ = ("queue_ms", "forward_ms", "total_ms")
+    __slots__ = ("queue_ms", "forward_ms", "total_ms", "batch_rows", "batch_tokens", "forwards")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     forward_ms: float
     total_ms: float
-    def __init__(self, queue_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+    batch_rows: int
+    batch_tokens: int
+    forwards: int
+    def __init__(self, queue_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_rows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)
