@@ -14,6 +14,12 @@ rounds still analyse: the breakdown then falls back to per-request averages.
 "svc-draft-auto" (proposer "draft", k 0) is adaptive k: the orchestrator picks
 k each round, so it has no closed-form prediction; its summary carries the k
 it actually used per round (`k_mean`, `k_min`, `k_max` over Stats.rounds).
+
+"svc-draft-par-k{K}" (record key `parallel`) is parallel speculation: rounds
+served by a pre-draft (Stats.Round.pre_drafted) made no draft call of their
+own; their pre-draft's compute is Round.draft_hidden_ms, outside the round.
+Its prediction is specdec.core.speedup.parallel_speedup with the measured hit
+rate next to the modelled alpha^(k+1).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
-from specdec.core.speedup import expected_tokens_per_pass
+from specdec.core.speedup import expected_tokens_per_pass, parallel_speedup, pre_draft_hit_rate
 
 # Stats.Round fields that make up a round, in the order the stacked bars show
 # them; they sum to the round's total_ms.
@@ -141,6 +147,7 @@ def summarize_cell(records: list[dict]) -> dict:
         "family": first["family"],
         "proposer": first["proposer"],
         "k": first["k"],
+        "parallel": bool(first.get("parallel")),
         "mode": first["mode"],
         "phase": first["phase"],
         "rtt_ms": first.get("rtt_ms"),
@@ -200,8 +207,29 @@ def summarize_cell(records: list[dict]) -> dict:
         out["stats_acceptance_by_position"] = [
             median([a[i] for a in abp if len(a) > i]) for i in range(width)
         ]
+    if out["parallel"]:
+        out.update(_parallel_figures(records))
     out["breakdown"] = breakdown(records)
     return out
+
+
+def _parallel_figures(records: list[dict]) -> dict:
+    """Hits (rounds served by a pre-draft) per round that could have had one, and the draft's
+    cost on the rounds that did call it (ms per drafted token)."""
+    rounds = [rd for r in records for rd in (r["stats"].get("rounds") or [])[1:]]  # round 1 has none
+    drafting = [rd for rd in rounds if rd.get("k", 0) > 0]
+    hits = sum(bool(rd.get("pre_drafted")) for rd in drafting)
+    called = [rd for rd in drafting if not rd.get("pre_drafted")]
+    drafted = sum(rd.get("drafted", 0) for rd in called)
+    return {
+        "pre_draft_hits": hits,
+        "pre_draft_rounds": len(drafting),
+        "pre_draft_hit_rate": hits / len(drafting) if drafting else math.nan,
+        "draft_hidden_ms_per_hit": (sum(rd.get("draft_hidden_ms", 0.0) for rd in drafting) / hits
+                                    if hits else math.nan),
+        "draft_ms_per_drafted_called": (sum(rd.get("draft_ms", 0.0) for rd in called) / drafted
+                                        if drafted else math.nan),
+    }
 
 
 def _dist(values: list[float]) -> dict:
@@ -239,7 +267,7 @@ def breakdown(records: list[dict]) -> dict:
 def _breakdown_rounds(records: list[dict]) -> dict:
     rounds = [rd for r in records for rd in r["stats"]["rounds"]]
     out: dict = {"per_round": True, "rounds": len(rounds)}
-    for field in (*COMPONENTS, "total_ms", "redis_write_ms"):
+    for field in (*COMPONENTS, "total_ms", "redis_write_ms", "draft_hidden_ms"):
         out[field] = _dist([rd.get(field, 0.0) for rd in rounds])
     for field in ("bytes_sent", "bytes_received"):
         out[field + "_per_round"] = _dist([rd.get(field, 0) for rd in rounds])
@@ -291,6 +319,7 @@ def _order(s: dict) -> tuple:
         -1.0 if s.get("rate_mbps") is None else s["rate_mbps"],
         fam,
         prop.get(s["proposer"], 9),
+        s.get("parallel", False),  # svc-draft-par-k* after the sequential draft cells
         s["k"] or 10**6,  # svc-draft-auto after the fixed k
     )
 
@@ -307,13 +336,16 @@ def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict
     cells = [s for s in summaries if s["mode"] == mode and s["phase"] == phase
              and s["family"] == "svc" and s.get("rtt_ms") is None and s.get("rate_mbps") is None]
     base = next((s for s in cells if s["proposer"] == "none"), None)
-    drafts = sorted((s for s in cells if s["proposer"] == "draft" and s["k"]), key=lambda s: s["k"])
+    drafts = sorted((s for s in cells if s["proposer"] == "draft" and s["k"] and not s.get("parallel")),
+                    key=lambda s: s["k"])
+    parallel = sorted((s for s in cells if s["proposer"] == "draft" and s["k"] and s.get("parallel")),
+                      key=lambda s: s["k"])
     auto = next((s for s in cells if is_adaptive(s)), None)
-    if base is None or not (drafts or auto):
+    if base is None or not (drafts or auto or parallel):
         return {}
     t1 = base["target_ms_per_pass"]
-    acc = sum(s.get("alpha_accepted", 0) for s in drafts)
-    trials = sum(s.get("alpha_trials", 0) for s in drafts)
+    acc = sum(s.get("alpha_accepted", 0) for s in drafts + parallel)  # the same proposals
+    trials = sum(s.get("alpha_trials", 0) for s in drafts + parallel)
     alpha = acc / trials if trials else math.nan
     rows = []
     for s in drafts:
@@ -336,6 +368,7 @@ def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict
             "round_ms_measured": b["total_ms"]["median"],
             "round_ms_model": (v + k * c) * t1,
         })
+    par_rows = [_parallel_row(s, alpha, t1) for s in parallel]
     adaptive = None
     if auto is not None:
         adaptive = {
@@ -345,7 +378,42 @@ def speedup_model(summaries: list[dict], mode: str, phase: str = "main") -> dict
             "speedup_measured": auto["vs_svc_none"],
             "round_ms_measured": auto["breakdown"]["total_ms"]["median"],
         }
-    return {"mode": mode, "alpha_pooled": alpha, "t1_ms": t1, "rows": rows, "adaptive": adaptive}
+    return {"mode": mode, "alpha_pooled": alpha, "t1_ms": t1, "rows": rows, "adaptive": adaptive,
+            "parallel_rows": par_rows}
+
+
+def _parallel_row(s: dict, alpha: float, t1: float) -> dict:
+    """A parallel cell, measured vs specdec.core.speedup.parallel_speedup.
+
+    v and c as for sequential rows, c from the rounds that called the draft; the
+    prediction uses the modelled hit rate alpha^(k+1) and, in brackets, the
+    measured one (beta = measured hits / alpha^k).
+    """
+    k = s["k"]
+    v = s["target_ms_per_pass"] / t1 if t1 else math.nan
+    c = s.get("draft_ms_per_drafted_called", math.nan) / t1 if t1 else math.nan
+    e = expected_tokens_per_round(alpha, k)
+    ok = not any(math.isnan(x) for x in (alpha, v, c))
+    h_model = pre_draft_hit_rate(alpha, k) if ok else math.nan
+    h = s.get("pre_draft_hit_rate", math.nan)
+    beta = min(1.0, h / alpha**k) if ok and alpha > 0 and not math.isnan(h) else None
+    return {
+        "k": k,
+        "config": s["config"],
+        "alpha": s.get("alpha"),
+        "tokens_per_pass_measured": s["tokens_per_pass"],
+        "tokens_per_pass_predicted": e,
+        "hit_rate_measured": h,
+        "hit_rate_predicted": h_model,
+        "c": c,
+        "v": v,
+        "speedup_predicted": parallel_speedup(alpha, k, c, v) if ok else math.nan,
+        "speedup_predicted_measured_hits": (parallel_speedup(alpha, k, c, v, beta=beta)
+                                            if ok and beta is not None else math.nan),
+        "speedup_measured": s["vs_svc_none"],
+        "round_ms_measured": s["breakdown"]["total_ms"]["median"],
+        "draft_hidden_ms_per_hit": s.get("draft_hidden_ms_per_hit"),
+    }
 
 
 def rtt_prediction(summaries: list[dict], config: str, rtt_ms: float, phase: str = "rtt",

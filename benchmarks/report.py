@@ -166,6 +166,7 @@ def markdown(result: dict) -> str:
                       "and draft/target costs it has observed so far, so k varies and the "
                       "closed-form prediction does not apply; the row shows what it measured "
                       "and the mean k its rounds used."]
+    lines += _parallel_section(result, main)
     net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
     if net:
         lines += ["", "## Network between orchestrator and services", "",
@@ -345,6 +346,45 @@ def plots(result: dict, out_dir: Path) -> list[str]:
         plt.close(fig)
         written.append("speedup_vs_rtt.png")
     return written
+
+
+def _parallel_section(result: dict, main: list[dict]) -> list[str]:
+    """Sequential vs parallel speculation at each k: speed, hits, the round breakdown, the model."""
+    par = [s for s in main if s.get("parallel")]
+    if not par:
+        return []
+    seq = {(s["mode"], s["k"]): s for s in main
+           if s["proposer"] == "draft" and s["k"] and not s.get("parallel")}
+    models = {m["mode"]: m for m in result.get("models", []) if m}
+    lines = ["", "## Sequential vs parallel speculation (services, draft)", "",
+             "Parallel: the draft drafts round n+1 (assuming round n fully accepted, with its own "
+             "guess of the bonus token) while the target verifies round n; a hit round uses it "
+             "and makes no draft call. hit rate = hit rounds / drafting rounds after the first "
+             "(modelled: α^(k+1)). draft ms = median per round on the critical path; hidden = "
+             "the pre-draft compute that overlapped the verify, per hit. Predicted = "
+             "E / (v + (1 − h)·k·c) (specdec.core.speedup.parallel_speedup; in brackets with the "
+             "measured h).", "",
+             "| mode | k | sequential tok/s | parallel tok/s | par / seq | × svc-none seq | "
+             "× svc-none par | hit rate (model) | draft ms seq → par | hidden ms/hit | "
+             "round ms seq → par | speed-up predicted par |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in par:
+        q = seq.get((s["mode"], s["k"]))
+        row = next((r for r in (models.get(s["mode"]) or {}).get("parallel_rows", [])
+                    if r["k"] == s["k"]), {})
+        b = s["breakdown"]
+        qb = q["breakdown"] if q else None
+        lines.append(
+            f"| {s['mode']} | {s['k']} | {_f(q['tps_median'], '.1f') if q else '–'} | "
+            f"{_f(s['tps_median'], '.1f')} | {_f(s['tps_median'] / q['tps_median']) if q else '–'} | "
+            f"{_f(q['vs_svc_none']) if q else '–'} | {_f(s['vs_svc_none'])} | "
+            f"{_f(s.get('pre_draft_hit_rate'))} ({_f(row.get('hit_rate_predicted', math.nan))}) | "
+            f"{_f(qb['draft_ms']['median'], '.1f') if qb else '–'} → {_f(b['draft_ms']['median'], '.1f')} | "
+            f"{_f(s.get('draft_hidden_ms_per_hit', math.nan), '.1f')} | "
+            f"{_f(qb['total_ms']['median'], '.1f') if qb else '–'} → {_f(b['total_ms']['median'], '.1f')} | "
+            f"{_f(row.get('speedup_predicted', math.nan))} "
+            f"({_f(row.get('speedup_predicted_measured_hits', math.nan))}) |")
+    return lines
 
 
 def render(result: dict, out_dir: Path) -> None:

@@ -7,7 +7,8 @@ rotated each time) so drift hits all alike:
   services   svc-none (target-only through the same path), svc-draft-k{K} for
              each K, svc-draft-auto (k = 0 in the request: the orchestrator,
              started with --default-k auto, picks k each round), svc-lookup-k{K}
-             (prompt lookup)
+             (prompt lookup), svc-draft-par-k{K} (parallel speculation: the draft
+             drafts the next round while the target verifies)
   in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
              with the same draft, constant K), hf-lookup-k{K}
              (`prompt_lookup_num_tokens=K`)
@@ -68,6 +69,7 @@ class Config:
     family: str
     proposer: str  # svc: none / draft / lookup; hf: target / assisted / lookup
     k: int = 0  # svc-draft: 0 = adaptive (the orchestrator picks k each round)
+    parallel: bool = False  # svc-draft: parallel speculation (Speculation.PARALLEL)
 
     @property
     def adaptive(self) -> bool:
@@ -79,6 +81,8 @@ class Config:
             return f"{self.family}-{self.proposer}"
         if self.adaptive:
             return f"{self.family}-{self.proposer}-auto"
+        if self.parallel:
+            return f"{self.family}-{self.proposer}-par-k{self.k}"
         return f"{self.family}-{self.proposer}-k{self.k}"
 
 
@@ -113,10 +117,10 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8",
+FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8", parallel_k="1,2,4",
             lookup_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
             rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1)
-QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2",
+QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2", parallel_k="1",
              lookup_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
              rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1)
 
@@ -148,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, help=f"repetitions, >= 3 for a median (full {FULL['reps']})")
     p.add_argument("--k", help=f"greedy draft k list, e.g. 1-8 or 1,2,4 (full {FULL['k']})")
     p.add_argument("--sampling-k", help=f"sampling draft k list (full {FULL['sampling_k']})")
+    p.add_argument("--parallel-k", help=f"parallel-speculation draft k list, both modes; '' for "
+                                        f"none (full {FULL['parallel_k']})")
     p.add_argument("--lookup-k", help=f"prompt-lookup k list (full {FULL['lookup_k']})")
     p.add_argument("--peer-k", help=f"in-process assisted k list (full {FULL['peer_k']})")
     p.add_argument("--no-auto", action="store_true",
@@ -181,6 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     args.k, args.sampling_k = _ints(args.k), _ints(args.sampling_k)
     args.lookup_k, args.peer_k = _ints(args.lookup_k), _ints(args.peer_k)
+    args.parallel_k = _ints(args.parallel_k)
     args.rtts, args.rtt_k = _floats(args.rtts), _ints(args.rtt_k)
     args.rates, args.rate_k = _floats(args.rates), _ints(args.rate_k)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -200,6 +207,7 @@ def main_configs(args, mode: str) -> list[Config]:
     ks = args.k if mode == GREEDY else args.sampling_k
     configs = [Config("svc", "none")]
     configs += [Config("svc", "draft", k) for k in ks]
+    configs += [Config("svc", "draft", k, parallel=True) for k in args.parallel_k]
     if not args.no_auto:
         configs.append(Config("svc", "draft", 0))  # k = 0: adaptive
     configs += [Config("svc", "lookup", k) for k in args.lookup_k]
@@ -285,6 +293,7 @@ class ServiceRunner:
             messages=[pb.ChatMessage(role=r, content=c) for r, c in item.prompt.messages],
             max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer=proposer,
             k=item.config.k, strict=True,
+            speculation=pb.SPECULATION_PARALLEL if item.config.parallel else pb.SPECULATION_SEQUENTIAL,
         )
         token_ids: list[int] = []
         stats = None
@@ -533,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                 "phase": item.phase, "mode": item.mode, "config": item.config.name,
                 "family": item.config.family, "proposer": item.config.proposer,
                 "k": item.config.k, "adaptive": item.config.adaptive,
+                "parallel": item.config.parallel,
                 "prompt_id": item.prompt.id,
                 "category": item.prompt.category, "rep": item.rep,
                 "max_new_tokens": args.max_new_tokens,
@@ -588,7 +598,7 @@ def _write(args, records, stack, link_note, started, failure, model_info) -> Non
         "threads": args.threads, "suite": str(Path(args.suite).name),
         "per_category": args.per_category, "n_prompts": len({r["prompt_id"] for r in records}),
         "max_new_tokens": args.max_new_tokens, "reps": args.reps, "k": args.k,
-        "sampling_k": args.sampling_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
+        "sampling_k": args.sampling_k, "parallel_k": args.parallel_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
         "adaptive": not args.no_auto,
         "modes": args.modes, "temperature": args.temperature, "top_p": args.top_p,
         "rtts": args.rtts, "rtt_k": args.rtt_k, "rates": args.rates, "rate_k": args.rate_k,

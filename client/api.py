@@ -91,13 +91,16 @@ def build_request(
     session_id: str = "",
     strict: bool = False,
     keep_session: bool = False,
+    parallel: bool | None = None,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
     temperature 0 is greedy; seed 0 lets the server pick one (reported in stats.seed);
     k 0 is the server's default; keep_session=True keeps the session for later
     turns (its id is stats.session_id), session_id continues one (send the whole
-    conversation again: the shared prefix is served from cache).
+    conversation again: the shared prefix is served from cache). parallel=True asks
+    for parallel speculation (the draft drafts the next round while the target
+    verifies; same text), False for sequential, None for the server's default.
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -117,6 +120,8 @@ def build_request(
         session_id=session_id,
         strict=strict,
         keep_session=keep_session,
+        speculation={None: pb.SPECULATION_UNSPECIFIED, False: pb.SPECULATION_SEQUENTIAL,
+                     True: pb.SPECULATION_PARALLEL}[parallel],
     )
 
 

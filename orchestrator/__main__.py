@@ -74,6 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="drafted tokens per round when a request sends k = 0, or 'auto': pick k "
                         "each round from the observed acceptance and draft/target costs "
                         "[SPECDEC_DEFAULT_K]")
+    g.add_argument("--parallel", action=argparse.BooleanOptionalAction,
+                   default=env_default("parallel", "0").lower() in ("1", "true", "yes", "on"),
+                   help="parallel speculation by default: the draft drafts the next round while "
+                        "the target verifies this one (requests may choose either; "
+                        "orchestrator.parallel) [SPECDEC_PARALLEL]")
     g.add_argument("--max-new-tokens-limit", type=int,
                    default=env_default("max_new_tokens_limit", 4096),
                    help="largest max_new_tokens a request may ask for")
@@ -149,6 +154,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,
+        parallel=args.parallel,
         max_new_tokens_limit=args.max_new_tokens_limit,
         redis_outage_s=args.redis_outage_s,
     )

@@ -83,7 +83,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
                 proposal = await proposer.propose(ctx)
             drafted = proposal.tokens[: rnd.k]
             tally.draft_calls += proposal.call is not None
-            rnd.add_call(proposal.call, "draft", proposal.cache_misses)
+            rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
             with trace.step("score"):
@@ -130,11 +130,13 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
         trace.abort(exc)
         # A client that went away (cancellation) or any failure mid-stream: the
         # record keeps the last committed state; a single-turn session's KV goes.
+        proposer.close()  # parallel mode: no pre-draft outlives the request
         await asyncio.shield(session.abandon(proposer.replica))
         raise
     tally.finish_reason = finish
     if not session.kept:
         tally.session_id = ""  # deleted: nothing to continue
+    proposer.close()
     tally.proposer, tally.fallback_reason = proposer.name, proposer.fallback_reason
     tally.finish()
     trace.finish()

@@ -7,7 +7,9 @@ deterministic proposer (prompt lookup, the caller's guess, none) returns
 exact. The draft-service proposer owns everything about the draft replica: its
 client, the length of the session's KV there, and what to do when it dies
 (another live replica, else proposing nothing with a `fallback_reason`, or
-UNAVAILABLE when the request is strict).
+UNAVAILABLE when the request is strict). In parallel mode
+(orchestrator.parallel) it also drafts the next round while the target
+verifies this one.
 """
 from __future__ import annotations
 
@@ -51,6 +53,21 @@ class Proposal:
     cache_length: int = 0  # tokens the draft replica holds after the call (0: no draft cache)
     call: Call | None = None  # the RPC, when there was one
     cache_misses: int = 0
+    pre_draft: PreDraft | None = None  # parallel mode: what became of this round's pre-draft
+
+
+@dataclass(frozen=True)
+class PreDraft:
+    """Parallel mode: a pre-draft made for this round while the target verified the last one.
+
+    hit: its drafts are this round's proposal (no draft call on the critical path);
+    else it was discarded and the round drafted anew. `call` is the pre-draft's RPC
+    and `waited_ms` how long this round still waited for it (hits only).
+    """
+
+    hit: bool
+    call: Call | None = None
+    waited_ms: float = 0.0
 
 
 class Proposer(Protocol):
@@ -65,6 +82,9 @@ class Proposer(Protocol):
     def crop(self, length: int) -> None:
         """After a verdict: the proposer's cache keeps its first `length` tokens."""
 
+    def close(self) -> None:
+        """The request is over: stop any work started ahead of time (parallel mode)."""
+
 
 class _Local:
     """A proposer without a cache of its own: nothing to place, crop or fall back from."""
@@ -75,6 +95,9 @@ class _Local:
     proposes = True
 
     def crop(self, length: int) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -185,6 +208,9 @@ class DraftServiceProposer:
         if self.replica is not None:
             self.replica.cached = length
 
+    def close(self) -> None:
+        pass
+
 
 async def open_proposer(
     spec: GenerateSpec, config: LoopConfig, session_id: str, draft_home: tuple[str, int]
@@ -193,6 +219,11 @@ async def open_proposer(
     the session (`draft_home`: address, tokens held) if still live, else on the least loaded."""
     if spec.proposer == DRAFT:
         replica = await place(config.router, "draft", session_id, *draft_home)
+        parallel = config.parallel if spec.parallel is None else spec.parallel
+        if replica is not None and parallel:
+            from orchestrator.parallel import ParallelDraftProposer
+
+            return ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k)
         if replica is not None:
             return DraftServiceProposer(replica, strict=spec.strict)
         if spec.strict:

@@ -101,7 +101,13 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         keep_session=request.keep_session,
         resume_from=int(request.resume_from),
         tenant=tenant,
+        parallel=_SPECULATION.get(request.speculation, None),
     )
+
+
+# Request.speculation -> GenerateSpec.parallel (None: the orchestrator's default); an
+# unknown value from a newer client is taken as unspecified.
+_SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):

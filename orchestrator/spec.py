@@ -36,6 +36,7 @@ class GenerateSpec:
     session_id: str = ""  # "" = a new session
     strict: bool = False
     tenant: str = ""  # the authenticated caller; a session is only ever visible to its own
+    parallel: bool | None = None  # draft the next round during this one's verify; None = the config's
     keep_session: bool = False  # keep the record for later turns; else deleted when the stream ends
     resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
 
@@ -79,6 +80,7 @@ class LoopConfig:
     adaptive_k: bool = False  # k = 0 in a request: pick k per round for goodput (loop._adaptive_k)
     costs: CostBook = field(default_factory=CostBook)  # per-replica forward costs, from every call
     default_proposer: str = DRAFT
+    parallel: bool = False  # requests that do not say: parallel speculation (orchestrator.parallel)
     max_new_tokens_limit: int = 4096
     target_wait_s: float = 10.0  # how long a round waits for some target replica to answer
     redis_outage_s: float = 5.0  # a Redis outage up to this long is invisible to streams

@@ -43,6 +43,28 @@ class RoundTally:
     bytes_sent: int = 0
     bytes_received: int = 0
     cache_misses: int = 0
+    pre_drafted: bool = False  # parallel: drafts made during the previous round's verify
+    pre_draft_discarded: bool = False  # parallel: a pre-draft was discarded, drafted anew
+    draft_hidden_ms: float = 0.0  # the used pre-draft's compute that overlapped the verify
+
+    def add_proposal(self, proposal) -> None:
+        """Book the round's proposal: its draft call, or the pre-draft it used (parallel mode).
+
+        A pre-draft's compute overlapped the previous round's verify: only what this
+        round still waited for it is draft_ms (on the critical path); the rest is
+        draft_hidden_ms, outside total_ms. Its bytes did cross the wire.
+        """
+        self.add_call(proposal.call, "draft", proposal.cache_misses)
+        pre = getattr(proposal, "pre_draft", None)
+        if pre is None:
+            return
+        self.pre_drafted = pre.hit
+        self.pre_draft_discarded = not pre.hit
+        if pre.hit:
+            self.draft_ms += pre.waited_ms
+            self.draft_hidden_ms += max(0.0, pre.call.server_ms - pre.waited_ms)
+            self.bytes_sent += pre.call.bytes_sent
+            self.bytes_received += pre.call.bytes_received
 
     def add_call(self, call: Call | None, role: str, cache_misses: int = 0) -> None:
         """Book one RPC (and the cache misses it recovered from) to the draft or the target."""
@@ -61,7 +83,7 @@ class RoundTally:
 
 # Tally totals that are sums over its rounds.
 _SUMMED = ("draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms",
-           "bytes_sent", "bytes_received", "cache_misses")
+           "bytes_sent", "bytes_received", "cache_misses", "draft_hidden_ms")
 
 
 @dataclass
@@ -99,6 +121,7 @@ class Tally:
     network_ms: float = 0.0
     orchestrator_ms: float = 0.0
     redis_ms: float = 0.0
+    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
     bytes_sent: int = 0
     bytes_received: int = 0
     rounds: list[RoundTally] = field(default_factory=list)
@@ -115,6 +138,14 @@ class Tally:
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def pre_draft_hits(self) -> int:
+        return sum(r.pre_drafted for r in self.rounds)
+
+    @property
+    def pre_draft_misses(self) -> int:
+        return sum(r.pre_draft_discarded for r in self.rounds)
 
     @property
     def overhead_p50_ms(self) -> float:

@@ -280,3 +280,65 @@ class GoodputPolicy:
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         self.estimator.observe(n_drafted, n_accepted)
 
+
+# ---------------------------------------------------------------------------- parallel speculation
+
+
+def pre_draft_hit_rate(alpha: float, k: int, beta: float | None = None) -> float:
+    """The share of rounds whose drafts were pre-drafted during the previous round's verify.
+
+    A pre-draft is used when the previous round accepted all k drafts (alpha^k)
+    and its bonus token was the draft's own guess (beta; by default alpha: under
+    greedy the guess is right exactly when a (k+1)-th draft would have been
+    accepted): h = alpha^k * beta.
+    """
+    _check(alpha, k)
+    beta = alpha if beta is None else beta
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    return alpha**k * beta if k else 0.0
+
+
+def parallel_round_cost(alpha: float, k: int, c: float, v: float = 1.0, *, c0: float = 0.0,
+                        beta: float | None = None) -> float:
+    """Expected critical-path time of a round in parallel (post-verify) mode, in target passes.
+
+        T_par = v + (1 - h) (c0 + k c) + h max(0, c0 + (k + 1) c - v)
+
+    v: the verify pass over k + 1 tokens; c0 + k c: a Propose call drafting k
+    (c0 its fixed part: RPC, queueing); h = pre_draft_hit_rate(alpha, k, beta).
+    A hit round makes no draft call; it waits only for what of the pre-draft
+    (k + 1 steps, started with the previous round's verify) outlasts that verify.
+    A miss round drafts as in sequential mode. Sequential mode is h = 0:
+    T_seq = v + c0 + k c.
+    """
+    if c < 0 or c0 < 0 or v <= 0:
+        raise ValueError(f"need c >= 0, c0 >= 0 and v > 0, got c={c}, c0={c0}, v={v}")
+    h = pre_draft_hit_rate(alpha, k, beta)
+    draft = c0 + k * c if k else 0.0
+    return v + (1.0 - h) * draft + h * max(0.0, c0 + (k + 1) * c - v)
+
+
+def parallel_speedup(alpha: float, k: int, c: float, v: float = 1.0, *, c0: float = 0.0,
+                     beta: float | None = None) -> float:
+    """Expected speed-up of parallel mode over target-only decoding: E(alpha, k) / T_par.
+
+    E = (1 - alpha^(k+1)) / (1 - alpha) tokens per round, as in sequential mode
+    (the proposals are the same; only when they are made changes). With the
+    draft off the critical path only on hits (h = alpha^(k+1) by default), the
+    gain over sequential mode, E / T_par vs E / (v + c0 + k c), is largest at
+    small k, where full acceptance is likeliest.
+    """
+    return expected_tokens_per_pass(alpha, k) / parallel_round_cost(alpha, k, c, v, c0=c0, beta=beta)
+
+
+def best_parallel_k(alpha: float, c: float, v: Callable[[int], float] | float = 1.0, *, c0: float = 0.0,
+                    beta: float | None = None, k_max: int = 16) -> int:
+    """The k in 0..k_max with the highest parallel-mode speed-up (smallest on ties).
+
+    `v` may be a function of k (the verify pass's cost grows with its k + 1 tokens).
+    """
+    def vk(k: int) -> float:
+        return v(k) if callable(v) else v
+
+    return max(range(k_max + 1), key=lambda k: (parallel_speedup(alpha, k, c, vk(k), c0=c0, beta=beta), -k))
