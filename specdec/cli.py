@@ -23,7 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.launch import Processes, orchestrator_argv, service_argv
+from specdec.launch import (
+    Processes, available_cores, child_env, orchestrator_argv, service_argv, split_threads,
+)
 from specdec.procs import free_port, wait_healthy
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
@@ -50,6 +52,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-session", action="store_true",
                    help="keep the session for later turns (its id is printed; --session-id continues it)")
     g.add_argument("--strict", action="store_true", help="fail if the draft service is down")
+    g.add_argument("--speculation", default="default", choices=["default", "sequential", "parallel"],
+                   help="parallel: the draft drafts the next round while the target verifies "
+                        "(same text; --proposer draft)")
     g.add_argument("--raw", action="store_true",
                    help="send the prompt as is, without the chat template")
 
@@ -60,6 +65,7 @@ def _request_options(args: argparse.Namespace) -> dict:
         top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop,
         proposer=args.proposer, k=args.k, guess=args.guess, session_id=args.session_id,
         strict=args.strict, keep_session=args.keep_session,
+        parallel={"default": None, "sequential": False, "parallel": True}[args.speculation],
     )
     if not args.raw:
         options["messages"] = [{"role": "user", "content": args.prompt}]
@@ -105,7 +111,8 @@ def _connection(args: argparse.Namespace) -> dict:
 
 
 def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, err=sys.stderr,
-                      connection: dict | None = None) -> int:
+                      connection: dict | None = None, result: dict | None = None) -> int:
+    """Stream one generation to `out`, its stats to `err`; `result` (if given) gets "stats"."""
     import grpc
 
     from client import Client
@@ -125,6 +132,8 @@ def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, 
             return 130
     out.write("\n")
     err.write(format_stats(stream.stats) + "\n")
+    if result is not None:
+        result["stats"] = stream.stats
     return 0
 
 
@@ -207,11 +216,19 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
     say(f"redis         {redis_url} (key prefix {launch.prefix})")
     target_folder, _ = resolve(args.target_model)  # converts the embedded GGUF once (~15 s)
-    common = dict(redis_url=redis_url, redis_prefix=launch.prefix,
-                  threads=args.threads or os.cpu_count() or 1, device=args.device)
+    common = dict(redis_url=redis_url, redis_prefix=launch.prefix, device=args.device)
+    if args.threads:
+        threads = {"target": args.threads, "draft": args.threads}
+        say(f"threads       {args.threads} per service (--threads)")
+    else:  # share the cores instead of giving every process all of them (specdec.launch.split_threads)
+        split = split_threads()
+        threads = {"target": split.target, "draft": split.draft}
+        say(f"threads       {split.describe(available_cores())}")
     ports = {"target": free_port(), "draft": free_port()}
     models = {"target": target_folder, "draft": args.draft_model}
-    started = {role: launch.processes.start(role, service_argv(role, port, model=models[role], **common))
+    started = {role: launch.processes.start(role, service_argv(
+                   role, port, model=models[role], threads=threads[role], **common),
+                   env=child_env(threads[role]))
                for role, port in ports.items()}
     for role, proc in started.items():
         wait_healthy(f"127.0.0.1:{ports[role]}", proc, timeout=args.timeout)
@@ -221,7 +238,8 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
         port, tokenizer=target_folder, targets=[f"127.0.0.1:{ports['target']}"],
         drafts=[f"127.0.0.1:{ports['draft']}"], redis_url=redis_url, redis_prefix=launch.prefix,
         threads=1, default_proposer=args.default_proposer, default_k=args.default_k,
-    ), port, timeout=args.timeout)
+        extra=["--parallel"] if args.parallel else [],
+    ), port, timeout=args.timeout, env=child_env(1))
     say(f"orchestrator  {address}")
     return address
 
@@ -269,12 +287,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
             address = bring_up(args, launch, say=lambda line: print(line, file=sys.stderr))
             print(f"up in {time.monotonic() - started:.1f} s; generating...\n", file=sys.stderr,
                   flush=True)
-            return stream_generation(address, args.prompt, _request_options(args))
+            options = _request_options(args)
+            _warm_up(address, args.prompt, options)
+            result: dict = {}
+            rc = stream_generation(address, args.prompt, options, result=result)
+            if rc == 0 and options["proposer"] != "none":
+                _compare_with_target_only(address, args.prompt, options, result["stats"])
+            return rc
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
         return 130
     finally:
         print(f"done in {time.monotonic() - started:.1f} s; everything stopped", file=sys.stderr)
+
+
+def _warm_up(address: str, prompt: str, options: dict) -> None:
+    """Two tokens through both services first, so the demo's figures are not its first forwards'."""
+    from client import Client
+
+    with Client(address) as c:
+        c.complete(None if "messages" in options else prompt, **{**options, "max_new_tokens": 2})
+
+
+def _compare_with_target_only(address: str, prompt: str, options: dict, stats, err=sys.stderr) -> None:
+    """The same prompt target-only through the same stack: both speeds and their ratio."""
+    from client import Client
+
+    print("\nsame prompt, target-only (proposer none), for comparison...", file=err, flush=True)
+    same = {**options, "proposer": "none", "k": 0, "parallel": None}
+    if not options.get("seed") and options.get("temperature"):
+        same["seed"] = stats.seed  # the demo's seed: sampled text comparable too
+    with Client(address) as c:
+        baseline = c.complete(None if "messages" in options else prompt, **same)
+    spec = stats.new_tokens / (stats.total_ms / 1e3) if stats.total_ms else 0.0
+    base = baseline.tokens_per_second
+    ratio = spec / base if base else float("nan")
+    print(f"speed: {stats.proposer} {spec:.1f} tokens/s vs target-only {base:.1f} tokens/s "
+          f"= {ratio:.2f}x ({stats.new_tokens} vs {baseline.stats.new_tokens} tokens)", file=err)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -308,7 +357,11 @@ def _add_up_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-model", default=None,
                    help="draft folder or .gguf (default: the draft service's own default)")
     g.add_argument("--device", default="cpu", help="cpu, cuda:0, ... for both services")
-    g.add_argument("--threads", type=int, default=0, help="torch threads per service (0 = all cores)")
+    g.add_argument("--threads", type=int, default=0,
+                   help="torch threads per service (0 = split the cores: target ceil(n/2), draft "
+                        "the rest, orchestrator 1)")
+    g.add_argument("--parallel", action="store_true",
+                   help="the orchestrator's default is parallel speculation")
     g.add_argument("--redis-url", default=None,
                    help="use this Redis (default: 127.0.0.1:6379 if it answers, else start one)")
     g.add_argument("--default-proposer", default="draft", choices=["draft", "lookup", "none"])

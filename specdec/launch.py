@@ -7,6 +7,7 @@ that stops each one by its own pid (specdec.procs), newest first.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,51 @@ from pathlib import Path
 from specdec import procs
 
 LOCALHOST = "127.0.0.1"
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: a container's limit), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ThreadSplit:
+    """Torch threads per process when target, draft and orchestrator share one machine."""
+
+    target: int
+    draft: int
+    orchestrator: int = 1
+
+    def describe(self, cores: int) -> str:
+        return (f"{cores} cores: target {self.target} threads, draft {self.draft}, "
+                f"orchestrator {self.orchestrator}")
+
+
+def split_threads(cores: int | None = None) -> ThreadSplit:
+    """Share `cores` between the two model services instead of giving each all of them.
+
+    The target gets ceil(cores / 2) threads and the draft the rest (at least 1
+    each); the orchestrator, which mostly waits on RPCs and verifies on small
+    tensors, gets 1. With every service at all cores, the target's and the
+    draft's thread pools (and their spin-waiting OpenMP workers) oversubscribe
+    the machine and each forward gets slower than it is alone; on 2 cores the
+    split is 1 + 1, which is also what the benchmarks measure with. In
+    parallel speculation both services compute at once, so they must not
+    share cores. The draft needs fewer threads than the target (it is several
+    times smaller), but a round waits for both, so the split stays even.
+    """
+    cores = cores or available_cores()
+    target = max(1, -(-cores // 2))
+    return ThreadSplit(target=target, draft=max(1, cores - target))
+
+
+def device_under_test() -> str | None:
+    """SPECDEC_TEST_DEVICE (e.g. cuda:0): the device the service and integration tests'
+    model services run on; unset = each service's default (cpu)."""
+    return os.environ.get("SPECDEC_TEST_DEVICE") or None
 
 
 def child_env(threads: int | None = None, *, quiet: bool = False, **more: str) -> dict[str, str]:

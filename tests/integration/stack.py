@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec import procs
-from specdec.launch import Processes, child_env, orchestrator_argv, service_argv
+from specdec.launch import Processes, child_env, device_under_test, orchestrator_argv, service_argv
 from specdec.store import delete_prefix
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -37,7 +37,8 @@ class Stack:
                       extra: tuple[str, ...] = (), port: int | None = None) -> str:
         port = port or procs.free_port()
         registry = dict(redis_url=self.redis_url, redis_prefix=self.prefix) if register else {}
-        argv = service_argv(role, port, model=model, threads=1, replica_id=name, extra=extra, **registry)
+        argv = service_argv(role, port, model=model, threads=1, replica_id=name, extra=extra,
+                            device=device_under_test(), **registry)
         return self._serve(name, argv, port)
 
     def start_orchestrator(self, name: str, tokenizer: Path, *, targets=(), drafts=(),

@@ -84,6 +84,26 @@ def test_demo_on_the_embedded_default_models(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert "tokens/s" in out.stderr and "everything stopped" in out.stderr
+    assert re.search(r"vs target-only [\d.]+ tokens/s = [\d.]+x", out.stderr), out.stderr
     addresses = re.findall(r"^(?:target|draft|orchestrator)\s+(\S+)$", out.stderr, re.M)
     assert len(addresses) == 3 and all(_closed(a) for a in addresses)
     print(f"demo took {time.monotonic() - started:.1f} s")
+
+
+def test_demo_splits_the_cores_and_compares_with_target_only(tiny_pair, tmp_path):
+    """The launcher gives each service its share of the cores (not all of them each), and the
+    demo prints its speed next to target-only's on the same prompt and stack."""
+    from specdec.launch import available_cores, split_threads
+
+    target_dir, draft_dir = tiny_pair
+    out = subprocess.run(
+        [*SPECDEC, "demo", "The cat sat on the", "--raw", "--max-new-tokens", "12", "--default-k", "2",
+         "--target-model", str(target_dir), "--draft-model", str(draft_dir),
+         "--logs", str(tmp_path), "--port", str(procs.free_port())],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    split = split_threads()
+    assert f"target {split.target} threads, draft {split.draft}, orchestrator 1" in out.stderr
+    assert f"{available_cores()} cores" in out.stderr
+    assert re.search(r"speed: draft [\d.]+ tokens/s vs target-only [\d.]+ tokens/s = [\d.]+x", out.stderr), out.stderr

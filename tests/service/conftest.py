@@ -11,7 +11,7 @@ import pytest
 
 from specdec import procs
 from specdec.core.fingerprint import fingerprint
-from specdec.launch import child_env, service_argv
+from specdec.launch import child_env, device_under_test, service_argv
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,11 +40,11 @@ def launch(
     role: str, model: Path | None, tmp: Path, *extra: str, port: int | None = None,
     timeout: float = 120, env: dict[str, str] | None = None,
 ) -> Service:
-    """Start `python -m {role}_service` with one thread and wait for SERVING."""
+    """Start `python -m {role}_service` with one thread (on SPECDEC_TEST_DEVICE if set) and wait for SERVING."""
     port = port or procs.free_port()
     metrics_port = procs.free_port()
     argv = service_argv(role, port, model=model, metrics_port=metrics_port, threads=1,
-                        extra=("--grace", "5", *extra))
+                        device=device_under_test(), extra=("--grace", "5", *extra))
     log_path = tmp / f"{role}-{port}.log"
     env = child_env(1, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
     proc = procs.start(argv, env=env, log_path=log_path)

@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from specdec.hosting.loader import tokenizer_fingerprint
+from specdec.launch import device_under_test
 from specdec.v1 import common_pb2
 from tests.service.conftest import MAX_K, ROOT
 
@@ -31,7 +32,7 @@ def test_get_info(service, tokenizer, reference) -> None:
     assert info.tokenizer_fingerprint == tokenizer_fingerprint(tokenizer)
     assert list(info.eos_token_ids) == [tokenizer.eos_token_id]
     assert info.context_length == 512
-    assert (info.device, info.dtype) == ("cpu", "float32")
+    assert (info.device, info.dtype) == (device_under_test() or "cpu", "float32")
     assert info.parameter_count == sum(p.numel() for p in model.parameters())
     assert info.max_k == MAX_K[service.role]
     assert info.replica_id.endswith(f":{service.port}")
