@@ -132,6 +132,8 @@ class ModelHost:
             BatchLimits(max_batch=limits.max_batch, max_tokens=limits.max_batch_tokens,
                         max_wait_us=limits.max_wait_us),
         )
+        log.info("batching: up to %d request(s) and %d tokens per forward, %d us wait when idle",
+                 self.max_batch, limits.max_batch_tokens, limits.max_wait_us)
 
     @property
     def max_batch(self) -> int:

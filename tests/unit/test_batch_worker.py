@@ -1,0 +1,105 @@
+"""The batching worker in-process on the tiny target: cancellation, failures, early leavers.
+
+The forward is slowed down (a sleep per pass) so that a cancel lands between
+steps deterministically enough: a 400-token prompt takes 7 prefill chunks.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from draft_service.drafting import propose
+from specdec.core.fingerprint import fingerprint
+from specdec.core.sampling import SamplingParams
+from specdec.hosting.host import HostLimits, ModelHost
+from specdec.hosting.requests import ModelRequest
+from target_service.scoring import score
+
+GREEDY = SamplingParams()
+LONG = [(i * 37) % 380 + 3 for i in range(400)]
+
+
+@pytest.fixture()
+def host(tiny_pair):
+    from specdec.hosting.loader import load
+
+    torch.set_num_threads(1)
+    host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16))
+    yield host
+    host.shutdown()
+
+
+def _slow(host: ModelHost, seconds: float) -> None:
+    inner = host.worker.forward
+
+    def forward(rows):
+        time.sleep(seconds)
+        return inner(rows)
+
+    host.worker.forward = forward
+
+
+def _request(session: str, tokens: list[int], k: int = 0, held: int = 0, committed: list[int] | None = None):
+    committed = committed if committed is not None else tokens
+    return ModelRequest(session, held, fingerprint(committed[:held]), tokens, k, GREEDY, False)
+
+
+def test_a_cancelled_call_leaves_at_a_step_boundary(host) -> None:
+    prompts = [[5 + i, 9, 11 + i, 40, 41 + i] for i in range(4)]
+
+    async def main():
+        _slow(host, 0.03)
+        victim = asyncio.create_task(score(host, _request("victim", LONG)))
+        others = [asyncio.create_task(propose(host, _request(f"p{i}", p, k=8), 1, 0.0))
+                  for i, p in enumerate(prompts)]
+        await asyncio.sleep(0.12)
+        victim.cancel()
+        batched = [t.tokens for t in (done.value for done in await asyncio.gather(*others))]
+        held = (await host.run(lambda: host.caches._sessions["victim"].length)).value
+        # The victim holds a whole number of chunks, with matching fingerprints:
+        # continuing from there equals feeding the prompt in one go.
+        assert 0 < held < len(LONG) and held % 64 == 0
+        cont = await score(host, _request("victim", LONG[held:], held=held, committed=LONG))
+        fresh = await score(host, _request("fresh", LONG))
+        assert cont.value.argmax_ids == fresh.value.argmax_ids
+        alone = [(await propose(host, _request(f"alone{i}", p, k=8), 1, 0.0)).value.tokens
+                 for i, p in enumerate(prompts)]
+        assert batched == alone
+        assert victim.cancelled()
+
+    asyncio.run(main())
+
+
+def test_a_failed_forward_fails_its_calls_and_forgets_their_sessions(host) -> None:
+    async def main():
+        await score(host, _request("s", [5, 6, 7]))
+        inner = host.worker.forward
+
+        def broken(rows):
+            host.worker.forward = inner  # fail once
+            raise RuntimeError("device lost")
+
+        host.worker.forward = broken
+        with pytest.raises(RuntimeError):
+            await score(host, _request("s", [8], held=3, committed=[5, 6, 7, 8]))
+        assert "s" not in host.caches  # a half-extended cache is never reused
+        again = await score(host, _request("s", [5, 6, 7, 8]))
+        assert again.cache_length == 4
+
+    asyncio.run(main())
+
+
+def test_proposals_with_smaller_k_leave_early(host) -> None:
+    async def main():
+        _slow(host, 0.01)
+        calls = [propose(host, _request(f"k{k}", [5, 6, 7 + k], k=k), 1, 0.0) for k in (1, 3, 8)]
+        done = await asyncio.gather(*calls)
+        assert [len(d.value.tokens) for d in done] == [1, 3, 8]
+        assert [d.forwards for d in done] == [1, 3, 8]  # k - 1 drafted tokens fed back, plus the prompt
+        assert done[0].batch_rows == 3  # the first forward had all three
+        assert done[0].forward_ms < done[2].forward_ms
+
+    asyncio.run(main())
