@@ -18,6 +18,9 @@ call's tokens). `CostBook` keeps, per replica address:
               that does not count its forwards)
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
 
+and per draft replica the acceptance by position pooled over its sessions,
+a new session's prior (speedup.PooledAcceptance).
+
 Why the decision is made in the orchestrator and not in the services: k
 needs the session's acceptance by position (only the orchestrator verifies)
 and both services' costs (each service sees only its own batch). The
@@ -29,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.remote import Call
-from specdec.core.speedup import RoundCosts, interpolate_cost
+from specdec.core.speedup import PooledAcceptance, RoundCosts, interpolate_cost
 
 
 @dataclass
@@ -102,6 +105,11 @@ class CostBook:
 
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], ReplicaCosts] = {}
+        self.pooled: dict[str, PooledAcceptance] = {}  # per draft replica: every session's acceptance
+
+    def acceptance(self, draft: str) -> PooledAcceptance:
+        """Acceptance by position pooled over the sessions drafting on `draft` (a new session's prior)."""
+        return self.pooled.setdefault(draft, PooledAcceptance())
 
     def replica(self, role: str, address: str) -> ReplicaCosts:
         return self.replicas.setdefault((role, address), ReplicaCosts())

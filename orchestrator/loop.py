@@ -178,6 +178,7 @@ def _adaptive_k(policy: GoodputPolicy, config: LoopConfig, target: SessionReplic
     a little every few rounds so it can return (specdec.core.speedup.GoodputPolicy).
     """
     draft = proposer.replica.address if proposer.replica is not None else None
+    policy.pooled = config.costs.acceptance(draft) if draft else None  # the draft replica's sessions so far
     return policy.choose(config.costs.round_costs(target.address, draft), k_max)
 
 

@@ -151,8 +151,9 @@ def expected_committed(accept: Sequence[float], k: int) -> float:
 def interpolate_cost(points: Sequence[tuple[float, float]], tokens: float, flat_tokens: float = 8.0) -> float:
     """A forward's cost at `tokens` tokens from measured (tokens, ms) points.
 
-    Piecewise linear between points (sorted by tokens, made non-decreasing);
-    past the last point, the last segment's slope; before the first point or
+    Piecewise linear between points (sorted by tokens; not forced monotone:
+    on a CPU 2-3 rows can cost more than 5, another matmul kernel); past the
+    last point, the last segment's slope, at least the prior's; before the first point or
     with a single point, the prior shape cost ~ (flat_tokens + T): a forward
     costs a fixed part worth `flat_tokens` tokens plus the same per token (on
     this kind of CPU one forward over 8-16 single-token rows costs 2-3x one
@@ -160,11 +161,7 @@ def interpolate_cost(points: Sequence[tuple[float, float]], tokens: float, flat_
     """
     if not points:
         raise ValueError("no cost points")
-    pts = sorted((max(float(t), 1e-9), float(ms)) for t, ms in points)
-    mono, top = [], 0.0
-    for t, ms in pts:
-        top = max(top, ms)
-        mono.append((t, top))
+    mono = sorted((max(float(t), 1e-9), float(ms)) for t, ms in points)
     t0, c0 = mono[0]
     if tokens <= t0 or len(mono) == 1:
         return c0 * (flat_tokens + tokens) / (flat_tokens + t0)
@@ -224,12 +221,46 @@ def best_goodput_k(accept: Sequence[float], costs: RoundCosts, k_max: int, margi
     return best
 
 
+class PooledAcceptance:
+    """Acceptance by position over many sessions (one draft replica), decaying so it follows drift.
+
+    A new session's prior: before its own rounds say otherwise, it is
+    expected to accept like the sessions before it.
+    """
+
+    def __init__(self, decay: float = 0.995) -> None:
+        self.decay = decay
+        self.tested: list[float] = []
+        self.accepted: list[float] = []
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        tested = min(n_drafted, n_accepted + 1)
+        if tested <= 0:
+            return
+        self.tested = [t * self.decay for t in self.tested]
+        self.accepted = [a * self.decay for a in self.accepted]
+        while len(self.tested) < tested:
+            self.tested.append(0.0)
+            self.accepted.append(0.0)
+        for i in range(tested):
+            self.tested[i] += 1
+            self.accepted[i] += i < n_accepted
+
+    def rate(self, i: int, weight: float = 1.0) -> float | None:
+        """Position i's rate (positions past the data reuse the last); None with under `weight` tests."""
+        if not self.tested:
+            return None
+        j = min(i, len(self.tested) - 1)
+        return self.accepted[j] / self.tested[j] if self.tested[j] >= weight else None
+
+
 class GoodputPolicy:
     """One session's k per round: best goodput at its acceptance by position; probing at k = 0.
 
     Acceptance by position: each position's accepted/tested counts, shrunk
-    towards the session's overall rate (an EWMA) with the weight of
-    `shrink` tests, so a rarely tested position borrows the overall rate.
+    with the weight of `shrink` tests towards a prior: the same position's
+    rate pooled over earlier sessions (`pooled`, when it has data), else the
+    session's overall rate (an EWMA). A rarely tested position borrows it.
     The decision is taken afresh every round from the current costs, so a
     session returns to drafting as soon as the load falls. A session whose
     best k is 0 still drafts `probe_k` tokens after `probe_every` rounds at
@@ -249,6 +280,7 @@ class GoodputPolicy:
         self.idle_rounds = 0  # rounds at k = 0 since the last draft
         self.wait = probe_every  # rounds at k = 0 before the next probe
         self.probes = 0
+        self.pooled: PooledAcceptance | None = None  # set by the caller; observe() feeds it too
 
     def acceptance(self, k_max: int) -> list[float]:
         est = self.estimator
@@ -257,7 +289,8 @@ class GoodputPolicy:
         for i in range(k_max):
             tested = est.tested_at[i] if i < len(est.tested_at) else 0
             accepted = est.accepted_at[i] if i < len(est.accepted_at) else 0
-            out.append((accepted + self.shrink * alpha) / (tested + self.shrink))
+            prior = self.pooled.rate(i) if self.pooled is not None else None
+            out.append((accepted + self.shrink * (alpha if prior is None else prior)) / (tested + self.shrink))
         return out
 
     def choose(self, costs: RoundCosts | None, k_max: int) -> int:
@@ -279,6 +312,8 @@ class GoodputPolicy:
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         self.estimator.observe(n_drafted, n_accepted)
+        if self.pooled is not None:
+            self.pooled.observe(n_drafted, n_accepted)
 
 
 # ---------------------------------------------------------------------------- parallel speculation

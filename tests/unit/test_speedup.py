@@ -96,8 +96,9 @@ def test_interpolate_cost() -> None:
     assert math.isclose(interpolate_cost(pts, 10), 62.0 + 88.0 * 6 / 12)
     assert math.isclose(interpolate_cost(pts, 20), 150.0 + 88.0 / 12 * 4)  # the last segment's slope
     assert interpolate_cost(pts, 0.5) < 60.0
-    # Made non-decreasing: a noisy lower sample at more tokens does not make tokens free.
-    assert interpolate_cost([(1, 60.0), (8, 50.0)], 8) == 60.0
+    # Not forced monotone (2-3 rows can take a slower kernel than 5), but never extrapolated downwards.
+    assert interpolate_cost([(1, 60.0), (2.5, 100.0), (5, 90.0)], 5) == 90.0
+    assert interpolate_cost([(1, 60.0), (2.5, 100.0), (5, 90.0)], 13) > 90.0
     # One point: the prior shape (flat_tokens + T).
     assert math.isclose(interpolate_cost([(1, 9.0)], 17, flat_tokens=8.0), 9.0 * 25 / 9)
     with pytest.raises(ValueError):
@@ -150,3 +151,20 @@ def test_policy_probes_at_k0_and_returns_to_drafting() -> None:
     idle = RoundCosts(verify_ms=cpu_verify, rows=1, draft_step_ms=6.0)
     assert policy.choose(idle, 8) >= 4  # load gone, acceptance measured high by the probes
     assert policy.choose(loaded, 0) == 0
+
+
+def test_pooled_acceptance_is_a_new_sessions_prior() -> None:
+    from specdec.core.speedup import PooledAcceptance
+
+    pooled = PooledAcceptance()
+    assert pooled.rate(0) is None
+    for _ in range(50):
+        pooled.observe(4, 4)  # earlier sessions accepted everything
+    assert pooled.rate(0) > 0.99 and pooled.rate(7) > 0.99
+    costs = RoundCosts(verify_ms=cpu_verify, rows=1, draft_step_ms=6.0, draft_call_ms=1.0, round_ms=2.0)
+    fresh, informed = GoodputPolicy(), GoodputPolicy()
+    informed.pooled = pooled
+    k_fresh, k_informed = fresh.choose(costs, 8), informed.choose(costs, 8)
+    assert k_fresh <= 1 and k_informed >= 4  # the 0.5 prior vs what the pool measured
+    informed.observe(4, 0)  # this session's own rounds count, and feed the pool
+    assert pooled.tested[0] > pooled.tested[1]
