@@ -7,6 +7,7 @@ tokens per second over the decode phase, and the batch sizes the service
 reported. The full load benchmark (orchestrator, drafts, TTFT) is separate.
 
   python -m benchmarks.batch_throughput [--streams 1,8,16] [--steps 24] [--k 0] [--threads 1]
+                                        [--no-batch-invariant]
 """
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--k", type=int, default=0, help="drafted tokens per Score call")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-batch-invariant", action="store_true",
+                        help="run the batched service without row padding")
     args = parser.parse_args(argv)
 
     import grpc
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[tuple[str, int], float] = {}
     for mode, max_batch in (("batched", "16"), ("unbatched", "1")):
         port = procs.free_port()
-        proc = procs.start(service_argv("target", port, threads=args.threads, extra=("--max-batch", max_batch)),
+        proc = procs.start(service_argv("target", port, threads=args.threads, extra=("--max-batch", max_batch,
+                           *(["--no-batch-invariant"] if args.no_batch_invariant else []))),
                            env=env, log_path=log_dir / f"target-{mode}.log")
         try:
             procs.wait_healthy(f"127.0.0.1:{port}", proc, timeout=600)

@@ -77,7 +77,7 @@ def test_cache_miss_is_detected_and_changes_nothing(target, tokenizer) -> None:
     base = score(stub, "miss", toks, 0, toks[:6])
     # Unknown session, position beyond what is held, a different history.
     assert "holds nothing" in _miss(lambda: score(stub, "never-seen", toks, 3, toks[3:6])).details()
-    assert "beyond" in _miss(lambda: score(stub, "miss", toks, 7, toks[7:9])).details()
+    assert "is not held" in _miss(lambda: score(stub, "miss", toks, 7, toks[7:9])).details()
     other = list(toks)
     other[2] = (other[2] + 1) % 384
     assert "prefix_hash" in _miss(lambda: score(stub, "miss", other, 5, other[5:7])).details()

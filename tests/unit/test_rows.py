@@ -183,3 +183,13 @@ def test_embedded_target_is_batch_invariant_on_suite_prompts() -> None:
     batched = _run(fwd, schedules, [list(range(len(schedules)))], seed=8)
     for i in range(len(schedules)):
         assert torch.equal(alone[i], batched[i])
+
+
+def test_batch_invariance_can_be_switched_off(loaded) -> None:
+    from specdec.hosting.host import HostLimits, pick_forward
+
+    try:
+        fast = pick_forward(loaded, HostLimits(batch_invariant=False))
+        assert fast.tokens_padding.pad(1) == 1 and fast.kept_padding.pad(1) == 1
+    finally:
+        loaded.model.config._attn_implementation = rows.ATTENTION
