@@ -98,9 +98,10 @@ def test_sigterm_finishes_the_call_in_flight(services) -> None:
     assert not call.done()
     os.kill(svc.proc.pid, signal.SIGTERM)
     time.sleep(0.2)
-    with pytest.raises(grpc.RpcError) as refused:  # no new calls once draining
-        svc.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    with pytest.raises(grpc.RpcError) as refused:  # no new model calls once draining
+        svc.stub.Score(model_pb2.ScoreRequest(session_id="new", tokens=[1, 2]), timeout=10)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.value.details().startswith("draining")
     reply = call.result()
     assert reply.cache_length == 1000 and len(reply.argmax_ids) == 1
     assert svc.proc.wait(timeout=30) == 0
