@@ -39,10 +39,13 @@ def check_rounds(s, k: int, n_new: int) -> None:
         assert r.committed == r.accepted + 1  # no EOS / stop here: every verdict commits whole
         assert r.target_ms > 0 and r.serialize_ms > 0 and r.network_ms >= 0
         assert r.bytes_sent > 0 and r.bytes_received > 0
-        assert r.redis_write_ms > 0  # every round writes the session record
+        assert r.redis_write_ms >= 0
         assert r.draft_ms > 0 if r.drafted else r.draft_ms == 0  # draft = the draft service's own time
         left -= r.committed
     assert rounds[0].redis_ms > 0  # the session load and routing belong to round 1
+    # The writer coalesces pending states, so not every round writes; round 1's
+    # write starts at once (nothing pending) and lands while round 2 runs.
+    assert len(rounds) == 1 or rounds[0].redis_write_ms > 0
     over = sorted(r.total_ms - r.draft_ms - r.target_ms for r in rounds)
     assert s.overhead_p50_ms == pytest.approx(
         over[len(over) // 2] if len(over) % 2 else (over[len(over) // 2 - 1] + over[len(over) // 2]) / 2)
