@@ -18,6 +18,7 @@ to it, so all repetitions see the same cache length):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.hosting.host import HostLimits, ModelHost
     from specdec.hosting.requests import ModelRequest
     from specdec.v1 import model_pb2, model_pb2_grpc
-    from target_service.scoring import score
+    from target_service.scoring import ScoreWork
 
     torch.set_num_threads(args.threads)
     log_dir = Path(tempfile.mkdtemp(prefix="specdec-service-bench-"))
@@ -112,7 +113,15 @@ def main(argv: list[str] | None = None) -> int:
 
         full = loader.load(None)
         early = loader.load(None, num_layers=2)
-        host = ModelHost(full, HostLimits())
+        # The in-process twin: the same host the service runs (batching worker
+        # included), driven from one event loop of our own.
+        # (a copy of its own: the host switches its model to the row-wise attention)
+        host = ModelHost(loader.load(None), HostLimits())
+        loop = asyncio.new_event_loop()
+
+        def serve(session: str, position: int, prefix: int, tokens: list[int], k: int) -> None:
+            loop.run_until_complete(host.serve(ScoreWork(
+                ModelRequest(session, position, prefix, tokens, k, greedy, False))))
         tok = full.tokenizer
         prompt = tok(tok.apply_chat_template(
             [{"role": "user", "content": "Explain speculative decoding in two sentences."}],
@@ -131,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def local(tokens: list[int], session: str = "bench") -> float:
             t0 = time.perf_counter()
-            with torch.inference_mode():
-                score(host, ModelRequest(session, n, h, tokens, len(tokens) - 1, greedy, False))
+            serve(session, n, h, tokens, len(tokens) - 1)
             return time.perf_counter() - t0
 
         from transformers import DynamicCache
@@ -156,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # Prefill the session everywhere, then warm up.
         target.Score(model_pb2.ScoreRequest(session_id="bench", tokens=prompt), timeout=60)
-        with torch.inference_mode():
-            host.score("bench", 0, 0, prompt, 0, greedy, False)
+        serve("bench", 0, 0, prompt, 0)
         draft.Propose(model_pb2.ProposeRequest(session_id="bench", tokens=prompt, k=0), timeout=60)
         for _ in range(3):
             rpc(five), rpc(one), local(one)
@@ -199,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in started:
             procs.stop(proc)
+        if "host" in locals():
+            host.shutdown()
 
     print(f"service bench: SmolLM2-135M-Instruct fp32 on CPU, {args.threads} thread(s), prompt "
           f"{figures['prompt_tokens']} tokens, median of {args.reps} interleaved reps")
