@@ -22,7 +22,25 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 
 @dataclass
-class RoundTally:
+class Costs:
+    """Where time and bytes went: the fields a round and a whole generation share
+    (Stats and Stats.Round carry them under the same names)."""
+
+    total_ms: float = 0.0
+    draft_ms: float = 0.0  # draft service compute (server-side), on the critical path
+    target_ms: float = 0.0  # target service compute (server-side)
+    serialize_ms: float = 0.0
+    network_ms: float = 0.0
+    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
+    redis_ms: float = 0.0  # waited on Redis (not hidden behind RPCs)
+    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    cache_misses: int = 0
+
+
+@dataclass
+class RoundTally(Costs):
     """One round's figures; becomes a Stats.Round (field for field).
 
     draft + target + serialize + network + orchestrator + redis = total_ms.
@@ -32,20 +50,9 @@ class RoundTally:
     drafted: int = 0
     accepted: int = 0
     committed: int = 0
-    total_ms: float = 0.0
-    draft_ms: float = 0.0
-    target_ms: float = 0.0
-    serialize_ms: float = 0.0
-    network_ms: float = 0.0
-    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
-    redis_ms: float = 0.0  # waited on Redis in this round (not hidden behind RPCs)
     redis_write_ms: float = 0.0  # this round's own write, start to ack (overlaps the next round)
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    cache_misses: int = 0
     pre_drafted: bool = False  # parallel: drafts made during the previous round's verify
     pre_draft_discarded: bool = False  # parallel: a pre-draft was discarded, drafted anew
-    draft_hidden_ms: float = 0.0  # the used pre-draft's compute that overlapped the verify
 
     def add_proposal(self, proposal) -> None:
         """Book the round's proposal: its draft call, or the pre-draft it used (parallel mode).
@@ -87,7 +94,7 @@ _SUMMED = ("draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_
 
 
 @dataclass
-class Tally:
+class Tally(Costs):
     """Running statistics of one generation; becomes the final Stats message.
 
     Every Stats field is an attribute or property of the same name here (a
@@ -112,18 +119,7 @@ class Tally:
     drafted_per_round: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # ... and accepted it
-    cache_misses: int = 0
     ttft_ms: float = 0.0
-    total_ms: float = 0.0
-    draft_ms: float = 0.0
-    target_ms: float = 0.0
-    serialize_ms: float = 0.0
-    network_ms: float = 0.0
-    orchestrator_ms: float = 0.0
-    redis_ms: float = 0.0
-    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
-    bytes_sent: int = 0
-    bytes_received: int = 0
     rounds: list[RoundTally] = field(default_factory=list)
     # The request's clock (perf_counter seconds): when it started, when the open round started,
     # and the Redis wait booked before that round.
