@@ -13,7 +13,13 @@ call's tokens). `CostBook` keeps, per replica address:
               the bucket's mean T, interpolated piecewise-linearly
               (speedup.interpolate_cost); every session's calls feed it, so
               target-only sessions teach the adaptive ones what load costs
-  rows        an EWMA of batch_rows over recent Score calls: the current load
+  rows        the load: sessions that would share a forward. At least an EWMA
+              of batch_rows over recent Score calls; and, on a replica that
+              batches, up to the sessions calling it now (seen within a few of
+              their rounds), capped by the most rows it has put in one forward:
+              sessions away drafting are not in the target's forward, but they
+              come back to it, so rows seen alone would say drafting has made
+              the load light and keep it drafting
   step_ms     one draft step (forward_ms / forwards; / tokens drafted from a service
               that does not count its forwards)
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
@@ -29,6 +35,7 @@ process, decides each session's k per round.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from orchestrator.remote import Call
@@ -56,13 +63,37 @@ class ReplicaCosts:
     rows: _Ewma = field(default_factory=lambda: _Ewma(0.5))
     step_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))
     call_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))
+    peak_rows: float = 1.0  # the most rows seen in one forward, decaying
+    gap_s: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a session's time between its calls
+    seen: dict[str, float] = field(default_factory=dict)  # session -> its last call (monotonic s)
 
     def __post_init__(self) -> None:
         self.rows.alpha = self.load_alpha
         self.step_ms.alpha = self.call_ms.alpha = self.alpha
 
+    def observe_session(self, session: str, now: float | None = None) -> None:
+        """`session` called this replica now: it counts towards the load for a few of its rounds."""
+        now = time.monotonic() if now is None else now
+        last = self.seen.get(session)
+        if last is not None:
+            self.gap_s.add(now - last)
+        self.seen[session] = now
+
+    def active(self, now: float | None = None) -> int:
+        """Sessions that called within 3 of their usual gaps (at least 0.5 s)."""
+        now = time.monotonic() if now is None else now
+        window = max(0.5, 3.0 * self.gap_s.value)
+        for session in [s for s, t in self.seen.items() if now - t > window]:
+            del self.seen[session]
+        return len(self.seen)
+
+    def load_rows(self, now: float | None = None) -> float:
+        return max(1.0, self.rows.value, min(float(self.active(now)), self.peak_rows))
+
     def observe_score(self, call: Call) -> None:
         """A Score call: its forward's cost at its forward's token count, and the load."""
+        if call.batch_rows:
+            self.peak_rows = max(float(call.batch_rows), 0.99 * self.peak_rows)
         if call.calls != 1 or call.forwards > 1 or call.forward_ms <= 0:
             return  # chunked prefill (several calls or forwards summed), or no forward time reported
         tokens = call.batch_tokens if call.batch_rows else call.tokens
@@ -95,7 +126,7 @@ class ReplicaCosts:
         return {
             "verify_ms": {round(t.value, 1): round(ms.value, 3) for t, ms in sorted(
                 self.buckets.values(), key=lambda b: b[0].value)},
-            "rows": round(self.rows.value, 2), "step_ms": round(self.step_ms.value, 3),
+            "rows": round(self.rows.value, 2), "load_rows": round(self.load_rows(), 2), "step_ms": round(self.step_ms.value, 3),
             "call_ms": round(self.call_ms.value, 3),
         }
 
@@ -114,11 +145,13 @@ class CostBook:
     def replica(self, role: str, address: str) -> ReplicaCosts:
         return self.replicas.setdefault((role, address), ReplicaCosts())
 
-    def observe(self, role: str, address: str, call: Call | None, drafted: int = 0) -> None:
+    def observe(self, role: str, address: str, call: Call | None, drafted: int = 0, session: str = "") -> None:
         if call is None:
             return
         costs = self.replica(role, address)
         if role == "target":
+            if session:
+                costs.observe_session(session)
             costs.observe_score(call)
         else:
             costs.observe_propose(call, drafted)
@@ -134,5 +167,5 @@ class CostBook:
             step, call = 0.1 * t.verify_ms(1), t.call_ms.value
         else:
             step, call = d.step_ms.value, d.call_ms.value
-        return RoundCosts(verify_ms=t.verify_ms, rows=max(1.0, t.rows.value), draft_step_ms=step,
+        return RoundCosts(verify_ms=t.verify_ms, rows=t.load_rows(), draft_step_ms=step,
                           draft_call_ms=call, round_ms=t.call_ms.value)

@@ -185,7 +185,7 @@ def _adaptive_k(policy: GoodputPolicy, config: LoopConfig, target: SessionReplic
 def _observe_costs(config: LoopConfig, target: SessionReplica, proposer: Proposer, proposal: Proposal,
                    reply: Reply, drafted: int) -> None:
     """Every session's calls teach the per-replica cost table (orchestrator.costs) what forwards cost."""
-    config.costs.observe("target", target.address, reply.call)
+    config.costs.observe("target", target.address, reply.call, session=target.session_id)
     if proposal.call is not None and proposer.replica is not None:
         config.costs.observe("draft", proposer.replica.address, proposal.call, drafted)
 

@@ -98,3 +98,21 @@ def test_forwards_split_the_forward_time() -> None:
     # A Propose of 4 steps whose first step also fed 2 prefill chunks: 6 forwards.
     book.observe("draft", "d", Call(7, 6, 0, 0, forward_ms=6.0, forwards=6), drafted=4)
     assert book.round_costs("t", "d").draft_step_ms == 1.0
+
+
+def test_load_counts_sessions_away_drafting_on_a_batching_replica() -> None:
+    book = CostBook()
+    costs = book.replica("target", "t")
+    for rows in (16, 4, 4, 4):  # 16 sessions once shared a forward; now 4 at a time (the rest drafting)
+        book.observe("target", "t", Call(1, 1, 0, 0, forward_ms=10, batch_rows=rows, batch_tokens=rows, tokens=1))
+    assert costs.rows.value < 6
+    for i in range(16):  # ... but 16 sessions are calling it
+        costs.observe_session(f"s{i}", now=100.0 + i * 0.01)
+    assert costs.load_rows(now=100.2) > 15
+    assert costs.load_rows(now=200.0) < 6  # they left
+    # A replica that never batches (rows 1) stays at 1 whatever the sessions.
+    one = book.replica("target", "u")
+    book.observe("target", "u", Call(1, 1, 0, 0, forward_ms=10, batch_rows=1, batch_tokens=1, tokens=1))
+    for i in range(16):
+        one.observe_session(f"s{i}", now=100.0)
+    assert one.load_rows(now=100.1) == 1.0
