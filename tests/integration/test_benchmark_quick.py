@@ -63,7 +63,16 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     # Every speculative round commits >= 1 token, so passes per token never exceed 1.
     assert all(0 < s["passes_per_token"] <= 1.0 for s in drafts)
     assert all(s["breakdown"]["target_ms"]["median"] > 0 for s in drafts)
-    assert all(s["breakdown"]["draft_ms"]["median"] > 0 for s in drafts)
+    for s in drafts:
+        draft_ms = s["breakdown"]["draft_ms"]
+        if s["config"] == "svc-draft-auto":
+            # Goodput k may decide drafting does not pay on the tiny models (k = 0
+            # rounds, probes only): the draft's time can be 0 in most rounds.
+            assert draft_ms["mean"] >= 0, s["config"]
+        elif s["config"].startswith("svc-draft-par"):
+            assert draft_ms["mean"] > 0, s["config"]  # pre-draft hits hide some of it
+        else:
+            assert draft_ms["median"] > 0, s["config"]
     # Fixed-k configs still send their k (no round asks for more, and some ask for exactly
     # k); svc-draft-auto (k = 0) gets k chosen per round by the orchestrator.
     for s in drafts:
