@@ -20,8 +20,11 @@ call's tokens). `CostBook` keeps, per replica address:
               sessions away drafting are not in the target's forward, but they
               come back to it, so rows seen alone would say drafting has made
               the load light and keep it drafting
-  step_ms     one draft step (forward_ms / forwards; / tokens drafted from a service
-              that does not count its forwards)
+  step_ms     a drafted token's latency at the draft: the call's server time (its
+              queueing and forwards) / tokens drafted. Queueing counts on purpose:
+              when many sessions draft at once the draft becomes a stage every
+              round waits for, and drafting looks as dear as it is; when few do,
+              the queue empties and drafting looks cheap again
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
 
 and per draft replica the acceptance by position pooled over its sessions,
@@ -107,11 +110,11 @@ class ReplicaCosts:
         self.call_ms.add(max(0.0, call.rpc_ms - call.forward_ms))
 
     def observe_propose(self, call: Call, drafted: int) -> None:
-        """A Propose call that drafted `drafted` tokens: per-step cost and the call's own cost."""
-        if call.calls != 1 or call.forward_ms <= 0 or drafted <= 0:
+        """A Propose call that drafted `drafted` tokens: latency per drafted token, and the RPC's own."""
+        if call.calls != 1 or call.server_ms <= 0 or drafted <= 0:
             return
-        self.step_ms.add(call.forward_ms / (call.forwards or drafted))
-        self.call_ms.add(max(0.0, call.rpc_ms - call.forward_ms))
+        self.step_ms.add(call.server_ms / drafted)
+        self.call_ms.add(max(0.0, call.rpc_ms - call.server_ms))
 
     @property
     def measured(self) -> bool:

@@ -84,8 +84,9 @@ def test_cost_book_learns_verify_cost_and_load() -> None:
     chunked = Call(1, 1, 0, 0, forward_ms=5, tokens=100, calls=2)
     book.observe("target", "v", chunked)
     assert not book.replica("target", "v").measured
-    book.observe("draft", "d", Call(rpc_ms=14, server_ms=12, bytes_sent=0, bytes_received=0, forward_ms=12), 4)
-    assert book.round_costs("t", "d").draft_step_ms == 3.0
+    book.observe("draft", "d", Call(rpc_ms=14, server_ms=12, bytes_sent=0, bytes_received=0, forward_ms=10), 4)
+    assert book.round_costs("t", "d").draft_step_ms == 3.0  # queueing included: 12 ms server time / 4
+    assert book.round_costs("t", "d").draft_call_ms == 2.0
 
 
 def test_forwards_split_the_forward_time() -> None:
@@ -95,9 +96,9 @@ def test_forwards_split_the_forward_time() -> None:
                                      forwards=2))
     assert not book.replica("target", "t").measured
     book.observe("target", "t", Call(1, 1, 0, 0, forward_ms=20, batch_rows=1, batch_tokens=5, tokens=5, forwards=1))
-    # A Propose of 4 steps whose first step also fed 2 prefill chunks: 6 forwards.
-    book.observe("draft", "d", Call(7, 6, 0, 0, forward_ms=6.0, forwards=6), drafted=4)
-    assert book.round_costs("t", "d").draft_step_ms == 1.0
+    # A Propose drafting 4 tokens whose server time (queueing, 6 forwards) was 6 ms: 1.5 ms a token.
+    book.observe("draft", "d", Call(7, 6, 0, 0, forward_ms=5.0, forwards=6), drafted=4)
+    assert book.round_costs("t", "d").draft_step_ms == 1.5
 
 
 def test_load_counts_sessions_away_drafting_on_a_batching_replica() -> None:
