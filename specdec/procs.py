@@ -6,13 +6,17 @@ own pid, never by name.
 
 No orphans: a child dies with the process that started it, even when that
 process is SIGKILLed. Started from the main thread, the child asks the kernel
-for SIGTERM on its parent's death (prctl PR_SET_PDEATHSIG, Linux). The kernel
-sends that signal when the *thread* that forked the child ends, so from any
-other thread it is not set; instead, and always, the child gets its parent's
-pid in SPECDEC_PARENT_PID, and every specdec server watches it
-(`watch_parent`, started by specdec.hosting.server.serve): when the parent is
-gone it SIGTERMs itself. SIGTERM is a graceful drain (deregistration at once);
-a SIGKILLed service's registry entry expires with its heartbeat TTL.
+for SIGTERM on its parent's death (prctl PR_SET_PDEATHSIG, Linux) through a
+tiny exec wrapper: it sets the signal, checks that its parent is still the
+starter, then execs the real command in place (same pid; the setting survives
+exec). Not a `preexec_fn`: Python code between fork and exec in a process with
+other threads (gRPC's among them) can deadlock the child before it ever
+execs. The kernel sends the signal when the *thread* that forked the child
+ends, so from any other thread it is not set; instead, and always, the child
+gets its parent's pid in SPECDEC_PARENT_PID, and every specdec server watches
+it (`watch_parent`, started by specdec.hosting.server.serve): when the parent
+is gone it SIGTERMs itself. SIGTERM is a graceful drain (deregistration at
+once); a SIGKILLed service's registry entry expires with its heartbeat TTL.
 """
 from __future__ import annotations
 
@@ -34,7 +38,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 log = logging.getLogger(__name__)
 
 PARENT_ENV = "SPECDEC_PARENT_PID"
-_PR_SET_PDEATHSIG = 1
 _PARENT_POLL_S = 0.5
 
 
@@ -65,6 +68,7 @@ def start(
     if argv and argv[0] == "python":
         argv[0] = sys.executable
     full_env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
+    argv = _die_with_parent(argv)
     log_file = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
@@ -74,7 +78,6 @@ def start(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),
         )
     finally:
         if log_path:
@@ -83,26 +86,22 @@ def start(
     return proc
 
 
-def _die_with_parent():
-    """A preexec_fn setting PR_SET_PDEATHSIG=SIGTERM, or None (not Linux, or not the main thread).
+# Runs as `python -c _EXEC_WITH_PDEATHSIG PARENT_PID ARGV...`: set the death
+# signal, give up if the starter is already gone, then become ARGV (same pid).
+_EXEC_WITH_PDEATHSIG = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)\n"  # 1 = PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(0)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
-    It runs in the child between fork and exec; if the parent already died
-    in between, the child terminates itself at once.
-    """
+
+def _die_with_parent(argv: list[str]) -> list[str]:
+    """`argv` behind the PR_SET_PDEATHSIG exec wrapper, or as is (not Linux, or not the main thread)."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
+        return argv
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()), *argv]
 
 
 def watch_parent(on_gone=None, *, poll_s: float = _PARENT_POLL_S) -> threading.Thread | None:
