@@ -40,7 +40,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -365,19 +364,9 @@ def plan(args, modes: list[str]) -> list[tuple[int, int, str, LoadConfig]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import torch
+    from benchmarks.stack import prepare_run
 
-    torch.set_num_threads(args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="specdec-load-"))
-    if args.tiny:
-        from tests.tiny import build_pair
-
-        target_dir, draft_dir = build_pair(workdir / "tiny")
-        args.target, args.draft = str(target_dir), str(draft_dir)
+    workdir = prepare_run(args, "specdec-load-")
     started = time.time()
     batching = batching_flag_available()
     modes = [BATCHED] + ([UNBATCHED] if batching and not args.no_unbatched else [])

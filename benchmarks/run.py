@@ -48,7 +48,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -452,21 +451,9 @@ def _on_sigterm(signum, _frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import torch
+    from benchmarks.stack import Stack, StackSpec, prepare_run
 
-    torch.set_num_threads(args.threads)
-    from benchmarks.stack import Stack, StackSpec
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="specdec-bench-"))
-    if args.tiny:
-        from tests.tiny import build_pair
-
-        target_dir, draft_dir = build_pair(workdir / "tiny")
-        args.target, args.draft = str(target_dir), str(draft_dir)
+    workdir = prepare_run(args, "specdec-bench-")
 
     prompts = suite.subset(suite.load(args.suite), args.per_category)
     items = plan(args, prompts)

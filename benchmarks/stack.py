@@ -130,3 +130,25 @@ class Stack:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+
+def prepare_run(args, prefix: str) -> Path:
+    """What every benchmark's main() does first: quiet, offline libraries; the torch
+    threads asked for; the output folder; a scratch folder (returned); with --tiny,
+    the tiny test models built there and used as target and draft."""
+    import os
+    import tempfile
+
+    for name, value in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"),
+                        ("TRANSFORMERS_VERBOSITY", "error")):
+        os.environ.setdefault(name, value)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    if args.tiny:
+        from tests.tiny import build_pair
+
+        target_dir, draft_dir = build_pair(workdir / "tiny")
+        args.target, args.draft = str(target_dir), str(draft_dir)
+    return workdir
