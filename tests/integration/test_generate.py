@@ -225,11 +225,15 @@ def test_adaptive_k_stays_exact(stack, tiny_pair, references):
     address = stack.start_orchestrator("orch-auto", tiny_pair[0], extra=("--default-k", "auto"))
     try:
         with Client(address) as c:
+            drafted = 0
             for prompt, ref in references.items():
                 out = c.complete(prompt, max_new_tokens=N_NEW, proposer="draft")  # k = 0: adaptive
                 assert out.token_ids == ref.token_ids
-                assert out.stats.drafted_per_round[0] >= 1
                 assert all(0 <= d <= 16 for d in out.stats.drafted_per_round)
+                drafted += out.stats.drafted_tokens
+            # Goodput k may choose 0 in some rounds (drafting must pay), but it
+            # drafts at first on a new replica (prior) and keeps probing.
+            assert drafted > 0
     finally:
         stack.stop_one("orch-auto")
 
