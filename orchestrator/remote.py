@@ -308,10 +308,17 @@ class SessionReplica:
 
 
 async def place(
-    router: Router, role: str, session_id: str, preferred: str, held: int
+    router: Router, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0
 ) -> SessionReplica | None:
-    """Route a session on `role`: to `preferred` (holding `held` of its tokens) while usable, else elsewhere from 0."""
-    client = await router.pick(role, preferred)
-    if client is None:
-        return None
+    """Route a session on `role`: to `preferred` (holding `held` of its tokens) while usable, else elsewhere from 0.
+
+    With no replica of `role` to be found, waits up to `wait_s` for one to
+    appear (a replica restarting, or Redis back empty before the replicas'
+    next heartbeat), then answers None.
+    """
+    deadline = time.monotonic() + wait_s
+    while (client := await router.pick(role, preferred)) is None:
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(0.25)
     return SessionReplica(router, role, session_id, client, held if client.address == preferred else 0)

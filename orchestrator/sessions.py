@@ -307,7 +307,7 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     reuse = common_prefix(record.tokens, spec.prompt_ids)
     with Timer(tally, "redis_ms"):
         target = await place(config.router, "target", record.session_id, record.target,
-                             min(reuse, record.target_len))
+                             min(reuse, record.target_len), wait_s=config.target_wait_s)
     if target is None:
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address

@@ -39,6 +39,7 @@ DEFAULT_PREFIX = "specdec:"
 SESSION_TTL_S = 3600
 SINGLE_TURN_TTL_S = 300  # a single-turn record outlives its stream only if the stream never ends
 HEARTBEAT_S = 2.0
+RETRY_BEAT_S = 0.25  # a replica's next try while Redis does not answer
 
 
 class StoreUnavailable(Unavailable):
@@ -274,16 +275,18 @@ async def heartbeat(
 ) -> None:
     """Register `entry` every `interval_s` until cancelled, then deregister.
 
-    A Redis outage is survived: the beat keeps trying, so the replica
-    reappears once Redis is back.
+    A Redis outage is survived: the beat keeps trying, every RETRY_BEAT_S
+    while Redis does not answer, so the replica reappears soon after Redis is
+    back (a restarted Redis holds no registry).
     """
     try:
         while True:
             try:
                 await registry.register(replace(entry, load=load() if load else entry.load))
+                pause = interval_s
             except StoreUnavailable:
-                pass
-            await asyncio.sleep(interval_s)
+                pause = min(interval_s, RETRY_BEAT_S)
+            await asyncio.sleep(pause)
     finally:
         try:
             await asyncio.shield(registry.deregister(entry.role, entry.replica_id))

@@ -84,3 +84,35 @@ def test_unreachable_redis_fails_fast_with_store_unavailable():
         assert time.monotonic() - started < 3.0
 
     run(body())
+
+
+def test_a_new_session_waits_for_a_replica_to_beat_into_an_empty_registry(prefix):
+    """Redis back empty (or every target restarting): placement waits up to its bound, not fails."""
+    from types import SimpleNamespace
+
+    from orchestrator.remote import place
+    from orchestrator.routing import Router
+
+    async def body():
+        client = connect(URL)
+        reg = ServiceRegistry(client, url=URL, prefix=prefix)
+        router = Router(reg, {}, connect=lambda address, role: SimpleNamespace(address=address))
+        started = time.monotonic()
+        assert await place(router, "target", "s", "", 0) is None  # no wait asked: none at once
+        assert time.monotonic() - started < 1.0
+
+        async def beat_later():
+            await asyncio.sleep(0.8)
+            await reg.register(ServiceEntry("h:9", "target", "t9"))
+
+        late = asyncio.ensure_future(beat_later())
+        placed = await place(router, "target", "s", "", 0, wait_s=5.0)
+        await late
+        assert placed is not None and placed.address == "h:9"
+        assert 0.7 < time.monotonic() - started < 4.0
+        started = time.monotonic()
+        assert await place(router, "draft", "s", "", 0, wait_s=0.6) is None  # none ever: bounded
+        assert 0.5 < time.monotonic() - started < 2.0
+        await client.aclose()
+
+    run(body())
