@@ -311,7 +311,7 @@ def summarize(records: list[dict]) -> list[dict]:
 
 def _order(s: dict) -> tuple:
     fam = {"svc": 0, "hf": 1}[s["family"]]
-    prop = {"none": 0, "target": 0, "draft": 1, "assisted": 1, "lookup": 2, "adaptive": 3}
+    prop = {"none": 0, "target": 0, "draft": 1, "assisted": 1, "lookup": 2, "combined": 3, "adaptive": 4}
     return (
         {"main": 0, "rtt": 1, "rate": 2}[s["phase"]],
         s["mode"] != "greedy",
@@ -486,6 +486,27 @@ def _mismatch(rec: dict, want: list[int]) -> dict:
     }
 
 
+def by_category(records: list[dict]) -> list[dict]:
+    """Main-phase tokens/s per (mode, config, prompt category) and its ratio to svc-none there.
+
+    tokens/s per category = median over repetitions of (tokens / seconds summed
+    over the category's prompts), as for the whole cell.
+    """
+    cells: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for rec in records:
+        if rec["phase"] == "main" and rec.get("category"):
+            cells[(rec["mode"], rec["config"], rec["category"])][rec["rep"]].append(rec)
+    tps = {key: median([sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r["wall_s"] for r in rs))
+                        for rs in reps.values()])
+           for key, reps in cells.items()}
+    rows = []
+    for (mode, config, category), value in sorted(tps.items()):
+        base = tps.get((mode, "svc-none", category))
+        rows.append({"mode": mode, "config": config, "category": category, "tps_median": value,
+                     "vs_svc_none": value / base if base else math.nan})
+    return rows
+
+
 def analyse(records: list[dict]) -> dict:
     """Summaries, model-vs-measurement tables and the identity checks of one run."""
     summaries = summarize(records)
@@ -493,6 +514,7 @@ def analyse(records: list[dict]) -> dict:
     peer_bad = peer_mismatches(records)
     return {
         "summaries": summaries,
+        "by_category": by_category(records),
         "models": [speedup_model(summaries, m) for m in ("greedy", "sampling")],
         "checks": {
             "greedy_mismatches": greedy_bad,

@@ -167,6 +167,7 @@ def markdown(result: dict) -> str:
                       "closed-form prediction does not apply; the row shows what it measured "
                       "and the mean k its rounds used."]
     lines += _parallel_section(result, main)
+    lines += _category_section(result)
     net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
     if net:
         lines += ["", "## Network between orchestrator and services", "",
@@ -384,6 +385,27 @@ def _parallel_section(result: dict, main: list[dict]) -> list[str]:
             f"{_f(qb['total_ms']['median'], '.1f') if qb else '–'} → {_f(b['total_ms']['median'], '.1f')} | "
             f"{_f(row.get('speedup_predicted', math.nan))} "
             f"({_f(row.get('speedup_predicted_measured_hits', math.nan))}) |")
+    return lines
+
+
+def _category_section(result: dict) -> list[str]:
+    """× svc-none per prompt category: where each proposer wins or loses."""
+    rows = result.get("by_category") or []
+    if not rows:
+        return []
+    categories = sorted({r["category"] for r in rows})
+    lines = ["", "## By prompt category", "",
+             "× svc-none within each category (tokens/s: median over repetitions of tokens / "
+             "seconds summed over the category's prompts); the last column is the lowest.", "",
+             "| mode | config | " + " | ".join(categories) + " | min |",
+             "|---|---|" + "---|" * (len(categories) + 1)]
+    index = {(r["mode"], r["config"], r["category"]): r["vs_svc_none"] for r in rows}
+    for mode, config in dict.fromkeys((r["mode"], r["config"]) for r in rows):
+        if config == "svc-none":
+            continue
+        values = [index.get((mode, config, c), float("nan")) for c in categories]
+        lines.append(f"| {mode} | {config} | " + " | ".join(_f(v) for v in values)
+                     + f" | {_f(min(values))} |")
     return lines
 
 

@@ -66,7 +66,7 @@ class Config:
     """One way of decoding: family "svc" (through the services) or "hf" (in-process)."""
 
     family: str
-    proposer: str  # svc: none / draft / lookup; hf: target / assisted / lookup
+    proposer: str  # svc: none / draft / lookup / combined; hf: target / assisted / lookup
     k: int = 0  # svc-draft: 0 = adaptive (the orchestrator picks k each round)
     parallel: bool = False  # svc-draft: parallel speculation (Speculation.PARALLEL)
 
@@ -117,10 +117,10 @@ def _floats(text: str) -> list[float]:
 
 
 FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8", parallel_k="1,2,4",
-            lookup_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
+            lookup_k="4", combined_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
             rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1)
 QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2", parallel_k="1",
-             lookup_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
+             lookup_k="4", combined_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
              rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1)
 
 
@@ -154,6 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel-k", help=f"parallel-speculation draft k list, both modes; '' for "
                                         f"none (full {FULL['parallel_k']})")
     p.add_argument("--lookup-k", help=f"prompt-lookup k list (full {FULL['lookup_k']})")
+    p.add_argument("--combined-k", help=f"combined proposer (lookup or draft per round) k list; '' "
+                                        f"for none (full {FULL['combined_k']})")
     p.add_argument("--peer-k", help=f"in-process assisted k list (full {FULL['peer_k']})")
     p.add_argument("--no-auto", action="store_true",
                    help="skip svc-draft-auto (adaptive k); with --orchestrator it is only adaptive "
@@ -186,6 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     args.k, args.sampling_k = _ints(args.k), _ints(args.sampling_k)
     args.lookup_k, args.peer_k = _ints(args.lookup_k), _ints(args.peer_k)
+    args.combined_k = _ints(args.combined_k)
     args.parallel_k = _ints(args.parallel_k)
     args.rtts, args.rtt_k = _floats(args.rtts), _ints(args.rtt_k)
     args.rates, args.rate_k = _floats(args.rates), _ints(args.rate_k)
@@ -210,6 +213,7 @@ def main_configs(args, mode: str) -> list[Config]:
     if not args.no_auto:
         configs.append(Config("svc", "draft", 0))  # k = 0: adaptive
     configs += [Config("svc", "lookup", k) for k in args.lookup_k]
+    configs += [Config("svc", "combined", k) for k in args.combined_k]
     if not args.no_peer:
         configs.append(Config("hf", "target"))
         configs += [Config("hf", "assisted", k) for k in args.peer_k]
@@ -283,8 +287,8 @@ class ServiceRunner:
     def run(self, item: Item, args, seed: int, max_new_tokens: int) -> dict:
         from specdec.v1 import common_pb2, orchestrator_pb2 as pb
 
-        proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT,
-                    "lookup": pb.PROPOSER_LOOKUP}[item.config.proposer]
+        proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP,
+                    "combined": pb.PROPOSER_COMBINED}[item.config.proposer]
         sampling = (common_pb2.SamplingParams(temperature=0.0) if item.mode == GREEDY else
                     common_pb2.SamplingParams(temperature=args.temperature,
                                               top_p=item.top_p or args.top_p))

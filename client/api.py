@@ -44,9 +44,10 @@ from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-ProposerName = Literal["default", "draft", "lookup", "guess", "none"]
+ProposerName = Literal["default", "draft", "lookup", "guess", "none", "combined"]
 _PROPOSERS = {"default": pb.PROPOSER_UNSPECIFIED, "draft": pb.PROPOSER_DRAFT,
-              "lookup": pb.PROPOSER_LOOKUP, "guess": pb.PROPOSER_GUESS, "none": pb.PROPOSER_NONE}
+              "lookup": pb.PROPOSER_LOOKUP, "guess": pb.PROPOSER_GUESS, "none": pb.PROPOSER_NONE,
+              "combined": pb.PROPOSER_COMBINED}
 Stats = pb.Stats
 Metadata = Sequence[tuple[str, str]]
 # A stream broken with these is resumed on the next address: the orchestrator is gone

@@ -56,7 +56,7 @@ class Speculation(BaseModel):
     """The extension field: `extra_body={"speculation": {"proposer": "draft", "k": 4}}`."""
 
     model_config = ConfigDict(extra="forbid")
-    proposer: Literal["default", "draft", "lookup", "guess", "none"] = "default"
+    proposer: Literal["default", "draft", "lookup", "guess", "none", "combined"] = "default"
     k: int = Field(0, ge=0)  # 0 = the orchestrator's default (fixed or adaptive)
     guess: str = ""          # proposer "guess": the expected continuation
 

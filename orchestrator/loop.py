@@ -59,7 +59,8 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
     session = await open_session(spec, config, tally)
     with Timer(tally, "redis_ms"):  # routing reads the registry
-        proposer = await open_proposer(spec, config, session.id, session.draft_home())
+        proposer = await open_proposer(spec, config, session.id, session.draft_home(),
+                                       target=lambda: session.target.address)
     sampling = WireSampling.encode(spec.sampling)  # once per request, not per RPC
     tokens = list(spec.prompt_ids)
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
@@ -82,6 +83,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             with trace.step("propose"):
                 proposal = await proposer.propose(ctx)
             drafted = proposal.tokens[: rnd.k]
+            rnd.source = (proposal.source or proposer.name) if drafted else ""
             tally.draft_calls += proposal.call is not None
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
@@ -99,6 +101,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             rnd.drafted, rnd.accepted = len(drafted), verdict.accepted
             if adaptive is not None and proposer.proposes:
                 adaptive.observe(len(drafted), verdict.accepted)
+            proposer.observe(len(drafted), verdict.accepted)
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
             kept, finish = clip_to_stop(verdict.tokens, eos_ids=config.eos_ids, remaining=remaining)

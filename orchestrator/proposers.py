@@ -14,7 +14,7 @@ verifies this one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,7 +22,7 @@ import grpc
 import torch
 
 from orchestrator.remote import Call, ModelClient, ServiceDown, SessionReplica, UpstreamError, place
-from orchestrator.spec import DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
+from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
 from specdec.core.lookup import PromptLookup
 from specdec.errors import InvalidArgument, SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
@@ -54,6 +54,7 @@ class Proposal:
     call: Call | None = None  # the RPC, when there was one
     cache_misses: int = 0
     pre_draft: PreDraft | None = None  # parallel mode: what became of this round's pre-draft
+    source: str = ""  # the combined proposer: what proposed this round ("lookup" or "draft")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ class Proposer(Protocol):
 
     async def propose(self, ctx: DraftContext) -> Proposal: ...
 
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        """After a verdict: how many of the round's drafted tokens the target accepted."""
+
     def crop(self, length: int) -> None:
         """After a verdict: the proposer's cache keeps its first `length` tokens."""
 
@@ -93,6 +97,9 @@ class _Local:
     replica: SessionReplica | None = None
     adaptive = False
     proposes = True
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        pass
 
     def crop(self, length: int) -> None:
         pass
@@ -204,6 +211,9 @@ class DraftServiceProposer:
             probs = decode_probs(response.probs)  # [n, vocab]
         return Proposal(drafted, probs, response.cache_length, reply.call, reply.cache_misses)
 
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        pass  # the loop's GoodputPolicy learns the acceptance (adaptive k)
+
     def crop(self, length: int) -> None:
         if self.replica is not None:
             self.replica.cached = length
@@ -213,10 +223,18 @@ class DraftServiceProposer:
 
 
 async def open_proposer(
-    spec: GenerateSpec, config: LoopConfig, session_id: str, draft_home: tuple[str, int]
+    spec: GenerateSpec, config: LoopConfig, session_id: str, draft_home: tuple[str, int],
+    target: Callable[[], str] = str,
 ) -> Proposer:
     """The one factory: the request's proposer. A draft one is placed on the replica that holds
-    the session (`draft_home`: address, tokens held) if still live, else on the least loaded."""
+    the session (`draft_home`: address, tokens held) if still live, else on the least loaded.
+    `target` says the session's target replica's address (the combined proposer's costs)."""
+    if spec.proposer == COMBINED:
+        from orchestrator.combined import CombinedProposer
+
+        replica = await place(config.router, "draft", session_id, *draft_home)
+        draft = DraftServiceProposer(replica, fallback_reason="" if replica else "no draft service replica available")
+        return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)
     if spec.proposer == DRAFT:
         replica = await place(config.router, "draft", session_id, *draft_home)
         parallel = config.parallel if spec.parallel is None else spec.parallel

@@ -19,7 +19,7 @@ from orchestrator import check as checking
 from orchestrator import metrics
 from orchestrator.loop import ChunkEvent, generate
 from orchestrator.sessions import forget_session
-from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
+from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
 from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
 from specdec.errors import InvalidArgument, OutOfRange
@@ -31,7 +31,7 @@ from specdec.wire import sampling_from_proto
 
 MAX_SESSION_ID = 256
 _PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_GUESS: GUESS,
-              pb.PROPOSER_NONE: NONE}
+              pb.PROPOSER_NONE: NONE, pb.PROPOSER_COMBINED: COMBINED}
 
 
 def _prompt_ids(config: LoopConfig, request: pb.GenerateRequest | pb.CheckRequest) -> list[int]:

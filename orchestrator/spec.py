@@ -17,8 +17,8 @@ from specdec.v1 import common_pb2
 from specdec.wire import sampling_to_proto
 
 # Proposer kinds, as requests name them.
-DRAFT, LOOKUP, GUESS, NONE = "draft", "lookup", "guess", "none"
-KINDS = (DRAFT, LOOKUP, GUESS, NONE)
+DRAFT, LOOKUP, GUESS, NONE, COMBINED = "draft", "lookup", "guess", "none", "combined"
+KINDS = (DRAFT, LOOKUP, GUESS, NONE, COMBINED)
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,6 @@ class LoopConfig:
     default_proposer: str = DRAFT
     parallel: bool = False  # requests that do not say: parallel speculation (orchestrator.parallel)
     max_new_tokens_limit: int = 4096
-    target_wait_s: float = 10.0  # how long a round waits for some target replica to answer
+    target_wait_s: float = 10.0  # how long a round (or a new session) waits for some target replica
     redis_outage_s: float = 5.0  # a Redis outage up to this long is invisible to streams
     redis_retry_s: float = 300.0  # how long a record write is retried after its stream gave up

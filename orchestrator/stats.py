@@ -53,6 +53,7 @@ class RoundTally(Costs):
     redis_write_ms: float = 0.0  # this round's own write, start to ack (overlaps the next round)
     pre_drafted: bool = False  # parallel: drafts made during the previous round's verify
     pre_draft_discarded: bool = False  # parallel: a pre-draft was discarded, drafted anew
+    source: str = ""  # what proposed the round's drafts ("draft", "lookup", "guess"; "" = none)
 
     def add_proposal(self, proposal) -> None:
         """Book the round's proposal: its draft call, or the pre-draft it used (parallel mode).

@@ -45,7 +45,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="0 = random (printed in the stats)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--proposer", default="default",
-                   choices=["default", "draft", "lookup", "guess", "none"])
+                   choices=["default", "draft", "lookup", "guess", "none", "combined"],
+                   help="combined = per round, prompt lookup or the draft, whichever pays more")
     g.add_argument("-k", type=int, default=0, help="drafted tokens per round (0 = server default)")
     g.add_argument("--guess", default="", help="expected continuation (--proposer guess)")
     g.add_argument("--session-id", default="", help="continue this session")
@@ -364,7 +365,7 @@ def _add_up_args(p: argparse.ArgumentParser) -> None:
                    help="the orchestrator's default is parallel speculation")
     g.add_argument("--redis-url", default=None,
                    help="use this Redis (default: 127.0.0.1:6379 if it answers, else start one)")
-    g.add_argument("--default-proposer", default="draft", choices=["draft", "lookup", "none"])
+    g.add_argument("--default-proposer", default="draft", choices=["draft", "lookup", "none", "combined"])
     g.add_argument("--default-k", default="auto",
                    help="k for requests that leave it 0: a number, or 'auto' (adaptive per round)")
     g.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each service")

@@ -15,6 +15,7 @@ class Proposer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROPOSER_LOOKUP: _ClassVar[Proposer]
     PROPOSER_GUESS: _ClassVar[Proposer]
     PROPOSER_NONE: _ClassVar[Proposer]
+    PROPOSER_COMBINED: _ClassVar[Proposer]
 
 class Speculation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ PROPOSER_DRAFT: Proposer
 PROPOSER_LOOKUP: Proposer
 PROPOSER_GUESS: Proposer
 PROPOSER_NONE: Proposer
+PROPOSER_COMBINED: Proposer
 SPECULATION_UNSPECIFIED: Speculation
 SPECULATION_SEQUENTIAL: Speculation
 SPECULATION_PARALLEL: Speculation
@@ -155,7 +157,7 @@ class Stats(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., serialize_ms: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., pre_draft_hits: _Optional[int] = ..., pre_draft_misses: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("k", "drafted", "accepted", "committed", "total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms", "redis_write_ms", "bytes_sent", "bytes_received", "cache_misses", "pre_drafted", "pre_draft_discarded", "draft_hidden_ms")
+    __slots__ = ("k", "drafted", "accepted", "committed", "total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms", "redis_write_ms", "bytes_sent", "bytes_received", "cache_misses", "pre_drafted", "pre_draft_discarded", "draft_hidden_ms", "source")
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +176,7 @@ class Round(_message.Message):
     PRE_DRAFTED_FIELD_NUMBER: _ClassVar[int]
     PRE_DRAFT_DISCARDED_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     k: int
     drafted: int
     accepted: int
@@ -192,7 +195,8 @@ class Round(_message.Message):
     pre_drafted: bool
     pre_draft_discarded: bool
     draft_hidden_ms: float
-    def __init__(self, k: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., committed: _Optional[int] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., serialize_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., redis_write_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pre_drafted: _Optional[bool] = ..., pre_draft_discarded: _Optional[bool] = ..., draft_hidden_ms: _Optional[float] = ...) -> None: ...
+    source: str
+    def __init__(self, k: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., committed: _Optional[int] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., serialize_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., redis_write_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pre_drafted: _Optional[bool] = ..., pre_draft_discarded: _Optional[bool] = ..., draft_hidden_ms: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk", "stats")

@@ -104,8 +104,22 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     fast = rtt[(0.0, "svc-none")]["breakdown"]["network_ms"]["median"]
     assert slow - fast > 3.5, (slow, fast)
 
+    # The combined proposer's cell, and every main cell by prompt category against svc-none.
+    combined = [r for r in result["records"] if r["config"] == "svc-combined-k4"]
+    assert combined and all(r["token_ids"] == ref[r["prompt_id"]] for r in combined
+                            if r["mode"] == "greedy" and r["phase"] == "main")
+    sources = {rnd["source"] for r in combined for rnd in r["stats"]["rounds"]}
+    assert sources <= {"", "draft", "lookup"} and sources - {""}, sources
+    by_cat = {(r["mode"], r["config"], r["category"]): r for r in result["by_category"]}
+    categories = {r["category"] for r in result["records"]}
+    assert len(categories) >= 5
+    for c in categories:
+        assert by_cat[("greedy", "svc-none", c)]["vs_svc_none"] == 1.0
+        assert by_cat[("greedy", "svc-combined-k4", c)]["tps_median"] > 0
+
     md = (out / "results.md").read_text()
     assert "PASSED" in md and "| greedy | svc-none |" in md and "| greedy | svc-draft-auto |" in md
+    assert "## By prompt category" in md and "| greedy | svc-combined-k4 |" in md
     for png in ("speedup_vs_k.png", "breakdown.png", "acceptance_by_position.png",
                 "speedup_vs_rtt.png"):
         data = (out / png).read_bytes()
