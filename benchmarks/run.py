@@ -8,7 +8,9 @@ rotated each time) so drift hits all alike:
              each K, svc-draft-auto (k = 0 in the request: the orchestrator,
              started with --default-k auto, picks k each round), svc-lookup-k{K}
              (prompt lookup), svc-draft-par-k{K} (parallel speculation: the draft
-             drafts the next round while the target verifies)
+             drafts the next round while the target verifies), svc-combined-k{K}
+             (per round lookup, draft or neither by goodput; k = 0: svc-combined-auto,
+             bounded by the orchestrator's default k)
   in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
              with the same draft, constant K), hf-lookup-k{K}
              (`prompt_lookup_num_tokens=K`)
@@ -78,8 +80,8 @@ class Config:
     def name(self) -> str:
         if self.proposer in ("none", "target"):
             return f"{self.family}-{self.proposer}"
-        if self.adaptive:
-            return f"{self.family}-{self.proposer}-auto"
+        if self.adaptive or (self.proposer == "combined" and self.k == 0):
+            return f"{self.family}-{self.proposer}-auto"  # k = 0: the orchestrator's default bound
         if self.parallel:
             return f"{self.family}-{self.proposer}-par-k{self.k}"
         return f"{self.family}-{self.proposer}-k{self.k}"
