@@ -1,19 +1,28 @@
 """python -m specdec.distill [data|train|eval|all] --target ... --out DIR
 
 Stages (each resumable, each reads what the previous one wrote under --out):
+  prompts  (not part of `all`; run once, output checked in) the target writes
+         self-instruct requests and answers a selection of them
+         -> specdec/data/distill_generated.jsonl, then rebuilds the prompt set
+         specdec/data/distill_prompts.jsonl from it
   data   target greedy responses + top-k log-probs for the training prompts
-         (in --gen-dtype) and the held-out prompts (in float32, the dtype the
-         target is served in, so held-out labels are its true greedy tokens)
-         -> OUT/data/{train,heldout}/shard-*.pt
+         (in --gen-dtype) and both held-out sets (in float32, the dtype the
+         target is served in, so held-out labels are its true greedy tokens):
+         the templated one (held out of the prompt file) and the separately
+         built one (--heldout-file)
+         -> OUT/data/{train,heldout,heldout_v2}/shard-*.pt
   train  draft = target embedding + first --layers layers + final norm + tied
          head (optionally --vocab rows), trained on the soft labels
          -> OUT/train/checkpoint.pt, then the draft folder OUT/draft/
-  eval   held-out agreement and tokens/pass of OUT/draft (loaded through
-         specdec.hosting.loader, as the draft service loads it) and of the
-         early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json
+  eval   agreement and tokens/pass on both held-out sets of OUT/draft (loaded
+         through specdec.hosting.loader, as the draft service loads it) and of
+         the early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json.
+         With --draft DIR: another draft folder on the same held-out data
+         (e.g. the shipped one, for a side-by-side) -> OUT/eval-NAME.json
 Serve the result with `python -m draft_service --model OUT/draft`.
-The defaults (every shipped prompt, 34 + 17 minute budgets for data and
-training) finish in about an hour on a 2-core CPU; on a GPU, the budgets do
+The defaults (the shipped prompts in file order, 32 + 17 minute budgets for
+data and training, then both held-out sets) finish in about an hour on a
+2-core CPU; on a GPU, the budgets do
 not bind: raise --prompts (with a larger --prompt-file), --max-new-tokens and --steps.
 """
 from __future__ import annotations
@@ -28,8 +37,10 @@ from typing import Any
 
 import torch
 
+from specdec.distill.heldout import HELDOUT_V2_FILE
+
 log = logging.getLogger("specdec.distill")
-STAGES = ("data", "train", "eval", "all")
+STAGES = ("prompts", "data", "train", "eval", "all")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="working folder (data, checkpoints, draft, eval)")
     p.add_argument("--prompts", type=int, default=0, help="training prompts; 0 = all of the prompt file's (default)")
     p.add_argument("--prompt-file", type=Path, default=None, help="JSONL of {messages: [...]} (default: shipped set)")
-    p.add_argument("--heldout", type=int, default=64, help="held-out prompts (default %(default)s)")
+    p.add_argument("--heldout", type=int, default=64,
+                   help="templated held-out prompts, from the prompt file (default %(default)s)")
+    p.add_argument("--heldout-file", default=str(HELDOUT_V2_FILE),
+                   help="JSONL of the separately built held-out set, evaluated next to the templated one; "
+                        "'' = none (default: the shipped specdec/data/distill_heldout_v2.jsonl)")
+    p.add_argument("--draft", type=Path, default=None,
+                   help="eval stage: evaluate this draft folder instead of OUT/draft, without touching its "
+                        "manifest (results in OUT/eval-NAME.json)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="response length cap (default %(default)s)")
     p.add_argument("--gen-batch", type=int, default=128, help="prompts per generation batch (default %(default)s)")
     p.add_argument("--shard-prompts", type=int, default=128,
@@ -60,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training autocast dtype; auto = bfloat16 where supported (default %(default)s)")
     p.add_argument("--draft-dtype", default="bfloat16",
                    help="dtype of the stored draft tensors and of evaluation (default %(default)s)")
-    p.add_argument("--data-minutes", type=float, default=34,
+    p.add_argument("--data-minutes", type=float, default=32,
                    help="time budget of the data stage: no new shard after it; a rerun resumes "
                         "(0 = none; default %(default)s)")
     p.add_argument("--train-minutes", type=float, default=17,
@@ -92,30 +110,75 @@ def load_target(args: argparse.Namespace, dtype: str) -> Any:
     return loader.load(_target_loader_spec(args.target), device=args.device, dtype=dtype)
 
 
+def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
+    """The model step of the prompt set (self-instruct requests and answers), in the generation dtype."""
+    from specdec.distill import selfinstruct
+
+    summary = selfinstruct.run(load_target(args, args.gen_dtype), batch_size=args.gen_batch)
+    log.info("prompt set rebuilt: %s", summary)
+    return summary
+
+
+def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
+                 deadline: float | None = None) -> dict[str, Any]:
+    """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
+    from specdec.distill import data
+
+    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
+                            shard_prompts=args.shard_prompts)
+    target = load_target(args, dtype)
+    started = time.monotonic()
+    data.generate(target.model, target.tokenizer, subset, args.out / "data" / name, target.eos_token_ids,
+                  config, desc=f"{name} data ({dtype})", deadline=deadline)
+    records = data.load_records(args.out / "data" / name)
+    summary = {"prompts": len(records), "tokens": sum(len(r["response"]) for r in records),
+               "dtype": dtype, "seconds_this_run": round(time.monotonic() - started, 1),
+               "tokenizer_fingerprint": target.tokenizer_fingerprint, "target_name": target.name}
+    log.info("%s data: %d prompts, %d response tokens", name, summary["prompts"], summary["tokens"])
+    return summary
+
+
+def heldout_v2_prompts(args: argparse.Namespace) -> list:
+    """The separately built held-out set of --heldout-file (empty when disabled)."""
+    from specdec.distill import heldout
+
+    return heldout.load_v2(Path(args.heldout_file)) if args.heldout_file else []
+
+
 def stage_data(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, prompts
+    from specdec.distill import prompts
 
     prompt_set = prompts.load(args.prompt_file) if args.prompt_file else prompts.load()
     train_prompts, heldout_prompts = prompts.split(prompt_set, args.prompts or None, args.heldout)
-    info_path = args.out / "data" / "info.json"
-    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
-                            shard_prompts=args.shard_prompts)
+    sets = [("heldout", heldout_prompts, "float32")]
+    if args.heldout_file:
+        sets.append(("heldout_v2", heldout_v2_prompts(args), "float32"))
+    sets.append(("train", train_prompts, args.gen_dtype))
     summary: dict[str, Any] = {"target": args.target, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k}
+    if args.heldout_file:
+        summary["heldout_file"] = args.heldout_file
     deadline = time.monotonic() + 60 * args.data_minutes if args.data_minutes > 0 else None
-    for name, subset, dtype in (("heldout", heldout_prompts, "float32"), ("train", train_prompts, args.gen_dtype)):
-        target = load_target(args, dtype)
-        started = time.monotonic()
-        data.generate(target.model, target.tokenizer, subset, args.out / "data" / name, target.eos_token_ids,
-                      config, desc=f"{name} data ({dtype})", deadline=deadline if name == "train" else None)
-        records = data.load_records(args.out / "data" / name)
-        summary[name] = {"prompts": len(records), "tokens": sum(len(r["response"]) for r in records),
-                         "dtype": dtype, "seconds_this_run": round(time.monotonic() - started, 1)}
-        summary["tokenizer_fingerprint"] = target.tokenizer_fingerprint
-        summary["target_name"] = target.name
-        log.info("%s data: %d prompts, %d response tokens", name, summary[name]["prompts"], summary[name]["tokens"])
-        del target
-    info_path.write_text(json.dumps(summary, indent=2) + "\n")
+    for name, subset, dtype in sets:
+        result = generate_set(args, name, subset, dtype, deadline if name == "train" else None)
+        summary["tokenizer_fingerprint"] = result.pop("tokenizer_fingerprint")
+        summary["target_name"] = result.pop("target_name")
+        summary[name] = result
+    if summary["train"]["prompts"]:
+        train_ids = {p.id: p.category for p in train_prompts}
+        summary["train"]["categories"] = category_counts(args, train_ids)
+    (args.out / "data" / "info.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dict[str, int]:
+    """Training prompts that made it into the data (the budget may cut the file short), per route/category."""
+    from specdec.distill import data
+
+    counts: dict[str, int] = {}
+    for record in data.load_records(args.out / "data" / "train"):
+        key = categories.get(record["id"], "?")
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,7 +216,8 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
         recipe={
             "method": "self-distillation: soft cross-entropy to the target's top-k log-probs",
             "init": f"target embedding + layers 0..{args.layers - 1} + final norm + tied head (frozen embedding/head)",
-            "data": {k: info[k] for k in ("train", "heldout", "max_new_tokens", "top_k") if k in info},
+            "data": {k: info[k] for k in ("train", "heldout", "heldout_v2", "heldout_file", "max_new_tokens",
+                                          "top_k") if k in info},
             "prompts": "specdec/data/distill_prompts.jsonl" if args.prompt_file is None else str(args.prompt_file),
             "train": {**{k: v for k, v in config.__dict__.items()}, "epochs": summary["epochs"],
                       "seconds": summary["seconds"], "final": summary["history"][-1] if summary["history"] else {}},
@@ -186,43 +250,87 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
     return out
 
 
+def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Held-out records per set: the templated one, and the separate one (generated here if missing)."""
+    from specdec.distill import data
+
+    sets = {"heldout": data.load_records(args.out / "data" / "heldout")}
+    if args.heldout_file:
+        v2_prompts = heldout_v2_prompts(args)
+        if len(data.load_records(args.out / "data" / "heldout_v2")) < len(v2_prompts):
+            generate_set(args, "heldout_v2", v2_prompts, "float32")
+        sets["heldout_v2"] = data.load_records(args.out / "data" / "heldout_v2")
+    return sets
+
+
+def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]], target_model: Any,
+                   context: list[int]) -> dict[str, Any]:
+    """Quality on every held-out set (the templated one at top level, as before), cost, speed-ups."""
+    from specdec.distill import evaluate
+
+    cost = evaluate.cost(model, target_model, context)
+    by_set = {}
+    for set_name, records in sets.items():
+        log.info("evaluating %s on %d %s responses", name, len(records), set_name)
+        quality = evaluate.quality(model, records)
+        by_set[set_name] = {**quality, **evaluate.speedups(quality["tokens_per_pass"], cost["c"], cost["v"],
+                                                           quality["agreement"])}
+    return {**by_set["heldout"], "cost": cost, "by_set": by_set}
+
+
 def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     from specdec.distill import data, evaluate
     from specdec.hosting import drafts
     from specdec.hosting import loader
 
-    records = data.load_records(args.out / "data" / "heldout")
+    sets = heldout_records(args)
+    records = sets["heldout"]
     train_records = data.load_records(args.out / "data" / "train")
-    folder = args.out / "draft"
+    folder = args.draft or args.out / "draft"
     trained = loader.load(str(folder), device=args.device, dtype=args.draft_dtype)
     target = load_target(args, "float32")
-    stand_in = loader.load(_target_loader_spec(args.target), device=args.device, dtype="float32",
-                           num_layers=args.layers)
     context = (records[0]["prompt"] + records[0]["response"])[:256]
-    result: dict[str, Any] = {"heldout_prompts": len(records)}
+    result: dict[str, Any] = {"draft_folder": str(folder), "heldout_prompts": len(records),
+                              "sets": {k: {"prompts": len(v), "positions": sum(len(r["response"]) for r in v)}
+                                       for k, v in sets.items()}}
     subset = drafts.subset_of(trained.model)
-    result["vocab_coverage"] = {"heldout": round(evaluate.coverage(records, subset), 4),
-                                "train": round(evaluate.coverage(train_records, subset), 4)}
-    for name, model in (("draft", trained.model), ("stand_in", stand_in.model)):
-        log.info("evaluating %s on %d held-out responses", name, len(records))
-        quality = evaluate.quality(model, records)
-        cost = evaluate.cost(model, target.model, context)
-        result[name] = {**quality, "cost": cost,
-                        **evaluate.speedups(quality["tokens_per_pass"], cost["c"], cost["v"], quality["agreement"])}
+    result["vocab_coverage"] = {k: round(evaluate.coverage(v, subset), 4) for k, v in sets.items()}
+    result["vocab_coverage"]["train"] = round(evaluate.coverage(train_records, subset), 4)
+    result["draft"] = evaluate_model("draft", trained.model, sets, target.model, context)
     result["draft"]["dtype"] = args.draft_dtype
-    result["cost_variants"] = cost_variants(args, target.model, context, subset)
+    if args.draft is None:  # the stand-in and the cost variants do not depend on the draft's weights
+        stand_in = loader.load(_target_loader_spec(args.target), device=args.device, dtype="float32",
+                               num_layers=args.layers)
+        result["stand_in"] = evaluate_model("stand-in", stand_in.model, sets, target.model, context)
+        result["cost_variants"] = cost_variants(args, target.model, context, subset)
     result["threads"] = torch.get_num_threads()
-    (args.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    manifest = drafts.Manifest.read(folder)
-    summary = {k: result["draft"][k] for k in ("agreement", "tokens_per_pass", "best_k", "speedup", "cost")}
-    summary |= {"stand_in_agreement": result["stand_in"]["agreement"], "vocab_coverage": result["vocab_coverage"],
-                "heldout_positions": result["draft"]["positions"]}
-    drafts.Manifest(**{**manifest.__dict__, "eval": summary}).write(folder)
+    out = args.out / ("eval.json" if args.draft is None else f"eval-{folder.name}.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
     d = result["draft"]
-    log.info("held-out agreement %.1f%% (stand-in %.1f%%); tokens/pass %s; c = %.3f (%.2f ms vs %.2f ms)",
-             100 * d["agreement"], 100 * result["stand_in"]["agreement"], d["tokens_per_pass"],
-             d["cost"]["c"], d["cost"]["draft_ms"], d["cost"]["target_ms"])
+    if args.draft is None:
+        write_manifest_eval(folder, result)
+    for set_name, q in d["by_set"].items():
+        log.info("%s: %s agreement %.1f%%, tokens/pass at k=4 %s", folder, set_name, 100 * q["agreement"],
+                 q["tokens_per_pass"][4])
+    log.info("c = %.3f (%.2f ms vs %.2f ms)", d["cost"]["c"], d["cost"]["draft_ms"], d["cost"]["target_ms"])
     return result
+
+
+def write_manifest_eval(folder: Path, result: dict[str, Any]) -> None:
+    """The eval summary in the draft's manifest: templated held-out numbers, and the separate set's."""
+    from specdec.hosting import drafts
+
+    d = result["draft"]
+    summary = {k: d[k] for k in ("agreement", "tokens_per_pass", "best_k", "speedup", "cost")}
+    summary |= {"stand_in_agreement": result["stand_in"]["agreement"], "vocab_coverage": result["vocab_coverage"],
+                "heldout_positions": d["positions"]}
+    if "heldout_v2" in d["by_set"]:
+        v2 = d["by_set"]["heldout_v2"]
+        summary["heldout_v2"] = {"agreement": v2["agreement"], "tokens_per_pass": v2["tokens_per_pass"],
+                                 "best_k": v2["best_k"], "speedup": v2["speedup"], "positions": v2["positions"],
+                                 "stand_in_agreement": result["stand_in"]["by_set"]["heldout_v2"]["agreement"]}
+    manifest = drafts.Manifest.read(folder)
+    drafts.Manifest(**{**manifest.__dict__, "eval": summary}).write(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     for stage in stages:
         started = time.monotonic()
         log.info("stage %s: starting", stage)
-        {"data": stage_data, "train": stage_train, "eval": stage_eval}[stage](args)
+        {"prompts": stage_prompts, "data": stage_data, "train": stage_train, "eval": stage_eval}[stage](args)
         log.info("stage %s: done in %.1f s", stage, time.monotonic() - started)
     return 0
 

@@ -1,10 +1,22 @@
-"""The shipped distillation prompt set: varied single-turn chat tasks.
+"""The shipped distillation prompt set: templated, self-instruct, multi-turn and quoted-input routes.
 
-Built deterministically from templates x topics (explanations, creative
-writing, code, arithmetic word problems, rewriting, advice, comparisons,
-emails, ...) and checked in as specdec/data/distill_prompts.jsonl, so every
-run of `python -m specdec.distill` sees the same prompts in the same order.
-Every 20th prompt (after a seeded shuffle) is held out for evaluation.
+Routes (all deterministic, seeded, checked in as specdec/data/distill_prompts.jsonl):
+- templated: templates x topics (explanations, creative writing, code,
+  arithmetic word problems, rewriting, advice, comparisons, emails), the
+  original set; every 20th of its seeded shuffle is held out (the "templated
+  held-out set"), with the same ids and order as before;
+- self-instruct: requests written by the target itself ("Write one question a
+  user might ask an AI assistant about X"), cleaned and de-duplicated;
+- multi-turn: a self-instruct request, the target's own answer to it, then a
+  follow-up ("Make it shorter", "Give an example", ...);
+- quoted input: rewrite / summarize / code tasks that quote their input, from a
+  pool of passages and code snippets in this module and the target's answers.
+The target's outputs come from a separate model step (`python -m
+specdec.distill prompts`, specdec.distill.selfinstruct), checked in as
+specdec/data/distill_generated.jsonl, so building the set needs no model.
+The new routes are interleaved with the templated training prompts (half of
+every prefix of the file until they run out), so a data stage cut short by its
+time budget still sees them in proportion.
 
 Regenerate with `python -m specdec.distill.prompts` (the test suite checks
 that the file matches this module).
@@ -17,7 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "distill_prompts.jsonl"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+PROMPTS_FILE = DATA_DIR / "distill_prompts.jsonl"
+GENERATED_FILE = DATA_DIR / "distill_generated.jsonl"
 SEED = 20261129
 HELDOUT_EVERY = 20
 
@@ -268,8 +282,268 @@ class Prompt:
         )
 
 
-def build() -> list[Prompt]:
-    """Every prompt, shuffled with a fixed seed; every HELDOUT_EVERY-th is held out."""
+# --- Self-instruct: requests written by the target (raw outputs in GENERATED_FILE) ---------------------
+
+# (instruction, assistant prefill): the prefill ends in an opening quote, so the target writes the
+# request itself and closes the quote (a 135M model asked plainly mostly answers "I'm ready to help").
+QUESTION_INSTRUCTIONS = [
+    ("Write one question a user might ask an AI assistant about {t}.",
+     'Here is a question a user might ask about {t}:\n\n"'),
+    ("Write one practical question a beginner could ask about {t}.",
+     'Here is a practical beginner question about {t}:\n\n"'),
+]
+SELF_INSTRUCT_SUBJECTS = (TOPICS + [f"how to {a}" for a in ADVICE]
+                          + [f"how to {c} in Python" for c in CODE_TASKS])
+ANSWERED_QUESTIONS = 128  # self-instruct requests the target answers (multi-turn history, quoted passages)
+
+
+def question_requests() -> list[tuple[int, str, str]]:
+    """(instruction index, subject, instruction text) for every self-instruct request, in a fixed order."""
+    return [(i, t, text.format(t=t)) for i, (text, _) in enumerate(QUESTION_INSTRUCTIONS)
+            for t in SELF_INSTRUCT_SUBJECTS]
+
+
+def question_prefill(instruction: int, subject: str) -> str:
+    """The assistant-turn text the target continues from when writing a request."""
+    return QUESTION_INSTRUCTIONS[instruction][1].format(t=subject)
+
+
+def clean_question(raw: str) -> str | None:
+    """The request inside the target's quoted output, or None when it is not a usable request.
+
+    Usable: closed by a quote (or a single line ending in '?'), 4 to 40 words,
+    and not the target talking about itself ("I'm here to help ...").
+    """
+    text = raw.strip()
+    if '"' in text:
+        text = text[:text.index('"')].strip()
+    elif "\n" in text or not text.endswith("?"):
+        return None
+    words = text.split()
+    if not 4 <= len(words) <= 40 or len(text) < 15:
+        return None
+    if text.lower().startswith(("i'm here", "i am here", "i'm ready", "here is", "here's", "the task is")):
+        return None
+    return text
+
+
+def load_generated(path: Path = GENERATED_FILE) -> list[dict]:
+    """The raw rows of the self-instruct step (empty when it has not run)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def self_instruct_questions(rows: list[dict]) -> list[str]:
+    """The cleaned requests, de-duplicated (case-insensitively), in generation order."""
+    seen: dict[str, str] = {}
+    for row in rows:
+        if row["kind"] == "question" and (q := clean_question(row["raw"])) is not None:
+            seen.setdefault(q.casefold(), q)
+    return list(seen.values())
+
+
+def questions_to_answer(rows: list[dict]) -> list[str]:
+    """The seeded selection of cleaned requests that the target answers."""
+    questions = self_instruct_questions(rows)
+    return random.Random(SEED + 1).sample(questions, min(ANSWERED_QUESTIONS, len(questions)))
+
+
+def trim_answer(raw: str, finished: bool) -> str | None:
+    """A complete answer: as written if it ended, else cut after its last full sentence (None if none)."""
+    text = raw.strip()
+    if not finished:
+        cut = max(text.rfind(end) for end in (". ", ".\n", "! ", "? ", ":\n"))
+        text = text[:cut + 1].strip() if cut > 0 else ""
+    return text if len(text.split()) >= 8 else None
+
+
+def answered(rows: list[dict]) -> list[tuple[str, str]]:
+    """(request, the target's trimmed answer) for every answered request with a usable answer."""
+    out = []
+    for row in rows:
+        if row["kind"] == "answer" and (a := trim_answer(row["raw"], row["finished"])) is not None:
+            out.append((row["question"], a))
+    return out
+
+
+# --- Multi-turn and quoted-input routes ----------------------------------------------------------------
+
+FOLLOW_UPS = [
+    "Make it shorter.", "Give an example.", "Now in bullet points.", "Can you explain that more simply?",
+    "Summarize your answer in one sentence.", "Why is that?", "Can you say more about the first point?",
+    "Rewrite that for a ten-year-old.", "What is a common mistake here?", "Turn that into a list of steps.",
+    "Translate your answer into French.", "Make it more formal.", "Thanks! Can you add one more tip?",
+    "Write that as a short poem.",
+]
+FOLLOW_UPS_PER_ANSWER = 4
+QUOTES_PER_ANSWER = 2  # passage templates each target answer is quoted in
+
+PASSAGES = [
+    "Residents packed the town hall last week to debate the new bike lanes. Some said the lanes made "
+    "their commute safer, while shop owners worried about losing parking spaces. In the end the mayor "
+    "proposed a six-month trial with a survey before any final decision.",
+    "Honey never spoils if it is stored properly. Archaeologists have found pots of honey in ancient "
+    "Egyptian tombs that are thousands of years old and still edible. Its low moisture and high acidity "
+    "make it a poor home for bacteria.",
+    "Our quarterly sales grew by twelve percent, mainly because of strong demand for the new product line. "
+    "However, shipping costs also rose, so profit margins stayed about the same. Next quarter we plan to "
+    "renegotiate contracts with our delivery partners.",
+    "hey so i wanted to let u know that the party is moved to saturday because alot of people cant come "
+    "on friday. bring snacks if u can and tell the others ok",
+    "Gardening on a balcony is easier than many people think. Herbs such as basil and mint grow well in "
+    "small pots, tomatoes need a sunny spot and a large container, and most plants prefer being watered "
+    "deeply a few times a week rather than a little every day.",
+    "The library will extend its opening hours during the exam period. From May 1 to May 20, the reading "
+    "rooms will stay open until midnight, and extra study desks will be available on the second floor.",
+    "Volcanoes form where molten rock from deep inside the Earth reaches the surface. Some erupt "
+    "explosively, throwing ash high into the air, while others release slow rivers of lava. Many "
+    "volcanoes sit along the edges of tectonic plates.",
+    "I bought this blender last month and it has been great. It crushes ice easily and is simple to clean, "
+    "but it is quite loud and the lid sometimes leaks when the jug is full.",
+    "The first bicycles appeared in the early nineteenth century and had no pedals; riders pushed them "
+    "along with their feet. Pedals, chains and air-filled tyres came later and turned the bicycle into "
+    "one of the most efficient ways to travel.",
+    "Dear team, thanks for all your hard work this year. The project launched on time, and customer "
+    "feedback has been very positive. Please remember to submit your holiday requests by the end of the "
+    "month so we can plan the schedule.",
+    "Sleep is when the brain stores memories and the body repairs itself. Adults usually need seven to "
+    "nine hours a night. Screens before bed, caffeine and irregular schedules are common reasons people "
+    "sleep badly.",
+    "The recipe is simple: mix flour, water, salt and yeast, let the dough rise for two hours, shape it, "
+    "let it rise again, and bake it in a hot oven for about forty minutes until the crust is golden.",
+    "Password managers store all your passwords in an encrypted vault, so you only have to remember one "
+    "master password. They can also generate long random passwords, which are much harder to guess than "
+    "the ones people usually choose.",
+    "the meeting was long and honestly not very useful we talked about the budget for an hour but nobody "
+    "made a decision and then we ran out of time before the last two topics",
+    "Coral reefs cover less than one percent of the ocean floor but support about a quarter of all marine "
+    "species. Warmer water causes corals to expel the algae that feed them, a process called bleaching.",
+    "Remote work gives employees more flexibility and saves commuting time. On the other hand, some people "
+    "feel isolated, and teams can find it harder to share ideas informally.",
+]
+
+PASSAGE_TEMPLATES = [
+    "Rewrite this paragraph more formally:\n\n{p}",
+    "Summarize:\n\n{p}",
+    "Summarize this text in one sentence:\n\n{p}",
+    "What is the main point of this passage?\n\n{p}",
+    "Turn this text into a bulleted list:\n\n{p}",
+    "Simplify this paragraph so a child can understand it:\n\n{p}",
+    "Suggest a title for this text:\n\n{p}",
+    "Proofread the following text and fix any errors:\n\n{p}",
+    "Write three questions that this text answers:\n\n{p}",
+    "Make this text more concise:\n\n{p}",
+]
+
+CODE_SNIPPETS = [
+    "def greet(name):\n    return 'Hello, ' + name + '!'",
+    "def total(prices):\n    s = 0\n    for p in prices:\n        s += p\n    return s",
+    "def is_even(n):\n    return n % 2 == 0",
+    "def word_count(text):\n    counts = {}\n    for w in text.split():\n        counts[w] = counts.get(w, 0) + 1\n"
+    "    return counts",
+    "def clamp(x, low, high):\n    return max(low, min(x, high))",
+    "def read_lines(path):\n    with open(path) as f:\n        return [line.strip() for line in f]",
+    "def initials(name):\n    return ''.join(part[0].upper() for part in name.split())",
+    "def mean(xs):\n    return sum(xs) / len(xs)",
+    "def find(items, target):\n    for i, x in enumerate(items):\n        if x == target:\n            return i\n"
+    "    return -1",
+    "def squares(n):\n    return [i * i for i in range(n)]",
+    "def merge(a, b):\n    out = dict(a)\n    out.update(b)\n    return out",
+    "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
+    "        elif i % 3 == 0:\n            print('Fizz')\n        elif i % 5 == 0:\n            print('Buzz')\n"
+    "        else:\n            print(i)",
+    "def unique(xs):\n    seen = set()\n    out = []\n    for x in xs:\n        if x not in seen:\n"
+    "            seen.add(x)\n            out.append(x)\n    return out",
+]
+
+BUGGY_SNIPPETS = [
+    "def percent(part, whole):\n    return part / whole * 10",
+    "def last(items):\n    return items[len(items)]",
+    "def is_adult(age):\n    if age > 18:\n        return True\n    return False",
+    "def count_down(n):\n    while n > 0:\n        print(n)",
+    "def maximum(xs):\n    best = 0\n    for x in xs:\n        if x > best:\n            best = x\n    return best",
+    "def reverse(s):\n    out = ''\n    for c in s:\n        out = out + c\n    return out",
+    "def factorial(n):\n    result = 0\n    for i in range(1, n + 1):\n        result *= i\n    return result",
+    "def contains(items, x):\n    for item in items:\n        if item == x:\n            return True\n        else:\n"
+    "            return False",
+]
+
+CODE_BLOCK = "\n\n```python\n{c}\n```"
+CODE_SNIPPET_TEMPLATES = [
+    "Add type hints to this function:", "Explain what this code does:", "Write a docstring for this function:",
+    "Rewrite this function to be more readable:", "Write unit tests for this function:",
+    "Convert this Python function to JavaScript:", "What is the time complexity of this function?",
+]
+BUGGY_SNIPPET_TEMPLATES = [
+    "Fix the bug in:", "This function has a bug. Find it and fix it:", "Why does this code give the wrong result?",
+]
+
+Messages = tuple[dict[str, str], ...]
+
+
+def _user(text: str) -> Messages:
+    return ({"role": "user", "content": text},)
+
+
+def message_key(messages: Messages) -> str:
+    """A hashable identity of a conversation (dicts are not hashable)."""
+    return json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
+
+
+def self_instruct_items(questions: list[str]) -> list[tuple[str, Messages]]:
+    """One single-turn prompt per cleaned self-instruct request."""
+    return [("self-instruct", _user(q)) for q in questions]
+
+
+def multi_turn_items(pairs: list[tuple[str, str]], rng: random.Random) -> list[tuple[str, Messages]]:
+    """Request, the target's answer, then FOLLOW_UPS_PER_ANSWER different seeded follow-ups."""
+    items = []
+    for question, answer in pairs:
+        for follow_up in rng.sample(FOLLOW_UPS, FOLLOW_UPS_PER_ANSWER):
+            items.append(("multi-turn", (*_user(question), {"role": "assistant", "content": answer},
+                                         *_user(follow_up))))
+    return items
+
+
+def quoted_items(pairs: list[tuple[str, str]], rng: random.Random) -> list[tuple[str, Messages]]:
+    """Rewrite/summarize tasks quoting a passage (the pool, or a target answer), and code tasks quoting code."""
+    items = [("quoted-text", _user(t.format(p=p))) for t in PASSAGE_TEMPLATES for p in PASSAGES]
+    items += [("quoted-text", _user(t.format(p=answer))) for _, answer in pairs
+              for t in rng.sample(PASSAGE_TEMPLATES, QUOTES_PER_ANSWER)]
+    items += [("quoted-code", _user(t + CODE_BLOCK.format(c=c))) for t in CODE_SNIPPET_TEMPLATES
+              for c in CODE_SNIPPETS]
+    items += [("quoted-code", _user(t + CODE_BLOCK.format(c=c))) for t in BUGGY_SNIPPET_TEMPLATES
+              for c in BUGGY_SNIPPETS]
+    return items
+
+
+def generated_items(rows: list[dict]) -> list[tuple[str, Messages]]:
+    """Every prompt of the new routes, de-duplicated, in a seeded order."""
+    rng = random.Random(SEED + 2)
+    pairs = answered(rows)
+    items = self_instruct_items(self_instruct_questions(rows)) + multi_turn_items(pairs, rng)
+    items += quoted_items(pairs, rng)
+    unique = list({message_key(m): (c, m) for c, m in items}.values())
+    rng.shuffle(unique)
+    return unique
+
+
+def interleave(first: list, second: list) -> list:
+    """Alternate the two lists (each in its own order) while both last, then the rest of the longer one."""
+    out = []
+    for a, b in zip(first, second):
+        out += [a, b]
+    n = min(len(first), len(second))
+    return out + first[n:] + second[n:]
+
+
+def templated() -> list[Prompt]:
+    """The templated route: every prompt, shuffled with a fixed seed; every HELDOUT_EVERY-th is held out.
+
+    Unchanged from the first prompt set (same ids, order and held-out flags), so
+    its held-out prompts stay comparable across drafts.
+    """
     rng = random.Random(SEED)
     items: list[tuple[str, str]] = []
     items += [("explain", t.format(t=topic)) for t in TOPIC_TEMPLATES for topic in TOPICS]
@@ -282,9 +556,18 @@ def build() -> list[Prompt]:
     items = list(dict.fromkeys(items))  # seeded numbers can repeat a word problem
     rng.shuffle(items)
     return [
-        Prompt(i, category, ({"role": "user", "content": text},), i % HELDOUT_EVERY == HELDOUT_EVERY - 1)
+        Prompt(i, category, _user(text), i % HELDOUT_EVERY == HELDOUT_EVERY - 1)
         for i, (category, text) in enumerate(items)
     ]
+
+
+def build(generated: Path = GENERATED_FILE) -> list[Prompt]:
+    """The templated prompts interleaved with the new routes (training only, ids after the templated ones)."""
+    base = templated()
+    taken = {message_key(p.messages) for p in base}
+    new = [(c, m) for c, m in generated_items(load_generated(generated)) if message_key(m) not in taken]
+    extra = [Prompt(len(base) + i, c, m, False) for i, (c, m) in enumerate(new)]
+    return interleave(base, extra)
 
 
 def write(path: Path = PROMPTS_FILE) -> int:
@@ -315,5 +598,13 @@ def split(prompts: list[Prompt], n_train: int | None, n_heldout: int | None) -> 
     return train[:n_train], heldout[:n_heldout]
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Rewrite the shipped prompt set and the separately built held-out set from their modules."""
+    from specdec.distill import heldout
+
     print(f"wrote {write()} prompts to {PROMPTS_FILE}")
+    print(f"wrote {heldout.write()} held-out prompts to {heldout.HELDOUT_V2_FILE}")
+
+
+if __name__ == "__main__":
+    main()

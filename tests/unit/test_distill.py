@@ -1,14 +1,16 @@
 """specdec.distill in-process: prompt set, reduced-vocabulary head, draft folder, training helps."""
 from __future__ import annotations
 
+import json
 import random
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from specdec.core.sampling import SamplingParams, probs_from_logits
-from specdec.distill import data, evaluate, prompts, train
+from specdec.distill import data, evaluate, heldout, prompts, train
 from specdec.hosting import drafts
 
 
@@ -32,17 +34,110 @@ def _load(path: Path):
     return load(str(path))
 
 
+NEW_ROUTES = ("self-instruct", "multi-turn", "quoted-text", "quoted-code")
+
+
+def _user_turns(prompt_list: list[prompts.Prompt]) -> list[str]:
+    return [m["content"] for p in prompt_list for m in p.messages if m["role"] == "user"]
+
+
+def _word_runs(text: str, n: int) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
 def test_shipped_prompt_file_is_the_generated_set() -> None:
     shipped = prompts.load()
     built = prompts.build()
     assert [p.to_json() for p in shipped] == [p.to_json() for p in built]
     assert len(shipped) >= 1000
-    assert len({p.category for p in shipped}) >= 6
-    assert len({p.messages[0]["content"] for p in shipped}) == len(shipped)  # no duplicates
+    assert len({p.category for p in shipped}) >= 10
+    assert len({prompts.message_key(p.messages) for p in shipped}) == len(shipped)  # no duplicates
+    assert len({p.id for p in shipped}) == len(shipped)
     train_set, heldout = prompts.split(shipped, None, None)
     assert len(heldout) >= 64 and not {p.id for p in train_set} & {p.id for p in heldout}
     # A prefix of the shuffled set is already varied.
     assert len({p.category for p in train_set[:100]}) >= 5
+
+
+def test_templated_route_and_its_heldout_set_are_unchanged() -> None:
+    """The templated held-out prompts keep their ids and order, so drafts stay comparable on them."""
+    shipped = prompts.load()
+    templated = prompts.templated()
+    assert len(templated) == 8003
+    by_id = {p.id: p for p in shipped}
+    assert all(by_id[p.id].to_json() == p.to_json() for p in templated)
+    assert prompts.split(shipped, None, 64)[1] == prompts.split(templated, None, 64)[1]
+    assert not any(p.heldout for p in shipped if p.id >= len(templated))  # new routes only train
+
+
+def test_new_routes_are_a_substantial_share_of_every_prefix() -> None:
+    train_set, _ = prompts.split(prompts.load(), None, None)
+    rows = prompts.load_generated()
+    assert len(prompts.self_instruct_questions(rows)) >= 300 and len(prompts.answered(rows)) >= 100
+    for n, least in ((500, 0.45), (2000, 0.45), (4000, 0.4)):  # a data budget takes a prefix
+        share = sum(p.category in NEW_ROUTES for p in train_set[:n]) / n
+        assert share >= least, (n, share)
+    counts = {route: sum(p.category == route for p in train_set) for route in NEW_ROUTES}
+    assert min(counts.values()) >= 100, counts
+    multi = [p for p in train_set if p.category == "multi-turn"]
+    assert all([m["role"] for m in p.messages] == ["user", "assistant", "user"] for p in multi)
+    assert all(m["content"].strip() for p in multi for m in p.messages)
+
+
+def test_self_instruct_cleaning() -> None:
+    assert prompts.clean_question('How do volcanoes form?"\n\nThis question is about') == "How do volcanoes form?"
+    assert prompts.clean_question("What is the best way to learn chess openings?") == \
+        "What is the best way to learn chess openings?"
+    assert prompts.clean_question("I'm ready to help. What's the user's question?\"") is None
+    assert prompts.clean_question('Why?"') is None  # too short
+    assert prompts.clean_question("In a world where cats rule, a cat named Luna stared") is None  # never closed
+    rows = [{"kind": "question", "raw": 'What is DNA made of?"'}, {"kind": "question", "raw": 'what is DNA made of?"'},
+            {"kind": "question", "raw": "nothing usable"}]
+    assert prompts.self_instruct_questions(rows) == ["What is DNA made of?"]
+    # An answer cut by the token cap keeps its complete sentences only.
+    assert prompts.trim_answer("Bees make honey from nectar. They store it in wax cells. Then th", False) == \
+        "Bees make honey from nectar. They store it in wax cells."
+    assert prompts.trim_answer("Too short.", True) is None
+    assert prompts.interleave([1, 2, 3, 4], ["a", "b"]) == [1, "a", 2, "b", 3, 4]
+
+
+def test_heldout_v2_is_built_separately() -> None:
+    """Hand-written, checked in, all held out, and sharing no wording with training or the benchmark."""
+    shipped = heldout.load_v2()
+    built = heldout.build()
+    assert [p.to_json() for p in shipped] == [p.to_json() for p in built]
+    assert heldout.HELDOUT_V2_FILE.read_text(encoding="utf-8") == "".join(p.to_json() + "\n" for p in built)
+    assert 60 <= len(shipped) <= 80 and all(p.heldout for p in shipped)
+    assert len({p.category for p in shipped}) >= 8
+    assert sum(len(p.messages) == 3 for p in shipped) >= 8  # multi-turn follow-ups
+    train_turns = _user_turns(prompts.load())
+    assert not set(_user_turns(shipped)) & set(train_turns)
+    runs: set[tuple[str, ...]] = set()
+    for text in train_turns:
+        runs |= _word_runs(text, 7)
+    shared = {run for text in _user_turns(shipped) for run in _word_runs(text, 7) & runs}
+    assert not shared, shared
+    suite = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "suite-v1.jsonl"
+    bench = [m["content"] for line in suite.read_text(encoding="utf-8").splitlines() if line.strip()
+             for m in json.loads(line)["messages"] if m["role"] == "user"]
+    assert len(bench) >= 40
+    bench_runs = set().union(*(_word_runs(t, 7) for t in bench))
+    assert not {run for text in _user_turns(shipped) for run in _word_runs(text, 7) & bench_runs}
+    # The new training routes do not quote the benchmark's inputs either.
+    new_turns = _user_turns([p for p in prompts.load() if p.category in NEW_ROUTES])
+    assert not {run for text in new_turns for run in _word_runs(text, 7) & bench_runs}
+
+
+def test_multi_turn_prompt_encodes_every_turn(deep_target: Path) -> None:
+    tokenizer = _load(deep_target).tokenizer
+    conversation = heldout.build()[[p.category for p in heldout.build()].index("multi-turn")]
+    ids = data.encode_prompt(tokenizer, conversation)
+    text = tokenizer.decode(ids)
+    positions = [text.index(m["content"]) for m in conversation.messages]
+    assert positions == sorted(positions)  # every turn, in order
+    single = data.encode_prompt(tokenizer, prompts.Prompt(0, "", conversation.messages[:1], False))
+    assert len(ids) > len(single) + 10
 
 
 def test_simulated_tokens_per_pass() -> None:
@@ -145,3 +240,45 @@ def test_vocabulary_subset_is_the_most_frequent_response_tokens() -> None:
     assert train.choose_subset(records, 2, 12, always=[11]).tolist() == [5, 11]  # EOS first, then by count
     # Then the target's runner-up tokens by count (1 and 3 twice, 2 once), then the lowest ids.
     assert train.choose_subset(records, 8, 12, always=[11]).tolist() == [0, 1, 2, 3, 5, 7, 9, 11]
+
+
+def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tmp_path: Path) -> None:
+    """data -> train -> eval through the CLI: both held-out sets reported; --draft leaves its folder alone."""
+    import shutil
+
+    from specdec.distill import cli
+
+    v2 = tmp_path / "v2.jsonl"
+    v2.write_text("".join(p.to_json() + "\n" for p in heldout.build()[::11]), encoding="utf-8")
+    run = tmp_path / "run"
+    common = ["--target", str(deep_target), "--out", str(run), "--threads", "1", "--heldout-file", str(v2),
+              "--max-new-tokens", "8", "--top-k", "4", "--vocab", "0", "--layers", "1"]
+    assert cli.main(["data", "--prompts", "24", "--heldout", "4", "--gen-batch", "16", "--shard-prompts", "12",
+                     *common]) == 0
+    info = json.loads((run / "data" / "info.json").read_text())
+    assert (info["train"]["prompts"], info["heldout"]["prompts"], info["heldout_v2"]["prompts"]) == (24, 4, 6)
+    assert sum(info["train"]["categories"].values()) == 24 and "?" not in info["train"]["categories"]
+    assert cli.main(["train", "--steps", "4", "--batch-tokens", "64", "--amp", "float32", *common]) == 0
+    assert cli.main(["eval", *common]) == 0
+    result = json.loads((run / "eval.json").read_text())
+    by_set = result["draft"]["by_set"]
+    assert set(by_set) == {"heldout", "heldout_v2"} and result["sets"]["heldout_v2"]["prompts"] == 6
+    assert by_set["heldout"]["agreement"] == result["draft"]["agreement"]
+    assert by_set["heldout_v2"]["positions"] == sum(len(r["response"]) for r in data.load_records(
+        run / "data" / "heldout_v2"))
+    manifest = json.loads((run / "draft" / "specdec-draft.json").read_text())
+    assert manifest["eval"]["heldout_v2"]["agreement"] == by_set["heldout_v2"]["agreement"]
+    assert manifest["recipe"]["data"]["heldout_v2"]["prompts"] == 6
+    # Another draft folder on the same held-out data: same numbers, its manifest untouched.
+    other = Path(shutil.copytree(run / "draft", tmp_path / "other"))
+    before = (other / "specdec-draft.json").read_text()
+    assert cli.main(["eval", "--draft", str(other), *common]) == 0
+    again = json.loads((run / "eval-other.json").read_text())
+    assert again["draft"]["by_set"]["heldout_v2"]["agreement"] == by_set["heldout_v2"]["agreement"]
+    assert (other / "specdec-draft.json").read_text() == before
+    # The card shows both sets and the side-by-side with the other draft.
+    from specdec.distill import card
+
+    page = card.render(run, "d", "licence", run / "eval-other.json", "old draft")
+    assert "separate held-out v2 (hand-written)" in page and "old draft: agreement" in page
+    assert f"{100 * by_set['heldout_v2']['agreement']:.1f}%" in page
