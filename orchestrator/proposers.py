@@ -233,7 +233,10 @@ async def open_proposer(
         from orchestrator.combined import CombinedProposer
 
         replica = await place(config.router, "draft", session_id, *draft_home)
-        draft = DraftServiceProposer(replica, fallback_reason="" if replica else "no draft service replica available")
+        if replica is None and spec.strict:
+            raise Unavailable("proposer: no draft service replica is available (strict)")
+        draft = DraftServiceProposer(replica, strict=spec.strict,
+                                     fallback_reason="" if replica else "no draft service replica available")
         return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)
     if spec.proposer == DRAFT:
         replica = await place(config.router, "draft", session_id, *draft_home)

@@ -465,6 +465,24 @@ def test_no_draft_replica_at_all() -> None:
         stack.run(PROMPTS[0], k=3, strict=True)
 
 
+def test_combined_goes_on_with_lookup_when_the_draft_dies_unless_strict() -> None:
+    target, draft = make_models(1)
+    ref = plain_greedy(target, PROMPTS[1])
+    stack = Stack(target, draft)
+    stack.services["d0"].fail_after = 1
+    out, _, tally = stack.run(PROMPTS[1], k=3, proposer=COMBINED)
+    assert out == ref
+    assert tally.proposer == COMBINED and "draft service unavailable" in tally.fallback_reason
+    sources = [r.source for r in tally.rounds]
+    assert "lookup" in sources and sources.count("draft") <= 1  # the draft's one good call at most
+    with pytest.raises(Unavailable, match="strict"):
+        Stack(target, draft, drafts=0).run(PROMPTS[1], k=3, proposer=COMBINED, strict=True)
+    stack = Stack(target, draft)
+    stack.services["d0"].down = True
+    with pytest.raises(Unavailable, match="strict"):
+        stack.run(PROMPTS[1], k=3, proposer=COMBINED, strict=True)
+
+
 def test_target_failover_resends_the_session_to_another_replica() -> None:
     target, draft = make_models(2)
     stack = Stack(target, draft, targets=2)
