@@ -50,6 +50,16 @@ def comparison(result: dict[str, Any], baseline: dict[str, Any], baseline_name: 
     return lines
 
 
+def init_text(init: Any) -> str:
+    """Where the trained layers started: the target, or (continued distillation) an earlier draft."""
+    if not isinstance(init, dict):
+        return "initialised from the target"
+    before = init.get("its_recipe", {}).get("data", {}).get("train", {})
+    return (f"continued from the earlier draft `{init['from_draft']}`, which was initialised from the target and "
+            f"trained on {before.get('prompts', '?')} templated prompts / {before.get('tokens', 0):,} response tokens"
+            f" for {init.get('its_recipe', {}).get('train', {}).get('steps', '?')} steps")
+
+
 def render(out: Path, name: str, licence: str, baseline: Path | None = None,
            baseline_name: str = "previous draft") -> str:
     info = json.loads((out / "data" / "info.json").read_text())
@@ -100,15 +110,19 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         "",
         "## Recipe",
         f"- Architecture: the target's embedding + its first {manifest['num_layers']} decoder layers "
-        "(initialised from the target) + final norm + tied head"
-        + (f" restricted to the {manifest['vocab_subset']} most frequent tokens of the training responses "
+        f"({init_text(manifest['recipe'].get('init'))}) + final norm + tied head"
+        + (f" restricted to the {manifest['vocab_subset']} most frequent tokens of the "
+           + ("earlier draft's " if isinstance(manifest["recipe"].get("init"), dict) else "")
+           + "training responses "
            "(logits -inf elsewhere, so q = 0 there; rejection sampling stays exact)." if manifest["vocab_subset"] else "."),
         f"- Loss: soft cross-entropy to the target's top-{info['top_k']} distribution (renormalised over the "
         "tokens the head can emit), on response positions only.",
         f"- Optimiser: AdamW, peak lr {train['lr']}, weight decay {train['weight_decay']}, "
         f"{int(train['warmup'] * 100)}% linear warm-up, cosine to {train['min_lr']} x peak; "
         f"{train['steps']} steps of ~{train['batch_tokens']} response positions "
-        f"({train['epochs']} passes over the data), {train['amp']} autocast, {train['seconds']:.0f} s.",
+        f"({train['epochs']} passes over the data), "
+        + ("float32 (no autocast)" if train["amp"] == "float32" else f"{train['amp']} autocast")
+        + f", {train['seconds']:.0f} s.",
         f"- Final training loss {final.get('loss', '?')}, training agreement {final.get('train_agreement', '?')}.",
         "",
         "## Held-out results",

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target dtype for training data (default %(default)s; held-out data is always float32)")
     p.add_argument("--top-k", type=int, default=20, help="target log-probs stored per position (default %(default)s)")
     p.add_argument("--layers", type=int, default=2, help="draft decoder layers (default %(default)s)")
+    p.add_argument("--init-draft", type=Path, default=None,
+                   help="train stage: start from this draft folder (its layers, final norm and head "
+                        "vocabulary) instead of the target's first --layers layers: continued distillation "
+                        "of an existing draft on new data (default: from the target)")
     p.add_argument("--vocab", type=int, default=8192,
                    help="reduced head: the N most frequent tokens; 0 = full vocabulary (default %(default)s)")
     p.add_argument("--steps", type=int, default=3000, help="optimiser steps (default %(default)s)")
@@ -192,10 +196,12 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     target = load_target(args, "float32")
     model = target.model
     vocab = target.vocab_size
-    subset = None
-    if 0 < args.vocab < vocab:
-        subset = train.choose_subset(records, args.vocab, vocab, always=target.eos_token_ids)
-    drafts.build_from_target(model, args.layers, subset)
+    init = init_recipe(args, model)
+    subset = drafts.subset_of(model)
+    if args.init_draft is None:
+        if 0 < args.vocab < vocab:
+            subset = train.choose_subset(records, args.vocab, vocab, always=target.eos_token_ids)
+        drafts.build_from_target(model, args.layers, subset)
     config = train.TrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
                                amp=_amp(args, target.device), seed=args.seed)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
@@ -215,7 +221,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
         dtype=args.draft_dtype,
         recipe={
             "method": "self-distillation: soft cross-entropy to the target's top-k log-probs",
-            "init": f"target embedding + layers 0..{args.layers - 1} + final norm + tied head (frozen embedding/head)",
+            "init": init,
             "data": {k: info[k] for k in ("train", "heldout", "heldout_v2", "heldout_file", "max_new_tokens",
                                           "top_k") if k in info},
             "prompts": "specdec/data/distill_prompts.jsonl" if args.prompt_file is None else str(args.prompt_file),
@@ -226,6 +232,20 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     out = drafts.save(model, args.out / "draft", manifest)
     log.info("draft written to %s", out)
     return summary
+
+
+def init_recipe(args: argparse.Namespace, model: Any) -> str | dict[str, Any]:
+    """Load --init-draft into `model` (a loaded target) when given; the manifest's description of the init."""
+    from specdec.hosting import drafts
+
+    if args.init_draft is None:
+        return f"target embedding + layers 0..{args.layers - 1} + final norm + tied head (frozen embedding/head)"
+    previous = drafts.Manifest.read(args.init_draft)
+    if previous.num_layers != args.layers:
+        raise SystemExit(f"--init-draft {args.init_draft} has {previous.num_layers} layers, not --layers {args.layers}")
+    drafts.load_trained(model, args.init_draft)  # its layers, norm and head subset, trainable again
+    log.info("training continues from the draft %s", args.init_draft)
+    return {"from_draft": str(args.init_draft), "its_recipe": previous.recipe, "its_eval": previous.eval}
 
 
 def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int],

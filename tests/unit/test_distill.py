@@ -282,3 +282,17 @@ def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tm
     page = card.render(run, "d", "licence", run / "eval-other.json", "old draft")
     assert "separate held-out v2 (hand-written)" in page and "old draft: agreement" in page
     assert f"{100 * by_set['heldout_v2']['agreement']:.1f}%" in page
+    # Continued distillation: --init-draft starts from that draft's tensors (0 steps: they come out as they went in).
+    from safetensors.torch import load_file
+
+    again_run = tmp_path / "again"
+    shutil.copytree(run / "data", again_run / "data")
+    assert cli.main(["train", "--steps", "0", "--init-draft", str(run / "draft"), "--draft-dtype", "float32",
+                     *common[:2], "--out", str(again_run), *common[4:]]) == 0
+    first, second = load_file(str(run / "draft" / "draft.safetensors")), load_file(
+        str(again_run / "draft" / "draft.safetensors"))
+    assert set(first) == set(second)
+    for name in first:
+        torch.testing.assert_close(second[name], first[name].float(), rtol=0, atol=0)
+    recipe = json.loads((again_run / "draft" / "specdec-draft.json").read_text())["recipe"]
+    assert recipe["init"]["from_draft"] == str(run / "draft")
