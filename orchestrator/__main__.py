@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "UNAVAILABLE and its committed tokens are saved once Redis answers "
                         "[SPECDEC_REDIS_OUTAGE_S]")
     g.add_argument("--default-proposer", choices=[k for k in KINDS if k != GUESS],
-                   default=env_default("default_proposer", "draft"),
+                   default=env_default("default_proposer", "combined"),
                    help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
     g.add_argument("--default-k", default=env_default("default_k", "5"),
                    help="drafted tokens per round when a request sends k = 0, or 'auto': pick k "

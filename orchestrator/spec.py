@@ -79,7 +79,7 @@ class LoopConfig:
     default_k: int = 5
     adaptive_k: bool = False  # k = 0 in a request: pick k per round for goodput (loop._adaptive_k)
     costs: CostBook = field(default_factory=CostBook)  # per-replica forward costs, from every call
-    default_proposer: str = DRAFT
+    default_proposer: str = COMBINED
     parallel: bool = False  # requests that do not say: parallel speculation (orchestrator.parallel)
     max_new_tokens_limit: int = 4096
     target_wait_s: float = 10.0  # how long a round (or a new session) waits for some target replica

@@ -365,7 +365,8 @@ def _add_up_args(p: argparse.ArgumentParser) -> None:
                    help="the orchestrator's default is parallel speculation")
     g.add_argument("--redis-url", default=None,
                    help="use this Redis (default: 127.0.0.1:6379 if it answers, else start one)")
-    g.add_argument("--default-proposer", default="draft", choices=["draft", "lookup", "none", "combined"])
+    g.add_argument("--default-proposer", default="combined", choices=["combined", "draft", "lookup", "none"],
+                   help="proposer for requests that leave it unspecified (default %(default)s)")
     g.add_argument("--default-k", default="auto",
                    help="k for requests that leave it 0: a number, or 'auto' (adaptive per round)")
     g.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each service")
