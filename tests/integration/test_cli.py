@@ -106,4 +106,4 @@ def test_demo_splits_the_cores_and_compares_with_target_only(tiny_pair, tmp_path
     split = split_threads()
     assert f"target {split.target} threads, draft {split.draft}, orchestrator 1" in out.stderr
     assert f"{available_cores()} cores" in out.stderr
-    assert re.search(r"speed: draft [\d.]+ tokens/s vs target-only [\d.]+ tokens/s = [\d.]+x", out.stderr), out.stderr
+    assert re.search(r"speed: combined [\d.]+ tokens/s vs target-only [\d.]+ tokens/s = [\d.]+x", out.stderr), out.stderr
