@@ -229,27 +229,22 @@ async def open_proposer(
     """The one factory: the request's proposer. A draft one is placed on the replica that holds
     the session (`draft_home`: address, tokens held) if still live, else on the least loaded.
     `target` says the session's target replica's address (the combined proposer's costs)."""
-    if spec.proposer == COMBINED:
-        from orchestrator.combined import CombinedProposer
-
+    if spec.proposer in (COMBINED, DRAFT):
         replica = await place(config.router, "draft", session_id, *draft_home)
         if replica is None and spec.strict:
             raise Unavailable("proposer: no draft service replica is available (strict)")
-        draft = DraftServiceProposer(replica, strict=spec.strict,
-                                     fallback_reason="" if replica else "no draft service replica available")
-        return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)
-    if spec.proposer == DRAFT:
-        replica = await place(config.router, "draft", session_id, *draft_home)
         parallel = config.parallel if spec.parallel is None else spec.parallel
-        if replica is not None and parallel:
+        if spec.proposer == DRAFT and replica is not None and parallel:
             from orchestrator.parallel import ParallelDraftProposer
 
             return ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k)
-        if replica is not None:
-            return DraftServiceProposer(replica, strict=spec.strict)
-        if spec.strict:
-            raise Unavailable("proposer: no draft service replica is available (strict)")
-        return DraftServiceProposer(None, fallback_reason="no draft service replica available")
+        draft = DraftServiceProposer(replica, strict=spec.strict,
+                                     fallback_reason="" if replica else "no draft service replica available")
+        if spec.proposer == DRAFT:
+            return draft
+        from orchestrator.combined import CombinedProposer
+
+        return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)
     if spec.proposer == LOOKUP:
         return PromptLookupProposer(max_k=config.max_k)
     if spec.proposer == GUESS:

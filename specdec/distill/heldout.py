@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.distill.prompts import DATA_DIR, Messages, Prompt, load
+from specdec.distill.prompts import DATA_DIR, Messages, Prompt, load, write_jsonl
 
 HELDOUT_V2_FILE = DATA_DIR / "distill_heldout_v2.jsonl"
 
@@ -197,10 +197,7 @@ def build() -> list[Prompt]:
 
 
 def write(path: Path = HELDOUT_V2_FILE) -> int:
-    rows = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(p.to_json() + "\n" for p in rows), encoding="utf-8")
-    return len(rows)
+    return write_jsonl(build(), path)
 
 
 def load_v2(path: Path = HELDOUT_V2_FILE) -> list[Prompt]:

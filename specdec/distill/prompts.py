@@ -570,11 +570,15 @@ def build(generated: Path = GENERATED_FILE) -> list[Prompt]:
     return interleave(base, extra)
 
 
-def write(path: Path = PROMPTS_FILE) -> int:
-    prompts = build()
+def write_jsonl(prompts: list[Prompt], path: Path) -> int:
+    """One JSON row per prompt; returns how many."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(p.to_json() + "\n" for p in prompts), encoding="utf-8")
     return len(prompts)
+
+
+def write(path: Path = PROMPTS_FILE) -> int:
+    return write_jsonl(build(), path)
 
 
 def load(path: Path = PROMPTS_FILE) -> list[Prompt]:
