@@ -1,7 +1,7 @@
 """Batch invariance of the batched target on the suite prompts (embedded target, in-process).
 
-Two measurements, each with the invariance measure (row counts padded to the
-calibrated safe ones, specdec.hosting.rows.calibrate) and without it:
+Two measurements, each with the invariance measure (each matrix product's rows
+padded where its kernel needs it, engine.linear.calibrate) and without it:
 
   teacher-forced  every prompt, then its greedy continuation fed back in steps
                   (`decode`: 1 token per step; `score`: 1..5 tokens per step, like
@@ -13,7 +13,7 @@ calibrated safe ones, specdec.hosting.rows.calibrate) and without it:
                   target_service.scoring) with 1, 8 and 16 concurrent streams;
                   sequences compared with the stock greedy loop (= generate).
 
-  python -m benchmarks.batch_invariance [--prompts 16] [--tokens 32] [--json FILE]
+  python -m benchmarks.batch_invariance [--prompts 16] [--tokens 32] [--dtype bfloat16] [--json FILE]
 """
 from __future__ import annotations
 
@@ -43,37 +43,48 @@ def stock_greedy(model, prompt: list[int], tokens: int) -> tuple[list[int], torc
     """Greedy continuation with a DynamicCache, one token per step; also its logits [tokens, vocab]."""
     from transformers import DynamicCache
 
+    from engine.stock import cache_kwarg
+
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1).logits[0]
+    kw = cache_kwarg(model)
+    logits = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1, **{kw: cache}).logits[0]
     out, rows = [], [logits]
     for i in range(tokens - 1):
         out.append(int(rows[-1][-1].argmax()))
         pos = len(prompt) + i
         rows.append(model(input_ids=torch.tensor([[out[-1]]]), position_ids=torch.tensor([[pos]]),
-                          cache=cache, use_cache=True).logits[0])
+                          use_cache=True, **{kw: cache}).logits[0])
     out.append(int(rows[-1][-1].argmax()))
     return out, torch.cat(rows)
 
 
-def teacher_forced(forward, prompts, steps, groups, seed: int) -> dict[int, torch.Tensor]:
+def teacher_forced(runner, prompts, steps, groups, seed: int) -> dict[int, torch.Tensor]:
     """Logits of every continuation position, sessions of a group sharing forwards."""
-    from specdec.hosting.rows import Row
+    from engine.plan import RowPlan, StepPlan
 
     rng = random.Random(seed)
     out = {}
     for group in groups:
-        kvs = {i: forward.new_cache() for i in group}
+        caches = {i: runner.new_cache() for i in group}
         at = {i: 0 for i in group}
         got: dict[int, list[torch.Tensor]] = {i: [] for i in group}
         while any(at[i] < len(steps[i]) for i in group):
             live = [i for i in group if at[i] < len(steps[i])]
             take = [i for i in live if len(groups[0]) == 1 or rng.random() < 0.7] or live[:1]
-            batch = [Row(kvs[i], steps[i][at[i]], len(steps[i][at[i]])) for i in take]
-            for i, logits in zip(take, forward(batch)):
-                got[i].append(logits)
+            rows = []
+            for i in take:
+                tokens = steps[i][at[i]]
+                caches[i].reserve(caches[i].length + len(tokens))
+                rows.append(RowPlan(caches[i], tokens, caches[i].length, len(tokens)))
+            logits = runner.logits(StepPlan(rows)).float()
+            offset = 0
+            for i, row in zip(take, rows):
+                got[i].append(logits[offset:offset + row.keep])
+                offset += row.keep
                 at[i] += 1
         for i in group:
             out[i] = torch.cat(got[i])[len(prompts[i]) - 1:]  # [continuation, vocab]
+            caches[i].free()
     return out
 
 
@@ -115,18 +126,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (the target's weights and KV)")
     parser.add_argument("--end-to-end-only", action="store_true", help="skip the teacher-forced part")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from specdec.hosting import rows
-    from specdec.hosting.host import HostLimits, ModelHost
-    from specdec.hosting.loader import load
+    from engine.host import HostLimits, ModelHost
+    from engine.linear import calibrate
+    from engine.llama import LlamaForward
+    from engine.loader import load
+    from engine.runner import PooledRunner
 
-    lm = load(None)
+    lm = load(None, dtype=args.dtype)
     model = lm.model
     prompts = suite_prompts(lm.tokenizer, args.prompts)
-    results: dict = {"prompts": len(prompts), "tokens": args.tokens, "prompt_lengths": [len(p) for p in prompts]}
+    results: dict = {"prompts": len(prompts), "tokens": args.tokens, "dtype": args.dtype,
+                     "prompt_lengths": [len(p) for p in prompts]}
     started = time.monotonic()
     with torch.inference_mode():
         refs = [stock_greedy(model, p, args.tokens) for p in prompts]
@@ -135,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     results["stock_loop_equals_generate_on_prompt_0"] = generated == refs[0][0]
     print(f"references in {time.monotonic() - started:.0f} s; generate agrees: {generated == refs[0][0]}", flush=True)
 
-    tokens_pad, kept_pad = rows.calibrate(model, 320, 320)
-    rows.enable(model)
     rng = random.Random(0)
     schedules = {}
     for mode in ("decode", "score"):
@@ -149,20 +162,25 @@ def main(argv: list[str] | None = None) -> int:
                 j += n
             steps.append(chunks)
         schedules[mode] = steps
-    stock = {i: logits for i, (_, logits) in enumerate(refs)}
+    stock = {i: logits.float() for i, (_, logits) in enumerate(refs)}
     everyone = list(range(len(prompts)))
-    measures = {"padded (measure)": (tokens_pad, kept_pad),
-                "unpadded (no measure)": (rows.RowPadding.off(), rows.RowPadding.off())}
-    for measure, (tp, kp) in ({} if args.end_to_end_only else measures).items():
-        forward = rows.RowsForward(model, tp, kp)
+    forward = LlamaForward(model)
+    calibration = calibrate(forward.linears(), 320)
+    results["calibration"] = calibration.describe()
+    print(f"calibrated pads: {calibration.describe()}", flush=True)
+    pads = [lin.pad_to for lin in forward.linears()]
+    runner = PooledRunner(forward, forward.new_pool(1 << 30), fixed_shapes=False, max_rows=64)
+    for measure in ([] if args.end_to_end_only else ["padded (measure)", "unpadded (no measure)"]):
+        for lin, pad in zip(forward.linears(), pads):
+            lin.pad_to = pad if measure.startswith("padded") else 1
         for mode, steps in schedules.items():
             t0 = time.monotonic()
             with torch.inference_mode():
-                alone = teacher_forced(forward, prompts, steps, [[i] for i in everyone], seed=1)
+                alone = teacher_forced(runner, prompts, steps, [[i] for i in everyone], seed=1)
                 row = {"alone_vs_stock": compare(alone, stock)}
                 for size in (8, 16):
                     groups = [everyone[j:j + size] for j in range(0, len(everyone), size)]
-                    batched = teacher_forced(forward, prompts, steps, groups, seed=size)
+                    batched = teacher_forced(runner, prompts, steps, groups, seed=size)
                     row[f"batch{size}_vs_alone"] = compare(batched, alone)
                     row[f"batch{size}_vs_stock"] = compare(batched, stock)
             results[f"teacher-forced {mode} | {measure}"] = row
@@ -171,9 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {key:16s} flips {v['flips']:3d}/{v['positions']}  max|dlogit| "
                       f"{v['max_abs_logit_diff']:.2e}  bitwise {v['bitwise']}", flush=True)
 
-    model.config._attn_implementation = "sdpa"  # ModelHost calibrates and enables it again
+    del runner, forward
+    lm = load(None, dtype=args.dtype)  # a fresh copy: the engine takes the model's linear weights
     host = ModelHost(lm, HostLimits(max_batch=16))
-    assert host.max_batch == 16, "the row-wise forward refused this model (see the log)"
+    assert host.max_batch == 16, "the engine's pooled forward refused this model (see the log)"
     try:
         for concurrent in (1, 8, 16):
             t0 = time.monotonic()

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     from specdec import procs
-    from specdec.hosting.loader import load
+    from engine.loader import load
     from specdec.launch import service_argv
     from specdec.v1 import model_pb2_grpc
     from benchmarks.batch_invariance import suite_prompts

@@ -273,7 +273,7 @@ class Peer:
 
     def __init__(self, args) -> None:
         from draft_service.role import default_draft
-        from specdec.hosting.loader import load
+        from engine.loader import load
 
         self.target = load(args.target, device="cpu", dtype="float32")
         self.draft = load(args.draft or default_draft(), device="cpu")

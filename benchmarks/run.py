@@ -334,7 +334,7 @@ class PeerRunner:
 
     def __init__(self, args) -> None:
         from draft_service.role import default_draft
-        from specdec.hosting.loader import load
+        from engine.loader import load
 
         self.target = load(args.target, device=args.device, dtype=args.dtype)
         if args.draft_layers and not args.draft:

@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     from specdec import procs
     from specdec.core.fingerprint import fingerprint
     from specdec.core.sampling import SamplingParams
-    from specdec.hosting import loader
-    from specdec.hosting.host import HostLimits, ModelHost
+    from engine import loader
+    from engine.host import HostLimits, ModelHost
     from specdec.hosting.requests import ModelRequest
     from specdec.v1 import model_pb2, model_pb2_grpc
     from target_service.scoring import ScoreWork

@@ -1,11 +1,13 @@
 """Propose: feed the new committed tokens, then draft up to k tokens autoregressively.
 
-Runs on the model worker (ModelHost.serve), batched with other sessions.
-Stops early before a token whose draft confidence (the top probability of the
-untransformed softmax) is below p_min, after an EOS token, and at the context
-length. The cache ends holding
-the committed tokens plus every drafted token but the last (which was sampled,
-never fed back): cache_length = cache_position + len(tokens) + max(len(drafted) - 1, 0).
+Runs on the model worker (ModelHost.serve), batched with other sessions: each
+drafting step is one row of a forward, and the engine's sampler draws every
+row's token (and, in PROBS mode, returns its q) in one call. Stops early before
+a token whose draft confidence (the top probability of the untransformed
+softmax) is below p_min, after an EOS token, and at the context length. The
+cache ends holding the committed tokens plus every drafted token but the last
+(which was sampled, never fed back):
+cache_length = cache_position + len(tokens) + max(len(drafted) - 1, 0).
 """
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ from dataclasses import dataclass
 import torch
 from prometheus_client import Counter
 
+from engine.host import ModelHost, SessionWork, Work
+from engine.plan import OutputSpec, RowOutput
+from engine.scheduler import Step
+from engine.sessions import CachedSession
 from specdec.core.rng import Purpose, uniform
-from specdec.core.sampling import probs_from_logits, sample
 from specdec.errors import InvalidArgument
-from specdec.hosting.batching import Step
-from specdec.hosting.host import ModelHost, SessionWork, Work
-from specdec.hosting.kvcache import CachedSession
 from specdec.hosting.requests import ModelRequest
 
 TOKENS_DRAFTED = Counter("specdec_tokens_drafted_total", "Tokens returned by Propose")
@@ -32,7 +34,7 @@ TOKENS_PREFILLED = Counter(
 @dataclass(frozen=True)
 class Drafts:
     tokens: list[int]  # drafted, 0..k of them
-    probs: torch.Tensor | None  # [len(tokens), vocab] draft distributions q, PROBS mode only
+    probs: torch.Tensor | None  # [len(tokens), vocab] draft distributions q on the CPU, PROBS mode only
 
 
 def check_p_min(p_min: float) -> float:
@@ -53,48 +55,46 @@ class ProposeWork(Work[Drafts]):
         self.prefix_hash = request.prefix_hash
         self.eos_ids = host.eos_ids
         self.vocab_size = host.loaded.vocab_size
-        self.device = host.device
         self.context_length = host.loaded.context_length
         self.drafted: list[int] = []
         self.rows: list[torch.Tensor] = []  # [1, vocab] each, PROBS mode only
         self.k = 0
         self.position = 0  # absolute position of the first drafted token
 
+    def _output(self) -> OutputSpec:
+        """What the next step must return: the draw (sampling), q (PROBS), the confidence (p_min)."""
+        sampling = self.request.sampling
+        draw = () if sampling.greedy else (uniform(self.seed, self.position + len(self.drafted), Purpose.DRAFT),)
+        return OutputSpec(sampling, probs=self.request.want_probs, uniforms=draw, top_prob=self.p_min > 0.0)
+
     def begin(self) -> Step:
         request = self.request
         self.position = request.cache_position + len(request.tokens)
         room = self.context_length - self.position if self.context_length else request.k
         self.k = max(0, min(request.k, room))
-        return Step(request.tokens, 1)
+        return Step(request.tokens, 1, self._output())
 
-    def advance(self, session: CachedSession, logits: torch.Tensor) -> Step | None:
-        # logits [1, vocab]: the draft's next-token distribution after everything fed so far
-        drafted, sampling, want_probs = self.drafted, self.request.sampling, self.request.want_probs
-        i = len(drafted)
-        if i >= self.k:
+    def advance(self, session: CachedSession, out: RowOutput) -> Step | None:
+        # out: the draft's next-token outputs after everything fed so far
+        drafted = self.drafted
+        if len(drafted) >= self.k:
             return None
-        if self.p_min > 0.0 and torch.softmax(logits.float(), dim=-1).max().item() < self.p_min:
+        if self.p_min > 0.0 and out.top_prob[0] < self.p_min:
             if drafted:
                 session.crop(session.length - 1)  # keep "all but the last" uniform
             return None
-        if sampling.greedy:
-            token = int(logits.float().argmax(dim=-1).item())
-            q = probs_from_logits(logits, sampling) if want_probs else None
-        else:
-            q = probs_from_logits(logits, sampling)  # [1, vocab]
-            u = torch.tensor([uniform(self.seed, self.position + i, Purpose.DRAFT)], dtype=torch.float64)
-            token = int(sample(q, u).item())
+        token = out.argmax[0] if self.request.sampling.greedy else out.sampled[0]
         drafted.append(token)
-        if want_probs:
-            self.rows.append(q)
+        if self.request.want_probs:
+            self.rows.append(out.probs)
         if token in self.eos_ids or len(drafted) >= self.k:
             return None  # the last drafted token is never fed back
-        return Step([token], 1)
+        return Step([token], 1, self._output())
 
     def result(self) -> Drafts:
         probs = None
         if self.request.want_probs:
-            probs = torch.cat(self.rows) if self.rows else torch.zeros(0, self.vocab_size, device=self.device)
+            probs = torch.cat(self.rows) if self.rows else torch.zeros(0, self.vocab_size)
         return Drafts(list(self.drafted), probs)
 
 

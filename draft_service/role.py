@@ -11,7 +11,7 @@ from pathlib import Path
 
 import specdec
 from draft_service.servicer import DraftServicer
-from specdec.hosting.drafts import is_draft_folder
+from engine.drafts import is_draft_folder
 from specdec.hosting.role import Role
 from specdec.v1 import model_pb2, model_pb2_grpc
 

@@ -25,7 +25,7 @@ from orchestrator.routing import Router
 from orchestrator.servicer import OrchestratorServicer
 from orchestrator.spec import GUESS, KINDS, LoopConfig
 from orchestrator.text import load_tokenizer
-from specdec.hosting.loader import tokenizer_fingerprint
+from engine.loader import tokenizer_fingerprint
 from specdec.hosting.server import (
     add_server_args, configure_logging, env_default, options_from_args, serve,
 )

@@ -13,7 +13,7 @@ def load_tokenizer(folder: str | None) -> tuple[Any, str]:
     """(tokenizer, folder): `folder`, or the embedded default target's cached folder."""
     from transformers import AutoTokenizer
 
-    from specdec.hosting.loader import resolve
+    from engine.loader import resolve
 
     path, _ = resolve(folder)
     return AutoTokenizer.from_pretrained(path), str(path)

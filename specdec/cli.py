@@ -212,7 +212,7 @@ def _ensure_redis(launch: Launch, url: str | None) -> str:
 
 def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     """Start Redis (if none answers), target, draft, orchestrator; return the orchestrator address."""
-    from specdec.hosting.loader import resolve
+    from engine.loader import resolve
 
     redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
     say(f"redis         {redis_url} (key prefix {launch.prefix})")

@@ -1,8 +1,10 @@
 """Score: one step over the new tokens and the drafts; results for the last k + 1 positions.
 
 Runs on the model worker, batched with other sessions' calls (ModelHost.serve).
-The cache keeps every token sent, drafted ones included; the next call's
-cache_position crops rejected ones.
+The argmax and, in PROBS mode, the distributions of every row of a forward are
+computed together by the engine's sampler (engine.sampler). The cache keeps
+every token sent, drafted ones included; the next call's cache_position crops
+rejected ones.
 """
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ from dataclasses import dataclass
 import torch
 from prometheus_client import Counter
 
-from specdec.core.sampling import probs_from_logits
+from engine.host import ModelHost, SessionWork, Work
+from engine.plan import OutputSpec, RowOutput
+from engine.scheduler import Step
+from engine.sessions import CachedSession
 from specdec.errors import InvalidArgument
-from specdec.hosting.host import ModelHost, SessionWork, Work
-from specdec.hosting.batching import Step
-from specdec.hosting.kvcache import CachedSession
 from specdec.hosting.requests import ModelRequest
 
 TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score forwards")
@@ -24,7 +26,7 @@ TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score
 @dataclass(frozen=True)
 class Scores:
     argmax_ids: list[int]  # [k + 1]: entry i is the target's choice after tokens[len - k - 1 + i]
-    probs: torch.Tensor | None  # [k + 1, vocab] on the model's device, PROBS mode only
+    probs: torch.Tensor | None  # [k + 1, vocab] float32 on the CPU, PROBS mode only
 
 
 def check_score(request: ModelRequest) -> None:
@@ -49,13 +51,11 @@ class ScoreWork(Work[Scores]):
         self.scores: Scores | None = None
 
     def begin(self) -> Step:
-        return Step(self.request.tokens, self.request.k + 1)
+        request = self.request
+        return Step(request.tokens, request.k + 1, OutputSpec(request.sampling, probs=request.want_probs))
 
-    def advance(self, session: CachedSession, logits: torch.Tensor) -> None:
-        # logits [k + 1, vocab]; sampling is this request's own, whatever else shared the forward
-        argmax = logits.argmax(dim=-1).tolist()
-        probs = probs_from_logits(logits, self.request.sampling) if self.request.want_probs else None
-        self.scores = Scores(argmax, probs)
+    def advance(self, session: CachedSession, out: RowOutput) -> None:
+        self.scores = Scores(out.argmax, out.probs)
         return None
 
     def result(self) -> Scores:

@@ -15,7 +15,7 @@ Stages (each resumable, each reads what the previous one wrote under --out):
          head (optionally --vocab rows), trained on the soft labels
          -> OUT/train/checkpoint.pt, then the draft folder OUT/draft/
   eval   agreement and tokens/pass on both held-out sets of OUT/draft (loaded
-         through specdec.hosting.loader, as the draft service loads it) and of
+         through engine.loader, as the draft service loads it) and of
          the early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json.
          With --draft DIR: another draft folder on the same held-out data
          (e.g. the shipped one, for a side-by-side) -> OUT/eval-NAME.json
@@ -109,7 +109,7 @@ def _target_loader_spec(target: str) -> str | None:
 
 
 def load_target(args: argparse.Namespace, dtype: str) -> Any:
-    from specdec.hosting import loader
+    from engine import loader
 
     return loader.load(_target_loader_spec(args.target), device=args.device, dtype=dtype)
 
@@ -187,7 +187,7 @@ def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dic
 
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     from specdec.distill import data, train
-    from specdec.hosting import drafts
+    from engine import drafts
 
     records = data.load_records(args.out / "data" / "train")
     if not records:
@@ -236,7 +236,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
 
 def init_recipe(args: argparse.Namespace, model: Any) -> str | dict[str, Any]:
     """Load --init-draft into `model` (a loaded target) when given; the manifest's description of the init."""
-    from specdec.hosting import drafts
+    from engine import drafts
 
     if args.init_draft is None:
         return f"target embedding + layers 0..{args.layers - 1} + final norm + tied head (frozen embedding/head)"
@@ -255,7 +255,7 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
     Timed on untrained drafts of the same shape (cost does not depend on the weights).
     """
     from specdec.distill import evaluate
-    from specdec.hosting import drafts
+    from engine import drafts
 
     out: dict[str, Any] = {}
     for dtype in ("float32", "bfloat16"):
@@ -300,8 +300,8 @@ def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]],
 
 def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     from specdec.distill import data, evaluate
-    from specdec.hosting import drafts
-    from specdec.hosting import loader
+    from engine import drafts
+    from engine import loader
 
     sets = heldout_records(args)
     records = sets["heldout"]
@@ -338,7 +338,7 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def write_manifest_eval(folder: Path, result: dict[str, Any]) -> None:
     """The eval summary in the draft's manifest: templated held-out numbers, and the separate set's."""
-    from specdec.hosting import drafts
+    from engine import drafts
 
     d = result["draft"]
     summary = {k: d[k] for k in ("agreement", "tokens_per_pass", "best_k", "speedup", "cost")}

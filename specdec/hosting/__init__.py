@@ -1,4 +1,5 @@
-"""Model hosting shared by the target and draft services: the loader and the
-draft-folder format, per-session KV caches, the model worker, request decoding,
-the servicer base and the grpc.aio server bootstrap. Nothing here depends on
+"""The gRPC shell both model services share: request decoding, the servicer base
+(Release, GetInfo), the grpc.aio server bootstrap with health, reflection,
+errors, TLS and drain, background hooks, and `main()` for a `Role`. The model
+work itself is the engine's (the `engine` package). Nothing here depends on
 which role it serves: the role packages pass that in (specdec.hosting.role)."""

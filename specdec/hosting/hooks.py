@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import logging
 from collections.abc import Awaitable, Callable
 
-from specdec.hosting.host import ModelHost
+from engine.host import ModelHost
 from specdec.hosting.server import OnServing, ServerOptions
 
 log = logging.getLogger(__name__)
@@ -81,3 +83,11 @@ def chain(*hooks: OnServing) -> OnServing:
         return cleanup
 
     return on_serving
+
+
+def exit_on_fatal(reason: str) -> None:
+    """The host's on_fatal: stop serving the way SIGTERM does (NOT_SERVING at once,
+    deregistration, drain up to --grace), so the orchestrator moves the sessions;
+    serve.main then exits non-zero. Called from the worker or watchdog thread."""
+    log.critical("model worker unusable (%s): turning NOT_SERVING and exiting", reason)
+    os.kill(os.getpid(), signal.SIGTERM)

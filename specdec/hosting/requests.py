@@ -13,8 +13,8 @@ from typing import Any
 
 from specdec.core.sampling import SamplingParams
 from specdec.errors import InvalidArgument, OutOfRange, ResourceExhausted
-from specdec.hosting.host import HostLimits
-from specdec.hosting.loader import LoadedModel
+from engine.host import HostLimits
+from engine.loader import LoadedModel
 from specdec.v1 import common_pb2
 from specdec.wire import sampling_from_proto
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from specdec.hosting.host import ModelHost
+from engine.host import ModelHost
 
 
 def keep_model_flags(model: str | None, num_layers: int | None) -> tuple[str | None, int | None]:

@@ -14,9 +14,10 @@ from functools import partial
 
 import torch
 
-from specdec.hosting import hooks, loader
+from engine import loader
+from specdec.hosting import hooks
 from specdec.hosting.drain import Drain
-from specdec.hosting.host import HostLimits, ModelHost
+from engine.host import HostLimits, ModelHost
 from specdec.hosting.role import Role
 from specdec.hosting.server import add_server_args, configure_logging, env_default, options_from_args, run_server
 from specdec.limits import model_message_caps
@@ -49,9 +50,10 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
     c.add_argument("--max-sessions", type=int, default=env_default("max_sessions", 64),
                    help="sessions holding a KV cache; the least recently used is evicted "
                         "[SPECDEC_MAX_SESSIONS] (default %(default)s)")
-    c.add_argument("--cache-budget-mb", type=float, default=env_default("cache_budget_mb", 2048),
-                   help="memory for all KV caches; LRU sessions are evicted beyond it "
-                        "[SPECDEC_CACHE_BUDGET_MB] (default %(default)s)")
+    c.add_argument("--cache-budget-mb", type=float, default=env_default("cache_budget_mb", None),
+                   help="memory of the KV pool; least recently used sessions are evicted when it is full "
+                        "[SPECDEC_CACHE_BUDGET_MB] (default: 2048 on a CPU, 85%% of the GPU memory "
+                        "free after loading on a GPU)")
     c.add_argument("--session-ttl", type=float, default=env_default("session_ttl", 600),
                    help="seconds before an idle session's cache is freed [SPECDEC_SESSION_TTL]")
     c.add_argument("--max-k", type=int, default=env_default("max_k", env_default("max_draft", 16)),
@@ -69,14 +71,19 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
     b.add_argument("--max-batch-tokens", type=int, default=env_default("max_batch_tokens", 256),
                    help="tokens per forward; longer prompts are fed in chunks of 64 "
                         "[SPECDEC_MAX_BATCH_TOKENS] (default %(default)s)")
-    b.add_argument("--max-wait-us", type=int, default=env_default("max_wait_us", 500),
+    b.add_argument("--max-wait-us", type=int, default=env_default("max_wait_us", 0),
                    help="when idle, wait this long for more requests to batch with the first "
                         "[SPECDEC_MAX_WAIT_US] (default %(default)s)")
     b.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
                    default=str(env_default("batch_invariant", "1")).lower() not in ("0", "false", "no", "off"),
-                   help="pad each forward's row count so a session's logits are bitwise the same alone "
-                        "and batched; --no-batch-invariant makes a lone one-token decode ~1.4x faster "
-                        "on CPU [SPECDEC_BATCH_INVARIANT] (default on)")
+                   help="keep a session's logits bitwise the same alone and batched: on a CPU each "
+                        "matrix product pads its rows where its kernel needs it (calibrated at start-up; "
+                        "costs a lone one-token decode a few percent), on a GPU every forward is padded "
+                        "to a fixed token bucket [SPECDEC_BATCH_INVARIANT] (default on)")
+    b.add_argument("--stall-timeout", type=float, default=env_default("stall_timeout", 120.0),
+                   help="a forward running longer than this many seconds means a wedged device: the "
+                        "service turns NOT_SERVING and exits so its sessions move; 0 = never "
+                        "[SPECDEC_STALL_TIMEOUT] (default %(default)s)")
     c.add_argument("--replica-id", default=env_default("replica_id", ""),
                    help="name in GetInfo and the registry; default hostname:port [SPECDEC_REPLICA_ID]")
     add_server_args(parser, default_port=role.default_port)
@@ -86,7 +93,8 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
 def limits_from_args(args: argparse.Namespace) -> HostLimits:
     return HostLimits(
         max_sessions=int(args.max_sessions),
-        cache_budget_bytes=int(float(args.cache_budget_mb) * 2**20),
+        cache_budget_bytes=(None if args.cache_budget_mb is None
+                            else int(float(args.cache_budget_mb) * 2**20)),
         session_ttl_s=float(args.session_ttl),
         max_k=int(args.max_k),
         max_request_tokens=int(args.max_request_tokens),
@@ -94,6 +102,7 @@ def limits_from_args(args: argparse.Namespace) -> HostLimits:
         max_batch_tokens=max(1, int(args.max_batch_tokens)),
         max_wait_us=max(0, int(args.max_wait_us)),
         batch_invariant=bool(args.batch_invariant),
+        stall_timeout_s=max(0.0, float(args.stall_timeout)),
     )
 
 
@@ -111,7 +120,7 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         log.error("cannot load the model: %s", exc)
         return 2
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"
-    host = ModelHost(loaded, limits_from_args(args), replica_id=replica_id)
+    host = ModelHost(loaded, limits_from_args(args), replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
     receive, send = model_message_caps(loaded.vocab_size, host.limits.max_k,
                                        host.limits.max_request_tokens)
     options = dataclasses.replace(options, max_receive_bytes=receive, max_send_bytes=send)
@@ -119,8 +128,14 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     if options.redis_url:
         on_serving.append(hooks.registration(host, options, role.name))
     try:
-        return run_server([partial(role.add_to_server, role.make_servicer(host))], [role.service_name],
+        code = run_server([partial(role.add_to_server, role.make_servicer(host))], [role.service_name],
                           options, on_serving=hooks.chain(*on_serving),
                           drain=Drain.for_service(role.service_name))
     finally:
-        host.shutdown()
+        if host.fatal is None:
+            host.shutdown()
+    if host.fatal is not None:
+        log.critical("exiting: the model worker is unusable (%s)", host.fatal)
+        logging.shutdown()
+        os._exit(3)  # a wedged worker thread must not hold the interpreter's exit
+    return code

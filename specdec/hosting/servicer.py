@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from specdec.hosting.host import ModelHost, SessionWork
+from engine.host import ModelHost, SessionWork
 from specdec.hosting.requests import ModelRequest, decode_request, require_session_id
 from specdec.v1 import common_pb2
 from specdec.wire import encode_probs

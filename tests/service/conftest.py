@@ -102,7 +102,7 @@ def reference(tiny_pair: tuple[Path, Path]):
     """The tiny target and draft loaded in the test process: full recompute, no cache."""
     import torch
 
-    from specdec.hosting.loader import load
+    from engine.loader import load
 
     torch.set_num_threads(1)
     return load(str(tiny_pair[0])).model, load(str(tiny_pair[1])).model

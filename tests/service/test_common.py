@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from specdec.hosting.loader import tokenizer_fingerprint
+from engine.loader import tokenizer_fingerprint
 from specdec.launch import device_under_test
 from specdec.v1 import common_pb2
 from tests.service.conftest import MAX_K, ROOT

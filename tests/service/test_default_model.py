@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from specdec.hosting.loader import resolve
+from engine.loader import resolve
 from specdec.v1 import common_pb2
 from tests.service.conftest import propose, score
 
@@ -108,7 +108,7 @@ def test_sigterm_finishes_the_call_in_flight(services) -> None:
 
 
 def test_a_gguf_path_uses_the_same_cached_conversion(default_pair) -> None:
-    from specdec.hosting.loader import embedded_gguf_path
+    from engine.loader import embedded_gguf_path
 
     folder, name = resolve(str(embedded_gguf_path()))
     assert folder == resolve(None)[0] and (folder / "model.safetensors").is_file()

@@ -66,7 +66,7 @@ def test_pipeline_writes_data_draft_and_eval(distilled: tuple[Path, Path]) -> No
 def test_draft_service_serves_the_distilled_folder(services, distilled: tuple[Path, Path]) -> None:
     from transformers import AutoTokenizer
 
-    from specdec.hosting.loader import load
+    from engine.loader import load
 
     target, out = distilled
     svc = services("draft", out / "draft", "--max-draft", "8")  # the deprecated alias of --max-k

@@ -8,6 +8,7 @@ import grpc
 import pytest
 import torch
 
+from engine.pool import BLOCK_SIZE
 from specdec.errors import is_cache_miss
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
@@ -131,14 +132,23 @@ def test_eviction_by_max_sessions_and_ttl(services, tiny_pair, tokenizer) -> Non
 def test_eviction_by_memory_budget(services, tiny_pair, tokenizer) -> None:
     toks = tokenizer(PROMPT)["input_ids"][:8]
     # Tiny target KV: 2 layers x (k + v) x 2 heads x 16 dims x 4 bytes = 512 B/token,
-    # so a 6 KiB budget holds one 8-token session (4 KiB) but not two.
-    svc = services("target", tiny_pair[0], "--cache-budget-mb", str(6 / 1024))
+    # held in blocks of BLOCK_SIZE tokens, so a budget of 1.5 blocks is a pool of one
+    # block: it holds one 8-token session but not two.
+    block = BLOCK_SIZE * 512
+    svc = services("target", tiny_pair[0], "--cache-budget-mb", str(1.5 * block / 2**20))
     score(svc.stub, "first", toks, 0, toks)
     score(svc.stub, "second", toks, 0, toks)
     _miss(lambda: score(svc.stub, "first", toks, 8, [1]))
     metrics = scrape(svc.metrics_port)
     assert metrics['specdec_cache_evictions_total{reason="budget"}'] == 1
-    assert metrics["specdec_cache_bytes"] == 8 * 512
+    assert metrics["specdec_cache_bytes"] == block
+    # A session longer than the whole pool gets RESOURCE_EXHAUSTED, and the service goes on.
+    long = (toks * 4)[:BLOCK_SIZE + 1]
+    with pytest.raises(grpc.RpcError) as err:
+        score(svc.stub, "third", long, 0, long)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "KV pool full" in err.value.details()
+    score(svc.stub, "fourth", toks, 0, toks)
 
 
 def _rounds(stub, session: str, prompt: list[int], seed: int) -> list[list[int]]:

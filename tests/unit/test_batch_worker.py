@@ -1,4 +1,4 @@
-"""The batching worker in-process on the tiny target: cancellation, failures, early leavers.
+"""The scheduler in-process on the tiny target: cancellation, failures, early leavers, faults.
 
 The forward is slowed down (a sleep per pass) so that a cancel lands between
 steps deterministically enough: a 400-token prompt takes 7 prefill chunks.
@@ -14,7 +14,8 @@ import torch
 from draft_service.drafting import propose
 from specdec.core.fingerprint import fingerprint
 from specdec.core.sampling import SamplingParams
-from specdec.hosting.host import HostLimits, ModelHost
+from specdec.errors import ResourceExhausted, Unavailable
+from engine.host import HostLimits, ModelHost
 from specdec.hosting.requests import ModelRequest
 from target_service.scoring import score
 
@@ -24,7 +25,7 @@ LONG = [(i * 37) % 380 + 3 for i in range(400)]
 
 @pytest.fixture()
 def host(tiny_pair):
-    from specdec.hosting.loader import load
+    from engine.loader import load
 
     torch.set_num_threads(1)
     host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16))
@@ -33,13 +34,13 @@ def host(tiny_pair):
 
 
 def _slow(host: ModelHost, seconds: float) -> None:
-    inner = host.worker.forward
+    inner = host.worker.runner.run
 
-    def forward(rows):
+    def run(plan):
         time.sleep(seconds)
-        return inner(rows)
+        return inner(plan)
 
-    host.worker.forward = forward
+    host.worker.runner.run = run
 
 
 def _request(session: str, tokens: list[int], k: int = 0, held: int = 0, committed: list[int] | None = None):
@@ -76,13 +77,13 @@ def test_a_cancelled_call_leaves_at_a_step_boundary(host) -> None:
 def test_a_failed_forward_fails_its_calls_and_forgets_their_sessions(host) -> None:
     async def main():
         await score(host, _request("s", [5, 6, 7]))
-        inner = host.worker.forward
+        inner = host.worker.runner.run
 
-        def broken(rows):
-            host.worker.forward = inner  # fail once
+        def broken(plan):
+            host.worker.runner.run = inner  # fail once
             raise RuntimeError("device lost")
 
-        host.worker.forward = broken
+        host.worker.runner.run = broken
         with pytest.raises(RuntimeError):
             await score(host, _request("s", [8], held=3, committed=[5, 6, 7, 8]))
         assert "s" not in host.caches  # a half-extended cache is never reused
@@ -103,3 +104,64 @@ def test_proposals_with_smaller_k_leave_early(host) -> None:
         assert done[0].forward_ms < done[2].forward_ms
 
     asyncio.run(main())
+
+
+def _failing(host: ModelHost, errors: list[BaseException]) -> None:
+    """The next len(errors) forwards raise these, in order; then the real runner again."""
+    inner = host.worker.runner.run
+
+    def run(plan):
+        if errors:
+            raise errors.pop(0)
+        return inner(plan)
+
+    host.worker.runner.run = run
+
+
+def test_out_of_memory_evicts_idle_sessions_and_retries_once(host) -> None:
+    async def main():
+        for i in range(3):
+            await score(host, _request(f"idle{i}", [5, 6, 7 + i]))
+        _failing(host, [torch.OutOfMemoryError("CUDA out of memory (injected)")])
+        done = await score(host, _request("s", [5, 6, 7]))  # retried after evicting the idle three
+        assert done.cache_length == 3
+        assert all(f"idle{i}" not in host.caches for i in range(3))
+        _failing(host, [torch.OutOfMemoryError("again"), torch.OutOfMemoryError("and again")])
+        with pytest.raises(ResourceExhausted, match="out of memory"):
+            await score(host, _request("t", [5, 6, 7]))
+        assert (await score(host, _request("t", [5, 6, 7]))).cache_length == 3  # and it serves on
+
+    asyncio.run(main())
+
+
+def test_a_sticky_device_error_is_fatal(tiny_pair) -> None:
+    from engine.loader import load
+
+    reasons: list[str] = []
+    host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16), on_fatal=reasons.append)
+
+    async def main():
+        _failing(host, [RuntimeError("CUDA error: an illegal memory access was encountered")])
+        with pytest.raises(Unavailable, match="model worker stopped"):
+            await score(host, _request("s", [5, 6, 7]))
+        with pytest.raises(Unavailable, match="model worker stopped"):  # and nothing is served after
+            await score(host, _request("s", [5, 6, 7]))
+
+    asyncio.run(main())
+    assert len(reasons) == 1 and "illegal memory access" in reasons[0]
+
+
+def test_a_wedged_forward_is_fatal(tiny_pair) -> None:
+    from engine.loader import load
+
+    reasons: list[str] = []
+    host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16, stall_timeout_s=0.4),
+                     on_fatal=reasons.append)
+
+    async def main():
+        _slow(host, 1.5)
+        await score(host, _request("s", [5, 6, 7]))
+
+    asyncio.run(main())
+    assert reasons and "more than 0.4 s" in reasons[0]
+    host.shutdown()

@@ -1,8 +1,8 @@
-"""Continuous cross-session batching: the model worker thread and its queue.
+"""The scheduler: the model worker thread, its queue, and one StepPlan per forward.
 
-ONE worker thread per model owns the model and the KV-cache store; the gRPC
-event loop only validates, enqueues and awaits a future. Each turn of the
-worker builds one forward pass:
+ONE worker thread per model owns the runner and the KV-cache store; the gRPC
+event loop only validates, enqueues and awaits a future. Each turn the worker
+builds one `engine.plan.StepPlan`:
 
   1. the running jobs first, one row each: a Propose drafting its next token,
      a long request feeding its next prefill chunk. A running job is never
@@ -12,19 +12,25 @@ worker builds one forward pass:
      running waits for the next forward (one row per session per forward). The
      worker waits up to `max_wait_us` for more jobs only when nothing is
      running, so batching never adds latency under load;
-  3. one forward; every row's logits go to its job's `advance` (role code:
-     target_service.scoring, draft_service.drafting), which returns the next
-     step or finishes. A Propose with a smaller k simply leaves early.
+  3. the runner executes the plan as one forward; each row's outputs go to its
+     job's `advance` (role code: target_service.scoring,
+     draft_service.drafting), which returns the next step or finishes. A
+     Propose with a smaller k simply leaves early.
 
-The cache check (`KVCacheStore.acquire`) happens when a job joins: a CacheMiss
-fails that job alone. A forward that raises fails every job in it and forgets
-their sessions (their caches may be half-extended). A cancelled job leaves at
-the next step boundary; its session stays consistent, since fingerprints are
-appended per fed chunk.
+The cache check (`SessionStore.acquire`) happens when a job joins: a CacheMiss
+fails that job alone. Room in the KV pool is reserved when a step is planned;
+a full pool evicts the least recently used idle sessions, and a job that still
+does not fit fails alone with RESOURCE_EXHAUSTED. A forward that runs out of
+memory evicts idle sessions and is retried once, then fails its jobs with
+RESOURCE_EXHAUSTED; any other failed forward fails every job in it and forgets
+their sessions. A cancelled job leaves at the next step boundary; its session
+stays consistent, since fingerprints are appended per fed chunk.
+
+Faults that leave the worker unable to serve (its thread dying, a sticky CUDA
+error) go to `on_fatal`, which the host turns into NOT_SERVING and an exit.
 
 Prefill chunks sit at fixed absolute positions (multiples of `prefill_chunk`),
-so how a request is split never depends on the load: a session's numerics are
-the same alone and batched (see specdec.hosting.rows for the rest of that).
+so how a request is split never depends on the load.
 """
 from __future__ import annotations
 
@@ -40,10 +46,11 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from specdec.errors import CacheMiss, Unavailable
-from specdec.hosting import metrics
-from specdec.hosting.kvcache import CachedSession, KVCacheStore
-from specdec.hosting.rows import Row
+from engine import metrics
+from engine.plan import OutputSpec, RowOutput, RowPlan, StepPlan
+from engine.pool import PoolExhausted
+from engine.sessions import CachedSession, SessionStore
+from specdec.errors import CacheMiss, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,15 +60,16 @@ T = TypeVar("T")
 class BatchLimits:
     max_batch: int = 16  # rows (sessions) in one forward; 1 = one request per forward
     max_tokens: int = 256  # tokens in one forward (a lone larger step still runs)
-    max_wait_us: int = 500  # wait this long for company, only when nothing is running
+    max_wait_us: int = 0  # wait this long for company, only when nothing is running
     prefill_chunk: int = 64  # split longer feeds at multiples of this position; 0 = never
 
 
 class Step(NamedTuple):
-    """Feed `tokens` to the session's cache; hand back the logits of the last `keep`."""
+    """Feed `tokens` to the session's cache; hand back the outputs of the last `keep`."""
 
     tokens: Sequence[int]
     keep: int
+    output: OutputSpec = OutputSpec()
 
 
 class Work(ABC, Generic[T]):
@@ -77,22 +85,22 @@ class Work(ABC, Generic[T]):
         """The first step (from the request alone; may be called again if the job is deferred)."""
 
     @abstractmethod
-    def advance(self, session: CachedSession, logits: torch.Tensor) -> Step | None:
-        """Take the last step's logits ([keep, vocab]); the next step, or None when done."""
+    def advance(self, session: CachedSession, out: RowOutput) -> Step | None:
+        """Take the last step's outputs; the next step, or None when done."""
 
     @abstractmethod
     def result(self) -> T:
         """The call's value once done."""
 
 
-class Forward(Protocol):
-    """A model backend: the row-wise packed forward, or the stock one-session forward."""
+class Runner(Protocol):
+    """Executes a StepPlan: engine.runner.PooledRunner or engine.stock.StockRunner."""
 
     max_rows: int
 
     def new_cache(self) -> Any: ...
 
-    def __call__(self, rows: Sequence[Row]) -> list[torch.Tensor]: ...
+    def run(self, plan: StepPlan) -> list[RowOutput]: ...
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,7 @@ class _Job:
     session: CachedSession | None = None
     feed: Sequence[int] = ()  # tokens of the current step not fed yet
     keep: int = 0
+    output: OutputSpec = OutputSpec()
     chunk: int = 0  # tokens of `feed` in the next forward
     chunk_keep: int = 0
     forward_s: float = 0.0
@@ -140,6 +149,21 @@ def chunk_of(position: int, n: int, keep: int, size: int) -> tuple[int, int]:
     return n, keep
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """A device or host allocation failure (retry after freeing), not a bug."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def fatal_error(exc: BaseException) -> bool:
+    """A failure after which the device cannot be trusted: the process must go."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        mark in text for mark in ("CUDA error", "device-side assert", "illegal memory access",
+                                  "CUBLAS_STATUS", "cudaError"))
+
+
 def _settle(future: asyncio.Future, value: Any = None, error: BaseException | None = None) -> None:
     if future.done():
         return
@@ -149,21 +173,25 @@ def _settle(future: asyncio.Future, value: Any = None, error: BaseException | No
         future.set_result(value)
 
 
-class BatchWorker:
-    """The model worker thread: continuous batching of Work over one Forward backend."""
+class Scheduler:
+    """The model worker thread: continuous batching of Work over one Runner."""
 
-    def __init__(self, forward: Forward, store: KVCacheStore, limits: BatchLimits, *, name: str = "model"):
-        self.forward = forward
+    def __init__(self, runner: Runner, store: SessionStore, limits: BatchLimits, *, name: str = "model",
+                 on_fatal: Callable[[str], None] | None = None):
+        self.runner = runner
         self.store = store
-        self.max_batch = max(1, min(limits.max_batch, forward.max_rows))
+        self.max_batch = max(1, min(limits.max_batch, runner.max_rows))
         self.max_tokens = max(1, limits.max_tokens)
         self.max_wait_s = max(0, limits.max_wait_us) / 1e6
-        self.chunk = limits.prefill_chunk if self.max_batch > 1 else 0  # 1 = today's one forward per call
+        self.chunk = limits.prefill_chunk if self.max_batch > 1 else 0  # 1 = one forward per call
+        self.on_fatal = on_fatal or (lambda reason: None)
+        self.fatal: str | None = None
+        self.forward_started: float | None = None  # perf_counter of the forward running now
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
         self._running: list[_Job] = []  # joined, not finished (touched by the worker only)
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-worker", daemon=True)
+        self._thread = threading.Thread(target=self._main, name=f"{name}-worker", daemon=True)
         self._thread.start()
 
     # ---- on the event loop -----------------------------------------------------
@@ -183,11 +211,17 @@ class BatchWorker:
 
     async def _enqueue(self, job: _Job) -> Any:
         with self._cv:
+            if self.fatal is not None:
+                raise Unavailable(f"the model worker stopped: {self.fatal}")
             if self._stopping:
                 raise Unavailable("the model worker is shutting down")
             self._queue.append(job)
             self._cv.notify()
         return await job.future  # cancelling the caller cancels the future: the job leaves
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
 
     def close(self) -> None:
         """Stop after the current forward; fail whatever is still queued or running."""
@@ -204,26 +238,49 @@ class BatchWorker:
         except RuntimeError:  # the event loop is gone (shutdown): nobody is waiting
             pass
 
+    def _main(self) -> None:
+        try:
+            self._loop()
+            error: BaseException = Unavailable("the model worker is shutting down")
+        except BaseException as exc:  # the worker must never die silently
+            log.critical("the model worker died", exc_info=True)
+            self.fatal = f"{type(exc).__name__}: {exc}"
+            error = Unavailable(f"the model worker stopped: {type(exc).__name__}")
+            self.on_fatal(self.fatal)
+        with self._cv:
+            pending = [*self._running, *self._queue]
+            self._running.clear()
+            self._queue.clear()
+        for job in pending:
+            self._resolve(job, error=error)
+
     def _loop(self) -> None:
         with torch.inference_mode():
-            while True:
+            while self.fatal is None:
                 batch = self._gather()
                 if batch is None:
                     break
                 if batch:
                     self._step(batch)
-        error = Unavailable("the model worker is shutting down")
-        for job in [*self._running, *self._queue]:
-            self._resolve(job, error=error)
-        self._running.clear()
-        self._queue.clear()
 
     def _plan(self, job: _Job, step: Step) -> None:
-        job.feed, job.keep = list(step.tokens), step.keep
+        job.feed, job.keep, job.output = list(step.tokens), step.keep, step.output
         self._plan_chunk(job, job.session.length)
 
     def _plan_chunk(self, job: _Job, position: int) -> None:
         job.chunk, job.chunk_keep = chunk_of(position, len(job.feed), job.keep, self.chunk)
+
+    def _reserve(self, job: _Job, busy: set[str]) -> bool:
+        """Room in the pool for the job's next chunk, evicting idle sessions; False: failed alone."""
+        session = job.session
+        while True:
+            try:
+                session.cache.reserve(session.length + job.chunk)
+                return True
+            except PoolExhausted as exc:
+                if not self.store.evict_idle(busy | {job.work.session_id}, "budget"):
+                    self._fail(job, exc)
+                    return False
 
     def _gather(self) -> list[_Job] | None:
         """The jobs of the next forward (running ones first), or None to stop."""
@@ -233,16 +290,20 @@ class BatchWorker:
         running = []
         for job in self._running:
             if job.future.cancelled():  # left at a step boundary; its cache is consistent
+                self.store.unpin(job.session)
                 self.store.settle(job.session)
                 continue
             running.append(job)
             busy.add(job.work.session_id)
+        self._running = running
+        for job in list(running):
             if batch and (len(batch) >= self.max_batch or tokens + job.chunk > self.max_tokens):
                 continue  # next forward
+            if not self._reserve(job, busy):
+                continue
             batch.append(job)
             tokens += job.chunk
-        self._running = running
-        idle = not running
+        idle = not self._running
         deadline: float | None = None
         deferred: list[_Job] = []
         try:
@@ -283,12 +344,15 @@ class BatchWorker:
                 except CacheMiss as exc:  # this request alone; nothing changed
                     self._resolve(job, error=exc)
                     continue
+                self.store.pin(job.session)
                 job.started = time.perf_counter()
                 metrics.QUEUE_SECONDS.observe(job.started - job.enqueued)
                 self._plan(job, step)
+                self._running.append(job)
+                if not self._reserve(job, busy):
+                    continue
                 busy.add(work.session_id)
                 batch.append(job)
-                self._running.append(job)
                 tokens += job.chunk
         finally:
             if deferred:
@@ -306,25 +370,61 @@ class BatchWorker:
 
     def _fail(self, job: _Job, exc: BaseException) -> None:
         """The job's cache may be half-extended: forget the session; fail the call."""
-        self.store.discard(job.work.session_id)
-        self._running.remove(job)
+        self.store.discard(job.session)
+        if job in self._running:
+            self._running.remove(job)
+        self.store.unpin(job.session)
         self._resolve(job, error=exc)
 
+    def _forward(self, plan: StepPlan, batch: list[_Job]) -> list[RowOutput]:
+        """runner.run, with one retry after freeing idle sessions when memory runs out."""
+        keep = {job.work.session_id for job in self._running}
+        for attempt in (1, 2):
+            try:
+                return self.runner.run(plan)
+            except Exception as exc:
+                if not out_of_memory(exc) or attempt == 2:
+                    raise
+                freed = 0
+                while self.store.evict_idle(keep, "out_of_memory"):
+                    freed += 1
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                log.warning("out of memory in a forward over %d session(s); evicted %d idle "
+                            "session(s), retrying once", len(batch), freed)
+        raise AssertionError("unreachable")
+
     def _step(self, batch: list[_Job]) -> None:
-        rows = [Row(job.session.cache, job.feed[:job.chunk], job.chunk_keep) for job in batch]
-        tokens = sum(job.chunk for job in batch)
+        plan = StepPlan([
+            RowPlan(job.session.cache, job.feed[:job.chunk], job.session.length, job.chunk_keep,
+                    job.output if job.chunk == len(job.feed) else OutputSpec())
+            for job in batch
+        ])
+        tokens = plan.tokens
         started = time.perf_counter()
+        self.forward_started = started
         try:
-            logits = self.forward(rows)
+            outs = self._forward(plan, batch)
         except Exception as exc:
-            log.exception("forward over %d session(s) failed", len(batch))
+            if fatal_error(exc):
+                raise  # the worker's guard: NOT_SERVING and exit
+            if out_of_memory(exc):
+                log.error("out of memory again in a forward over %d session(s): failing them", len(batch))
+                error: BaseException = ResourceExhausted(
+                    "out of memory on the model's device, even after evicting idle sessions; "
+                    "retry later or with fewer tokens")
+            else:
+                log.exception("forward over %d session(s) failed", len(batch))
+                error = exc
             for job in batch:
-                self._fail(job, exc)
+                self._fail(job, error)
             return
+        finally:
+            self.forward_started = None
         elapsed = time.perf_counter() - started
         metrics.BATCH_ROWS.observe(len(batch))
         metrics.BATCH_TOKENS.observe(tokens)
-        for job, out in zip(batch, logits):
+        for job, out in zip(batch, outs):
             job.forward_s += elapsed
             job.forwards += 1
             if len(batch) >= job.rows:
@@ -348,6 +448,7 @@ class BatchWorker:
 
     def _finish(self, job: _Job) -> None:
         self._running.remove(job)
+        self.store.unpin(job.session)
         self.store.settle(job.session)
         metrics.FORWARD_SECONDS.labels(job.work.verb).observe(job.forward_s)
         self._resolve(job, SessionWork(

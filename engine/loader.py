@@ -1,5 +1,5 @@
 """Load a causal LM for serving: a Hugging Face folder, a GGUF file, a draft
-folder (specdec.hosting.drafts), or the embedded default.
+folder (engine.drafts), or the embedded default.
 
 GGUF files are de-quantised once (slow: ~15 s for the default) into a cached
 safetensors folder under ${SPECDEC_CACHE_DIR:-~/.cache/specdec}/models/, written
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from specdec.hosting import drafts
-from specdec.hosting.dtypes import DTYPES
+from engine import drafts
+from engine.dtypes import DTYPES
 
 log = logging.getLogger(__name__)
 

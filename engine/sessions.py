@@ -1,11 +1,12 @@
 """Per-session KV caches with prefix fingerprints, LRU eviction and an idle TTL.
 
-Not thread-safe on purpose: a ModelHost touches its KVCacheStore only from its
-single model-worker thread (specdec.hosting.batching), between forwards.
+Not thread-safe on purpose: a ModelHost touches its SessionStore only from its
+single model-worker thread (engine.scheduler), between forwards.
 
-A session's cache is a `specdec.hosting.rows.SessionKV` (batched serving) or a
-`DynamicKV` (one request per forward); both crop to an absolute length and
-report the bytes they hold.
+A session's cache is an `engine.pool.SessionKV` (its blocks of the KV pool) or
+an `engine.stock.DynamicKV` (one request per forward); both crop to an absolute
+length, free what they hold, and report their bytes. Dropping a session for any
+reason (release, eviction, TTL, a failed forward) frees its blocks at once.
 
 Cache check (the contract in proto/specdec/v1/model.proto): a session holding
 n tokens keeps fingerprints[i] = fingerprint(tokens[:i]) for i in 0..n. A
@@ -23,7 +24,7 @@ from typing import Any
 
 from specdec.core import fingerprint as fp
 from specdec.errors import CacheMiss
-from specdec.hosting import metrics
+from engine import metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,12 @@ class CachedSession:
     """One session's KV cache and the fingerprints of the tokens it holds."""
 
     session_id: str
-    cache: Any  # SessionKV or DynamicKV: crop(length), nbytes
+    cache: Any  # SessionKV or DynamicKV: length, reserve, crop(length), free, nbytes
     fingerprints: list[int] = field(default_factory=lambda: [fp.EMPTY])
     last_used: float = field(default_factory=time.monotonic)
     nbytes: int = 0
+    pins: int = 0  # calls running on it: never evicted, freed only once the last one ends
+    dropped: bool = False  # forgotten while pinned: free it at the last unpin
 
     @property
     def length(self) -> int:
@@ -54,35 +57,7 @@ class CachedSession:
             self.fingerprints.append(fp.extend(self.fingerprints[-1], token))
 
 
-class DynamicKV:
-    """A transformers DynamicCache behind SessionKV's interface (the one-request-per-forward path)."""
-
-    def __init__(self, config: Any):
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=config)
-
-    @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
-
-    def crop(self, length: int) -> None:
-        remove = self.length - length
-        if remove > 0:
-            self.cache.crop(-remove)  # transformers: a negative count drops from the end
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensors behind the cache (storage, so views count in full)."""
-        total = 0
-        for layer in getattr(self.cache, "layers", ()):
-            for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if tensor is not None:
-                    total += tensor.untyped_storage().nbytes()
-        return total
-
-
-class KVCacheStore:
+class SessionStore:
     """LRU map session id -> CachedSession under a session count and a byte budget."""
 
     def __init__(
@@ -122,7 +97,7 @@ class KVCacheStore:
                 session = CachedSession(session_id, self._new_cache())
                 self._sessions[session_id] = session
             else:
-                session.cache = self._new_cache()  # drop the old tensors at once
+                session.crop(0)  # a fresh start: everything it held goes back at once
                 session.fingerprints = [fp.EMPTY]
         elif session is None:
             metrics.CACHE_MISSES.labels("unknown_session").inc()
@@ -154,26 +129,56 @@ class KVCacheStore:
         for victim in list(self._sessions.values()):
             if total <= self.budget_bytes:
                 break
-            if victim is session:
-                continue  # the session just served stays, even alone over budget
+            if victim is session or victim.pins:
+                continue  # the session just served stays, even alone over budget; running ones too
             total -= victim.nbytes
             self._drop(victim.session_id, "budget")
         self._publish()
 
+    def pin(self, session: CachedSession) -> None:
+        """A call starts running on `session`: it stays (its blocks stay) until `unpin`."""
+        session.pins += 1
+
+    def unpin(self, session: CachedSession) -> None:
+        session.pins -= 1
+        if session.pins == 0 and session.dropped:
+            session.cache.free()
+
     def release(self, session_id: str) -> bool:
-        found = self._sessions.pop(session_id, None) is not None
+        found = self._forget(session_id)
         self._publish()
         return found
 
-    def discard(self, session_id: str) -> None:
+    def discard(self, session: CachedSession) -> None:
         """Forget a session whose cache may be inconsistent (a failed forward)."""
-        self._sessions.pop(session_id, None)
+        if self._sessions.get(session.session_id) is session:
+            self._forget(session.session_id)
         self._publish()
+
+    def evict_idle(self, keep: set[str], reason: str) -> bool:
+        """Drop the least recently used session not in `keep`; False if there is none."""
+        victim = next((sid for sid, s in self._sessions.items() if sid not in keep and not s.pins), None)
+        if victim is None:
+            return False
+        self._drop(victim, reason)
+        self._publish()
+        return True
+
+    def _forget(self, session_id: str) -> bool:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        if session.pins:
+            session.dropped = True  # a running call still uses its blocks
+        else:
+            session.cache.free()
+        return True
 
     def expire(self, now: float | None = None) -> int:
         """Drop sessions idle longer than the TTL; return how many."""
         now = time.monotonic() if now is None else now
-        idle = [s.session_id for s in self._sessions.values() if now - s.last_used > self.ttl_s]
+        idle = [s.session_id for s in self._sessions.values()
+                if now - s.last_used > self.ttl_s and not s.pins]
         for session_id in idle:
             self._drop(session_id, "ttl")
         if idle:
@@ -182,11 +187,13 @@ class KVCacheStore:
 
     def _make_room(self) -> None:
         while len(self._sessions) >= self.max_sessions:
-            oldest = next(iter(self._sessions))
+            oldest = next((sid for sid, s in self._sessions.items() if not s.pins), None)
+            if oldest is None:
+                return  # every session is running: over the count until one finishes
             self._drop(oldest, "max_sessions")
 
     def _drop(self, session_id: str, reason: str) -> None:
-        self._sessions.pop(session_id, None)
+        self._forget(session_id)
         metrics.EVICTIONS.labels(reason).inc()
         log.info("evicted session %r (%s)", session_id, reason)
 

@@ -1,0 +1,179 @@
+"""Matrix products whose rows come out the same whatever else is in the batch.
+
+A GEMM library picks its kernel by the row count M, and with it the rounding:
+row 0 of x[:1] @ W and of x[:8] @ W can differ in the last bits. On this
+project's CPU (MKL + oneDNN, fp32, one thread), measured per weight shape of
+SmolLM2-135M over M = 1..64:
+
+  * `F.linear` (MKL, W stored [out, in]): three bit classes, M = 1, 2..15, >= 16;
+  * `x @ W.t().contiguous()` (MKL, [in, out]): M = 1 and M >= 2;
+  * oneDNN with a prepacked weight (`torch.ops.mkldnn._linear_pointwise`, the
+    kernel inductor's CPU freezing pass uses): ONE class for every M, except
+    the 1536-wide down projection, whose M = 1 differs from M >= 2;
+  * the same in bfloat16 (AMX): M <= 32 (36 for the down projection) differ
+    from larger M, and mostly only in a few rows: bf16 output rounding hides
+    most accumulation differences, so the test input has columns spread over
+    four orders of magnitude to make them show.
+
+So a `RowLinear` is a kernel plus `pad_to`: fewer rows than that are padded with
+zero rows (never seen by anyone). `calibrate` measures, at start-up on the
+serving device, dtype and thread count, the smallest `pad_to` for which every
+row count gives the same bits, per weight shape; a lone one-token decode then
+pays only for the shapes that need it (on this CPU: one 1 -> 2 row pad per layer)
+instead of padding the whole forward.
+
+On CUDA (no oneDNN) the kernel is `F.linear` (cuBLAS); there the runner pads
+the whole forward to a fixed token bucket instead (engine.runner), so the
+calibration here only records what it finds.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+DENSE_UP_TO = 64  # calibration tests every row count up to this, then a sample
+
+
+def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the prepacked oneDNN linear serves `dtype` on `device`."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.mkldnn
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        check = getattr(ops, "_is_mkldnn_bf16_supported", None)
+        return bool(check is not None and check())
+    return dtype == torch.float32
+
+
+class RowLinear:
+    """y = x @ W.T + b for x [M, in], with a fixed kernel and rows padded up to `pad_to`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, onednn: bool):
+        weight = weight.detach()
+        self.in_features, self.out_features = int(weight.shape[1]), int(weight.shape[0])
+        self.dtype, self.device = weight.dtype, weight.device
+        self.bias = bias.detach() if bias is not None else None
+        self.onednn = onednn
+        self.source_weight = weight  # the plain [out, in] weight (shared with the model, not copied)
+        if onednn:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+        else:
+            self.weight = weight.contiguous()
+        self.pad_to = 1
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        if self.onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        m = x.shape[0]
+        if m < self.pad_to:
+            padded = x.new_zeros(self.pad_to, self.in_features)
+            padded[:m] = x
+            return self.kernel(padded)[:m]
+        return self.kernel(x)
+
+    def narrowed(self, width: int) -> "RowLinear":
+        """The same kernel over the first `width` outputs (a cheap calibration probe)."""
+        weight = self.source_weight[:width]
+        bias = self.bias[:width] if self.bias is not None else None
+        probe = RowLinear(weight, bias, onednn=self.onednn)
+        return probe
+
+    @property
+    def shape(self) -> tuple[int, int, torch.dtype, bool]:
+        return (self.in_features, self.out_features, self.dtype, self.bias is not None)
+
+    def __repr__(self) -> str:
+        kind = "oneDNN" if self.onednn else "F.linear"
+        return f"RowLinear({self.in_features}->{self.out_features}, {kind}, pad_to={self.pad_to})"
+
+
+def fused(linears: Sequence[torch.nn.Linear], *, onednn: bool) -> RowLinear:
+    """One RowLinear computing several linears of the same input side by side (q|k|v, gate|up)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        bias = None
+    else:
+        bias = torch.cat([b.detach() if b is not None else lin.weight.new_zeros(lin.out_features)
+                          for b, lin in zip(biases, linears)])
+    return RowLinear(weight, bias, onednn=onednn)
+
+
+def _candidates(limit: int) -> list[int]:
+    """Every row count up to DENSE_UP_TO, then a geometric-ish sample up to `limit`."""
+    out = list(range(1, min(limit, DENSE_UP_TO) + 1))
+    m = DENSE_UP_TO
+    while m < limit:
+        m = min(limit, max(m + 8, int(m * 1.5)) // 8 * 8)
+        out.append(m)
+    return out
+
+
+def _agreeing(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: list[int]) -> list[bool]:
+    """Per count whether its rows equal the same rows computed among counts[-1] rows."""
+    reference = fn(x[:counts[-1]])
+    return [torch.equal(fn(x[:m]), reference[:m]) for m in counts]
+
+
+TRIALS = 2  # inputs per shape; a class split shows in some rows of some inputs only
+PROBE_WIDTH = 4096  # wider products (the LM head) are probed on their first outputs only
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What `calibrate` found: per weight shape the pad, and whether every count was covered."""
+
+    pads: dict[tuple, int]
+    invariant: bool  # False: some shape has no single class up to the largest count tested
+
+    def describe(self) -> str:
+        parts = [f"{s[0]}->{s[1]}: pad {p}" for s, p in sorted(self.pads.items(), key=lambda i: i[0][:2])]
+        return ", ".join(parts) + ("" if self.invariant else " (NOT invariant for every count)")
+
+
+def calibrate(linears: Sequence[RowLinear], max_rows: int) -> Calibration:
+    """Set each linear's `pad_to` to the smallest count from which all counts share one bit class.
+
+    One representative per distinct shape is tested on random input over
+    1..max_rows (dense up to DENSE_UP_TO, then sampled), each count against the
+    largest; linears of the same shape share the result. Products wider than
+    PROBE_WIDTH are probed on their first outputs (the end-to-end check in
+    engine.selfcheck covers the whole head). A shape with no single class from a count up to
+    DENSE_UP_TO on is left unpadded and the result says it is not invariant.
+    Takes about a second for a 135M model on CPU.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    pads: dict[tuple, int] = {}
+    invariant = True
+    counts = _candidates(max(max_rows, 2))
+    with torch.inference_mode():
+        for lin in linears:
+            if lin.shape in pads:
+                continue
+            probe = lin if lin.out_features <= PROBE_WIDTH else lin.narrowed(PROBE_WIDTH)
+            pad = 1
+            for _ in range(TRIALS):
+                spread = torch.logspace(-2, 2, lin.in_features)[torch.randperm(lin.in_features, generator=gen)]
+                x = (torch.randn(counts[-1], lin.in_features, generator=gen) * spread).to(lin.device, lin.dtype)
+                agree = _agreeing(probe.kernel, x, counts)
+                # The first count from which every larger one agrees with the largest.
+                first = next(i for i in range(len(counts)) if all(agree[i:]))
+                pad = max(pad, counts[first])
+            if pad > DENSE_UP_TO:
+                invariant = False
+                pad = 1
+            pads[lin.shape] = pad
+    for lin in linears:
+        lin.pad_to = pads[lin.shape]
+    return Calibration(pads, invariant)

@@ -1,0 +1,200 @@
+"""The engine's own forward for Llama-family decoders, over the KV pool.
+
+Why not the model's own forward: transformers runs one batch of equal-length
+rows over its own cache objects; the engine packs rows of different sessions
+(different lengths, 1 to 64 new tokens each) into one token axis over one KV
+pool (engine.pool) with one attention call per group of rows
+(engine.attention). This module is that forward, in the open, for the
+architectures it knows (Llama, and Qwen2 with its q/k/v biases: RMSNorm,
+rotary embeddings, grouped-query attention, a gated MLP), reusing the loaded
+model's own weights, norm modules and rotary embedding, so its numerics are the
+model's. Anything else is served by the stock forward (engine.stock) with a log
+line saying why.
+
+Per layer, in packed [T, ...] form: norm -> one fused q|k|v product -> rotary ->
+write K/V to the pool -> grouped attention -> o product (+ residual) -> norm ->
+one fused gate|up product -> act(gate) * up -> down product (+ residual).
+The products are engine.linear.RowLinear (batch-invariant kernels).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionPlan, attend
+from engine.linear import RowLinear, fused, onednn_available
+from engine.pool import KVPool
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def unsupported(model: torch.nn.Module) -> str:
+    """Why this forward cannot serve `model` ("" if it can): a structural check."""
+    config = model.config
+    kind = getattr(config, "model_type", "?")
+    if kind not in SUPPORTED:
+        return f"model type {kind!r} (the engine's forward knows {', '.join(SUPPORTED)})"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"sliding-window attention (sliding_window={config.sliding_window})"
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}"
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+        return "no model.layers / rotary_emb / norm"
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or not all(
+                isinstance(getattr(attn, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            return "a layer without q/k/v/o linear projections"
+        if not all(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+            return "a layer without a gated MLP"
+        extra = {n for n, _ in attn.named_children()} - {"q_proj", "k_proj", "v_proj", "o_proj"}
+        if extra:
+            return f"attention submodules the engine does not apply: {sorted(extra)}"
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
+        return "logit soft-capping"
+    return ""
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.nn.Module
+    qkv: RowLinear
+    o: RowLinear
+    mlp_norm: torch.nn.Module
+    gate_up: RowLinear
+    down: RowLinear
+    act: torch.nn.Module
+    q_width: int
+    kv_width: int
+    scaling: float
+
+
+class Head:
+    """The LM head over kept rows: a full-vocabulary product, or a subset one scattered into -inf."""
+
+    def __init__(self, module: torch.nn.Module, *, onednn: bool):
+        subset = getattr(module, "subset", None)
+        weight = module.sub_weight if subset is not None else module.weight
+        self.linear = RowLinear(weight, getattr(module, "bias", None), onednn=onednn)
+        self.subset = subset
+        self.vocab = int(module.weight.shape[0])
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:  # [K, hidden] -> [K, vocab]
+        logits = self.linear(h)
+        if self.subset is None:
+            return logits
+        out = logits.new_full((h.shape[0], self.vocab), float("-inf"))
+        out[:, self.subset] = logits
+        return out
+
+
+class LlamaForward:
+    """Packed forward over the pool: token ids + positions + attention plan -> kept logits."""
+
+    def __init__(self, model: torch.nn.Module):
+        reason = unsupported(model)
+        if reason:
+            raise ValueError(reason)
+        self.model = model
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        onednn = onednn_available(self.dtype, self.device)
+        self.onednn = onednn
+        config = model.config
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm = inner.norm
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.layers: list[_Layer] = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                attn_norm=layer.input_layernorm,
+                qkv=fused([a.q_proj, a.k_proj, a.v_proj], onednn=onednn),
+                o=RowLinear(a.o_proj.weight, a.o_proj.bias, onednn=onednn),
+                mlp_norm=layer.post_attention_layernorm,
+                gate_up=fused([m.gate_proj, m.up_proj], onednn=onednn),
+                down=RowLinear(m.down_proj.weight, m.down_proj.bias, onednn=onednn),
+                act=m.act_fn,
+                q_width=int(a.q_proj.out_features),
+                kv_width=int(a.k_proj.out_features),
+                scaling=float(a.scaling),
+            ))
+        self.head = Head(model.get_output_embeddings(), onednn=onednn)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def linears(self) -> list[RowLinear]:
+        out = [self.head.linear]
+        for layer in self.layers:
+            out.extend((layer.qkv, layer.o, layer.gate_up, layer.down))
+        return out
+
+    def new_pool(self, budget_bytes: int) -> KVPool:
+        return KVPool(self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device, budget_bytes)
+
+    def __call__(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,
+                 kept: torch.Tensor) -> torch.Tensor:
+        """ids, positions [T] (long, on the device); kept [K] packed indices -> logits [K, vocab]."""
+        h = self.embed(ids)  # [T, hidden]
+        cos, sin = self.rotary(h[None], positions[None])  # [1, T, hd] each
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, hd]
+        t = h.shape[0]
+        hd = self.head_dim
+        for index, layer in enumerate(self.layers):
+            x = layer.attn_norm(h)
+            qkv = layer.qkv(x)  # [T, q + 2 kv]
+            q = qkv[:, : layer.q_width].view(t, self.heads, hd)
+            k = qkv[:, layer.q_width: layer.q_width + layer.kv_width].view(t, self.kv_heads, hd)
+            v = qkv[:, layer.q_width + layer.kv_width:].view(t, self.kv_heads, hd)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            o = attend(pool, index, attention, q, k, v.contiguous(), layer.scaling)  # [T, heads * hd]
+            h = h + layer.o(o)
+            x = layer.mlp_norm(h)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = h + layer.down(layer.act(gate) * up)
+        return self.head(self.norm(h.index_select(0, kept)))
+
+    def release_originals(self) -> None:
+        """Free the loaded model's own linear weights (the engine holds its packed copies)."""
+        for layer in self.model.model.layers:
+            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+                for name in names:
+                    setattr(parent, name, _Released(getattr(parent, name)))
+
+
+class _Released(torch.nn.Module):
+    """Stands where a linear was after the engine took its weights; calling it is a bug."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, *_args, **_kwargs):
+        raise RuntimeError("this model's linear weights were handed to the engine's packed forward")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def token_tensors(ids: Sequence[int], positions: Sequence[int], kept: Sequence[int],
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's index inputs as device tensors (one host->device copy each)."""
+    def put(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+    return put(ids), put(positions), put(kept)

@@ -1,0 +1,80 @@
+"""The runner: executes one StepPlan as one forward over the KV pool.
+
+Per step: reserve nothing (the scheduler did), pack every row's tokens into one
+token axis, pad it to a token bucket where the device wants fixed shapes, plan
+the attention groups (engine.attention), run engine.llama's forward once, and
+turn the kept logits into every row's outputs in one sampler call
+(engine.sampler). The host builds a handful of index lists per step; the device
+is synced once, when the small outputs come back.
+
+Batch invariance per device (HostLimits.batch_invariant):
+  * CPU: each linear pads its own row count where its kernel needs it
+    (engine.linear.calibrate; on this CPU in fp32 only the down projection,
+    1 -> 2 rows), attention groups rows by shape; no whole-forward padding.
+  * CUDA: the packed token count and the kept-logit count are padded to fixed
+    buckets (TOKEN_BUCKETS), so every linear and norm sees one of a few shapes
+    whoever shares the forward; padding is nearly free on a GPU.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine import sampler
+from engine.attention import plan_attention
+from engine.llama import LlamaForward, token_tensors
+from engine.plan import RowOutput, StepPlan
+from engine.pool import KVPool, SessionKV
+
+TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384)
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    """The first bucket holding n (n itself beyond the largest)."""
+    return next((b for b in buckets if b >= n), n)
+
+
+class PooledRunner:
+    """Runs plans through engine.llama's forward over one KV pool."""
+
+    pooled = True
+
+    def __init__(self, forward: LlamaForward, pool: KVPool, *, fixed_shapes: bool, max_rows: int):
+        self.forward = forward
+        self.pool = pool
+        self.device = forward.device
+        self.fixed_shapes = fixed_shapes
+        self.max_rows = max_rows
+
+    def new_cache(self) -> SessionKV:
+        return self.pool.new_session()
+
+    def run(self, plan: StepPlan) -> list[RowOutput]:
+        return sampler.outputs(plan.rows, self.logits(plan))
+
+    def logits(self, plan: StepPlan) -> torch.Tensor:
+        """One forward; the kept logits of every row, one row after another ([K, vocab])."""
+        ids: list[int] = []
+        positions: list[int] = []
+        kept: list[int] = []
+        spec = []
+        for row in plan.rows:
+            n = len(row.tokens)
+            assert row.cache.length == row.past, "the scheduler crops a session to its past first"
+            spec.append((row.cache, row.past, n))
+            kept.extend(range(len(ids) + n - row.keep, len(ids) + n))
+            ids.extend(row.tokens)
+            positions.extend(range(row.past, row.past + n))
+        t, k = len(ids), len(kept)
+        padded = bucket(t, TOKEN_BUCKETS) if self.fixed_shapes else t
+        ids.extend([0] * (padded - t))  # filler: token 0 at position 0, written to the scratch slot
+        positions.extend([0] * (padded - t))
+        n_kept = bucket(max(k, 1), TOKEN_BUCKETS) if self.fixed_shapes else max(k, 1)
+        kept.extend([kept[-1] if kept else 0] * (n_kept - k))
+        attention = plan_attention(self.pool, spec, padded, self.device)
+        ids_t, positions_t, kept_t = token_tensors(ids, positions, kept, self.device)
+        logits = self.forward(self.pool, ids_t, positions_t, attention, kept_t)[:k]  # [K, vocab]
+        for row in plan.rows:
+            row.cache.length = row.past + len(row.tokens)
+        return logits

@@ -1,0 +1,95 @@
+"""Start-up checks of the engine's own forward against the model's, and of batch invariance.
+
+  * numerics: a few sessions (a prefill, then a 3-token step) through the
+    pooled forward against the model's own forward with its own cache. Other
+    kernels round differently (SmolLM2 fp32: ~3e-4 of logits up to ~25), while
+    a wrong position, mask or cache slot moves logits by a good part of their
+    range, so the tolerance is loose on purpose and the argmax must agree.
+  * invariance: the same sessions alone and packed together (prefill, a
+    multi-token step, a one-token step) must give bitwise the same logits.
+
+`numerics` failing means the engine must not serve this model (the host falls
+back to the stock forward); `invariance` failing is reported and served on.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.plan import RowPlan, StepPlan
+from engine.runner import PooledRunner
+from engine.stock import cache_kwarg
+
+
+POOL_TOKENS = 1024  # the checks' own pool: 4 sessions of at most 74 tokens, in 16-token blocks
+
+
+def _streams(vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    lengths = (9, 30, 3, 70)  # short, medium, tiny, longer than a 64-key bucket
+    return [torch.randint(0, vocab, (n + 4,), generator=gen).tolist() for n in lengths]
+
+
+def _run(runner: PooledRunner, caches: list, parts: list[list[int]]) -> list[torch.Tensor]:
+    """One forward over the given rows; each row's logits for all its tokens, as float32."""
+    rows = [RowPlan(cache, tokens, cache.length, len(tokens)) for cache, tokens in zip(caches, parts)]
+    for row in rows:
+        row.cache.reserve(row.past + len(row.tokens))
+    logits = runner.logits(StepPlan(rows))
+    out, at = [], 0
+    for row in rows:
+        out.append(logits[at:at + row.keep].float())
+        at += row.keep
+    return out
+
+
+def numerics(runner: PooledRunner, model: torch.nn.Module, vocab: int) -> str:
+    """"" if the pooled forward matches the model's own; else what differs."""
+    from transformers import DynamicCache
+
+    kwarg = cache_kwarg(model)
+    device = runner.device
+    streams = _streams(vocab, 1)
+    caches = [runner.new_cache() for _ in streams]
+    try:
+        ours = [torch.cat(pair) for pair in zip(_run(runner, caches, [s[:-3] for s in streams]),
+                                                _run(runner, caches, [s[-3:] for s in streams]))]
+    finally:
+        for cache in caches:
+            cache.free()
+    for stream, mine in zip(streams, ours):
+        cache = DynamicCache(config=model.config)
+        reference = []
+        for lo, hi in ((0, len(stream) - 3), (len(stream) - 3, len(stream))):
+            out = model(input_ids=torch.tensor([stream[lo:hi]], device=device),
+                        position_ids=torch.arange(lo, hi, device=device)[None],
+                        use_cache=True, **{kwarg: cache})
+            reference.append(out.logits[0].float())
+        ref = torch.cat(reference)
+        finite = torch.isfinite(ref)
+        if not torch.equal(finite, torch.isfinite(mine)):
+            return "self-check: the engine's forward masks other logits than the model's"
+        scale = 1.0 + float(ref[finite].abs().max())
+        tol = (1e-2 if runner.forward.dtype == torch.float32 else 5e-2) * scale
+        diff = float((mine[finite] - ref[finite]).abs().max())
+        if diff > tol:
+            return f"self-check: the engine's logits differ from the model's by {diff:.3g} (> {tol:.3g})"
+    return ""
+
+
+def invariance(runner: PooledRunner, vocab: int) -> str:
+    """"" if every session's logits are bitwise the same alone and packed; else which differ."""
+    streams = _streams(vocab, 2)
+    steps = [lambda s: s[:-4], lambda s: s[-4:-1], lambda s: s[-1:]]  # prefill, 3 tokens, 1 token
+    alone, packed = [], []
+    for i, stream in enumerate(streams):
+        cache = runner.new_cache()
+        alone.append([_run(runner, [cache], [step(stream)])[0] for step in steps])
+        cache.free()
+    caches = [runner.new_cache() for _ in streams]
+    for step in steps:
+        packed.append(_run(runner, caches, [step(s) for s in streams]))
+    for cache in caches:
+        cache.free()
+    bad = [f"session {i} step {j}" for i in range(len(streams)) for j in range(len(steps))
+           if not torch.equal(alone[i][j], packed[j][i])]
+    return "" if not bad else "not bitwise invariant: " + ", ".join(bad)

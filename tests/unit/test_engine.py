@@ -1,0 +1,262 @@
+"""The engine's pooled forward in-process on the tiny target.
+
+Against the model's own forward (greedy identical, probabilities to 1e-5),
+batch invariance (a session's logits alone vs among 8 or 16 others, bitwise,
+with sessions joining and leaving), the KV pool, the attention groups, the
+operation count per forward, the start-up checks and the prefill chunking.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from engine.attention import key_bucket, plan_attention, query_rows
+from engine.host import HostLimits, pick_runner
+from engine.linear import RowLinear, calibrate
+from engine.llama import LlamaForward, unsupported
+from engine.plan import RowPlan, StepPlan
+from engine.pool import BLOCK_SIZE, KVPool, PoolExhausted
+from engine.runner import PooledRunner
+from engine.scheduler import chunk_of
+from engine.stock import StockRunner, cache_kwarg
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pair):
+    from engine.loader import load
+
+    torch.set_num_threads(1)
+    return load(str(tiny_pair[0]))
+
+
+@pytest.fixture(scope="module")
+def runner(loaded):
+    forward = LlamaForward(loaded.model)
+    calibrate(forward.linears(), 300)
+    return PooledRunner(forward, forward.new_pool(64 << 20), fixed_shapes=False, max_rows=64)
+
+
+def _schedules(n_sessions: int, seed: int) -> list[list[list[int]]]:
+    """Per session its token chunks: a prompt of 3..80 tokens, then 1..6-token steps."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_sessions):
+        chunks = [[rng.randrange(384) for _ in range(rng.randrange(3, 81))]]
+        for _ in range(rng.randrange(4, 10)):
+            chunks.append([rng.randrange(384) for _ in range(rng.choice((1, 1, 2, 3, 5, 6)))])
+        out.append(chunks)
+    return out
+
+
+def _run(runner, schedules, groups: list[list[int]], seed: int = 0,
+         participation: float = 0.7) -> dict[int, torch.Tensor]:
+    """Feed every session its chunks; sessions in a group share forwards (random joins and leaves)."""
+    rng = random.Random(seed)
+    out: dict[int, list[torch.Tensor]] = {}
+    for group in groups:
+        caches = {i: runner.new_cache() for i in group}
+        at = {i: 0 for i in group}
+        out.update({i: [] for i in group})
+        while any(at[i] < len(schedules[i]) for i in group):
+            live = [i for i in group if at[i] < len(schedules[i])]
+            step = [i for i in live if rng.random() < participation] or live[:1]
+            rows = []
+            for i in step:
+                tokens = schedules[i][at[i]]
+                caches[i].reserve(caches[i].length + len(tokens))
+                rows.append(RowPlan(caches[i], tokens, caches[i].length, len(tokens)))
+            with torch.inference_mode():
+                logits = runner.logits(StepPlan(rows))
+            offset = 0
+            for i, row in zip(step, rows):
+                out[i].append(logits[offset:offset + row.keep].clone())
+                offset += row.keep
+                at[i] += 1
+        for cache in caches.values():
+            cache.free()
+    return {i: torch.cat(chunks) for i, chunks in out.items()}  # [tokens, vocab]
+
+
+def _stock(model, chunks: list[list[int]]) -> torch.Tensor:
+    from transformers import DynamicCache
+
+    cache, at, out = DynamicCache(config=model.config), 0, []
+    with torch.inference_mode():
+        for c in chunks:
+            logits = model(input_ids=torch.tensor([c]), position_ids=torch.arange(at, at + len(c))[None],
+                           use_cache=True, logits_to_keep=len(c), **{cache_kwarg(model): cache}).logits[0]
+            out.append(logits)
+            at += len(c)
+    return torch.cat(out)
+
+
+def test_pooled_forward_equals_the_models_own(loaded, runner) -> None:
+    schedules = _schedules(6, seed=1)
+    batched = _run(runner, schedules, [list(range(6))])
+    for i, chunks in enumerate(schedules):
+        stock = _stock(loaded.model, chunks)
+        assert torch.equal(batched[i].argmax(-1), stock.argmax(-1))
+        torch.testing.assert_close(torch.softmax(batched[i], -1), torch.softmax(stock, -1), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("size", [8, 16])
+def test_a_session_is_bitwise_the_same_alone_and_batched(runner, size) -> None:
+    schedules = _schedules(16, seed=2)
+    alone = _run(runner, schedules, [[i] for i in range(16)])
+    batched = _run(runner, schedules, [list(range(j, j + size)) for j in range(0, 16, size)], seed=size)
+    for i in range(16):
+        assert torch.equal(alone[i], batched[i]), f"session {i} differs: batch invariance lost"
+
+
+def test_a_kernel_that_varies_with_the_row_count_is_caught(loaded) -> None:
+    """The control: the same check fails with F.linear unpadded, whose bits change with the row count."""
+    forward = LlamaForward(loaded.model)
+    for layer in forward.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            lin = getattr(layer, name)
+            setattr(layer, name, RowLinear(lin.source_weight, lin.bias, onednn=False))
+    probe = forward.layers[0].gate_up
+    x = torch.randn(40, probe.in_features)
+    with torch.inference_mode():
+        varies = any(not torch.equal(probe(x[:m]), probe(x)[:m]) for m in range(1, 40))
+    if not varies:
+        pytest.skip("F.linear gives the same bits for every row count on this machine")
+    unpadded = PooledRunner(forward, forward.new_pool(64 << 20), fixed_shapes=False, max_rows=64)
+    schedules = [[[5, 6, 7, 8, 9]] + [[t] for t in range(20, 40)] for _ in range(16)]
+    alone = _run(unpadded, schedules, [[i] for i in range(16)])
+    batched = _run(unpadded, schedules, [list(range(16))], participation=1.0)
+    assert any(not torch.equal(alone[i], batched[i]) for i in range(16))
+
+
+def test_calibration_pads_make_every_count_agree(loaded) -> None:
+    weight = loaded.model.model.layers[0].mlp.down_proj.weight
+    lin = RowLinear(weight, None, onednn=LlamaForward(loaded.model).onednn)
+    calibrate([lin], 100)
+    x = torch.randn(100, lin.in_features) * torch.logspace(-2, 2, lin.in_features)
+    with torch.inference_mode():
+        reference = lin(x)
+        for m in range(1, 100):
+            assert torch.equal(lin(x[:m]), reference[:m]), f"{m} rows"
+
+
+def test_pool_blocks_grow_crop_and_free() -> None:
+    block = 2 * 2 * BLOCK_SIZE * 2 * 16 * 4  # layers x (k, v) x tokens x kv heads x head dim x fp32
+    pool = KVPool(2, 2, 16, torch.float32, torch.device("cpu"), budget_bytes=10 * block)
+    assert pool.block_bytes == block
+    assert pool.num_blocks == 11 and pool.free_blocks == 10  # block 0 is the scratch block
+    kv = pool.new_session()
+    kv.reserve(BLOCK_SIZE + 1)
+    assert len(kv.blocks) == 2 and 0 not in kv.blocks
+    assert kv.nbytes == 2 * pool.block_bytes
+    kv.length = BLOCK_SIZE + 1
+    kv.crop(BLOCK_SIZE)
+    assert len(kv.blocks) == 1 and pool.free_blocks == 9
+    assert kv.slots(0, 3) == [kv.blocks[0] * BLOCK_SIZE + p for p in range(3)]
+    other = pool.new_session()
+    with pytest.raises(PoolExhausted):
+        other.reserve(10 * BLOCK_SIZE)
+    assert other.blocks == []  # a failed reserve takes nothing
+    kv.free()
+    assert pool.free_blocks == 10
+
+
+def test_attention_groups_depend_on_a_rows_own_shape() -> None:
+    assert [query_rows(n) for n in (2, 3, 5, 32, 33, 34, 35, 64, 65)] == [3, 3, 5, 32, 35, 35, 35, 64, 67]
+    assert [key_bucket(n) for n in (1, 64, 65, 200, 700)] == [64, 64, 128, 256, 1024]
+    pool = KVPool(1, 1, 8, torch.float32, torch.device("cpu"), budget_bytes=1 << 20)
+    rows = []
+    for past, n in [(10, 1)] * 16 + [(30, 5), (100, 5), (0, 64)]:
+        kv = pool.new_session()
+        kv.reserve(past + n)
+        kv.length = past
+        rows.append((kv, past, n))
+    plan = plan_attention(pool, rows, sum(n for _, _, n in rows), torch.device("cpu"))
+    shapes = sorted((g.size, g.tq, g.length) for g in plan.groups)
+    # 16 decode rows in one group; the 5-token rows by their key bucket; the prefill chunk alone.
+    assert shapes == [(1, 5, 64), (1, 5, 128), (1, 64, 64), (16, 1, 16)]
+
+
+def _ops_per_forward(runner, sessions: int) -> int:
+    caches = []
+    for i in range(sessions):
+        cache = runner.new_cache()
+        cache.reserve(41)
+        with torch.inference_mode():
+            runner.logits(StepPlan([RowPlan(cache, [5 + i] * 40, 0, 1)]))
+        caches.append(cache)
+    rows = [RowPlan(c, [7], c.length, 1) for c in caches]
+    for c in caches:
+        c.reserve(c.length + 1)
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.logits(StepPlan(rows))
+    for c in caches:
+        c.free()
+    return sum(e.count for e in prof.key_averages())
+
+
+def test_operations_per_forward_do_not_grow_with_the_sessions(runner) -> None:
+    one, sixteen = _ops_per_forward(runner, 1), _ops_per_forward(runner, 16)
+    assert sixteen <= 1.1 * one, (one, sixteen)
+
+
+def test_unsupported_models_are_named(loaded) -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    mistral = MistralForCausalLM(config).eval()
+    assert "sliding" in unsupported(mistral)
+    fallback = pick_runner(dataclasses.replace(loaded, model=mistral, name="mistral"), HostLimits())
+    assert isinstance(fallback, StockRunner)
+    assert isinstance(pick_runner(loaded, HostLimits(max_batch=1)), StockRunner)
+
+
+def test_prefill_chunks_sit_at_fixed_positions() -> None:
+    assert chunk_of(0, 200, 1, 64) == (64, 0)
+    assert chunk_of(64, 136, 1, 64) == (64, 0)
+    assert chunk_of(128, 72, 1, 64) == (64, 0)
+    assert chunk_of(192, 8, 1, 64) == (8, 1)
+    assert chunk_of(10, 60, 5, 64) == (54, 0)  # kept positions 65..69 lie after the cut
+    assert chunk_of(10, 60, 8, 64) == (60, 8)  # the cut would split off kept positions
+    assert chunk_of(60, 10, 0, 64) == (4, 0)
+    assert chunk_of(0, 64, 0, 64) == (64, 0)
+    assert chunk_of(0, 500, 3, 0) == (500, 3)  # chunking off
+
+
+@pytest.mark.slow
+def test_embedded_target_is_batch_invariant_on_suite_prompts() -> None:
+    """SmolLM2: a few suite prompts then steps of 1..6 tokens, alone vs 8 at once, bitwise."""
+    import json
+    from pathlib import Path
+
+    from engine.loader import load
+
+    torch.set_num_threads(1)
+    lm = load(None)
+    forward = LlamaForward(lm.model)
+    calibrate(forward.linears(), 300)
+    fwd = PooledRunner(forward, forward.new_pool(256 << 20), fixed_shapes=False, max_rows=64)
+    suite = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "suite-v1.jsonl"
+    lines = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][:8]
+    rng = random.Random(3)
+    schedules = []
+    for row in lines:
+        ids = lm.tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+        prompt = lm.tokenizer(ids)["input_ids"]
+        schedules.append([prompt] + [[rng.randrange(lm.vocab_size) for _ in range(rng.choice((1, 1, 2, 5, 6)))]
+                                     for _ in range(6)])
+    alone = _run(fwd, schedules, [[i] for i in range(len(schedules))])
+    batched = _run(fwd, schedules, [list(range(len(schedules)))], seed=8)
+    for i in range(len(schedules)):
+        assert torch.equal(alone[i], batched[i])
+
+
+def test_batch_invariance_can_be_switched_off(loaded) -> None:
+    fast = pick_runner(loaded, HostLimits(batch_invariant=False))
+    assert isinstance(fast, PooledRunner)
+    assert all(lin.pad_to == 1 for lin in fast.forward.linears())
