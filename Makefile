@@ -5,7 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
 
-.PHONY: install demo test bench-quick proto clean
+# The oldest transformers pyproject.toml admits, with the hub it needs, overlaid on the venv.
+OLDEST_TRANSFORMERS ?= 5.17.0
+OLDEST_HUB ?= 1.33.0
+OLDEST_DIR := $(VENV)/oldest-transformers
+
+.PHONY: install demo test test-oldest-transformers bench-quick proto clean
 
 install: $(VENV)/.installed
 
@@ -24,6 +29,20 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+	$(MAKE) test-oldest-transformers
+
+# The engine's own tests (tiny models, in-process and one real service each) on the
+# oldest admitted transformers: the cache keyword and the attention modules differ.
+test-oldest-transformers: install $(OLDEST_DIR)/.installed
+	PYTHONPATH=$(CURDIR)/$(OLDEST_DIR) $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/unit/test_engine.py tests/unit/test_batch_worker.py tests/service/test_target.py tests/service/test_draft.py
+
+$(OLDEST_DIR)/.installed: Makefile
+	$(PY) -m pip install --quiet --no-deps --target $(OLDEST_DIR) --upgrade \
+	  transformers==$(OLDEST_TRANSFORMERS) huggingface-hub==$(OLDEST_HUB) httpx==0.28.1 httpcore==1.0.9
+	$(PY) -c "import sys; sys.path.insert(0, '$(OLDEST_DIR)'); import transformers; \
+	  assert transformers.__version__ == '$(OLDEST_TRANSFORMERS)', transformers.__version__"
+	touch $@
 
 bench-quick: install
 	$(PY) -m benchmarks.run --quick --tiny

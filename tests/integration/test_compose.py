@@ -32,7 +32,8 @@ def test_compose_gpus_profiles_and_health_checks():
 
     assert gpu_ids("target") == [["0"]] and gpu_ids("draft") == [["1"]]
     assert services["target"]["environment"]["SPECDEC_DEVICE"] == "cuda:0"
-    assert services["draft"]["environment"]["SPECDEC_DEVICE"] == "cuda:1"
+    # Each container sees only the GPU it reserves, numbered from 0 inside it.
+    assert services["draft"]["environment"]["SPECDEC_DEVICE"] == "cuda:0"
     for name in ("target-cpu", "draft-cpu"):
         assert services[name]["profiles"] == ["cpu"] and "deploy" not in services[name]
         assert services[name]["environment"]["SPECDEC_DEVICE"] == "cpu"
