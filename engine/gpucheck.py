@@ -1,0 +1,448 @@
+"""The engine's device check: what needs a GPU to be known, in one process, in minutes.
+
+    python -m engine.gpucheck OUT_DIR [--device cuda:0] [--quick]
+    scripts/gpu-check OUT_DIR                       (the same, from the repository)
+
+No gRPC, no Redis, no model download: the model is SmolLM2-135M-shaped, built on
+the device from the config this package carries (engine/data), with random
+weights of a wide spread so that argmaxes are decisive. Each phase appends one
+JSON line to OUT_DIR/phases.jsonl as soon as it ends (so a run cut short still
+says how far it got), then OUT_DIR/report.md sums them up:
+
+  env            torch, transformers, CUDA, the device and its memory
+  cached         the engine's cached decoding vs a full recompute of the sequence
+  selfcheck      calibration of the linears and the start-up checks (engine.host)
+  invariance     a session's logits alone vs packed with 1 .. 256 rows, bitwise
+  score_steps    Score over k + 1 tokens vs k + 1 one-token steps, fp32 and bf16
+  timing         forward time per step (CUDA events on a GPU) for 1 / 4 / 16 sessions,
+                 decode and k + 1 = 5, against the model's own forward at one session
+  oom            a real out-of-memory in a forward: idle sessions evicted, retried, then
+                 RESOURCE_EXHAUSTED, and served again once memory is back (GPU only)
+  top_p          top-p distributions: the same bits on every repeat, the same kept set as on the CPU
+
+--quick (the CI dry run on a CPU) keeps every phase but shrinks the model to 2
+layers and the row counts. Exit status: 0 all phases passed, 1 a phase failed,
+2 the device is not there.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG = Path(__file__).resolve().parent / "data" / "smollm2-135m-config.json"
+BUDGET_S = 6 * 60
+
+
+def build_model(device: torch.device, dtype: torch.dtype, layers: int | None, seed: int = 0) -> Any:
+    """SmolLM2-135M's architecture with random weights (std 1/sqrt(fan-in)) on `device`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = json.loads(CONFIG.read_text())
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def loaded_of(model: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    from engine.loader import LoadedModel
+
+    config = model.config
+    return LoadedModel(model=model, tokenizer=None, name="smollm2-135m-shaped", path=CONFIG.parent,
+                       vocab_size=int(config.vocab_size), context_length=int(config.max_position_embeddings),
+                       eos_token_ids=(int(config.eos_token_id),), tokenizer_fingerprint="",
+                       parameter_count=sum(p.numel() for p in model.parameters()),
+                       num_layers=int(config.num_hidden_layers), device=device, dtype=dtype)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Check:
+    """Runs phases under the time budget and writes each one's JSON line as it ends."""
+
+    def __init__(self, out: Path, device: torch.device, quick: bool):
+        self.out, self.device, self.quick = out, device, quick
+        self.started = time.monotonic()
+        self.results: list[dict] = []
+        out.mkdir(parents=True, exist_ok=True)
+        self.lines = (out / "phases.jsonl").open("w")
+
+    def phase(self, name: str, fn: Callable[[], dict]) -> None:
+        left = BUDGET_S - (time.monotonic() - self.started)
+        record: dict[str, Any] = {"phase": name}
+        if left <= 0:
+            record.update(status="skipped", reason="time budget spent")
+        else:
+            t0 = time.monotonic()
+            try:
+                figures = fn()
+                ok = figures.pop("ok", True)
+                record.update(status="passed" if ok else "failed", **figures)
+            except Exception as exc:  # a phase's failure is a finding, not the end of the check
+                record.update(status="error", error=f"{type(exc).__name__}: {exc}",
+                              traceback=traceback.format_exc(limit=6))
+            record["seconds"] = round(time.monotonic() - t0, 2)
+        self.results.append(record)
+        self.lines.write(json.dumps(record) + "\n")
+        self.lines.flush()
+        print(f"[{record['status']:7s}] {name} ({record.get('seconds', 0)} s)", flush=True)
+
+    def finish(self) -> int:
+        self.lines.close()
+        failed = [r["phase"] for r in self.results if r["status"] != "passed"]
+        lines = ["# engine device check", "", f"device {self.device}, {len(self.results)} phases, "
+                 f"{time.monotonic() - self.started:.0f} s; " + (f"NOT passed: {', '.join(failed)}" if failed
+                                                                 else "all passed"), ""]
+        for r in self.results:
+            lines.append(f"## {r['phase']}: {r['status']}")
+            lines.append("```")
+            lines.append(json.dumps({k: v for k, v in r.items() if k not in ("phase", "traceback")}, indent=1))
+            lines.append("```")
+        (self.out / "report.md").write_text("\n".join(lines) + "\n")
+        return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------- phases
+
+
+def env_phase(device: torch.device) -> dict:
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "device": str(device),
+            "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        info.update(cuda=torch.version.cuda, name=props.name, memory_gib=round(total / 2**30, 1),
+                    free_gib=round(free / 2**30, 1), bf16=torch.cuda.is_bf16_supported(),
+                    capability=f"{props.major}.{props.minor}")
+    else:
+        info.update(onednn=torch.backends.mkldnn.is_available())
+    return info
+
+
+def _runner(model: Any, device: torch.device, dtype: torch.dtype, *, invariant: bool = True):
+    """A pooled runner over `model`, calibrated like a service's (engine.host.pick_runner)."""
+    from engine.host import HostLimits, pick_runner
+
+    runner = pick_runner(loaded_of(model, device, dtype), HostLimits(max_batch=256, batch_invariant=invariant,
+                                                                     cache_budget_bytes=1 << 30))
+    return runner
+
+
+def _logits(runner, rows) -> list[torch.Tensor]:
+    from engine.plan import RowPlan, StepPlan
+
+    plans = []
+    for cache, tokens in rows:
+        cache.reserve(cache.length + len(tokens))
+        plans.append(RowPlan(cache, tokens, cache.length, len(tokens)))
+    out = runner.logits(StepPlan(plans)).float()
+    result, at = [], 0
+    for plan in plans:
+        result.append(out[at:at + plan.keep])
+        at += plan.keep
+    return result
+
+
+def cached_phase(device: torch.device, layers: int | None, steps: int) -> dict:
+    """Decode `steps` tokens through the pool, each step against a full recompute without cache."""
+    model = build_model(device, torch.float32, layers)
+    reference = build_model(device, torch.float32, layers)  # the engine takes the first one's weights
+    runner = _runner(model, device, torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(5)
+    seq = torch.randint(0, model.config.vocab_size, (40,), generator=gen).tolist()
+    cache = runner.new_cache()
+    worst, flips = 0.0, 0
+    last = _logits(runner, [(cache, seq)])[0][-1]
+    with torch.inference_mode():
+        for _ in range(steps):
+            full = reference(input_ids=torch.tensor([seq], device=device), use_cache=False).logits[0, -1].float()
+            worst = max(worst, float((full - last).abs().max()))
+            flips += int(full.argmax() != last.argmax())
+            token = int(last.argmax())
+            seq.append(token)
+            last = _logits(runner, [(cache, [token])])[0][-1]
+    return {"steps": steps, "max_abs_logit_diff": worst, "argmax_flips": flips, "ok": flips == 0}
+
+
+def selfcheck_phase(device: torch.device, layers: int | None) -> dict:
+    import logging
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Keep()
+    logger = logging.getLogger("engine.host")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        out = {}
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            records.clear()
+            runner = _runner(build_model(device, dtype, layers), device, dtype)
+            out[name] = {"runner": type(runner).__name__, "log": list(records),
+                         "pads": sorted({f"{lin.in_features}->{lin.out_features}: {lin.pad_to}"
+                                         for lin in getattr(getattr(runner, "forward", None), "linears", lambda: [])()})}
+        out["ok"] = all(v["runner"] == "PooledRunner" for v in out.values() if isinstance(v, dict))
+        return out
+    finally:
+        logger.removeHandler(handler)
+
+
+def invariance_phase(device: torch.device, layers: int | None, counts: list[int]) -> dict:
+    """One probe session decoding 8 steps alone, then packed with n - 1 others, per count n."""
+    out: dict[str, Any] = {}
+    ok = True
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = build_model(device, dtype, layers)
+        runner = _runner(model, device, dtype)
+        vocab = model.config.vocab_size
+        gen = torch.Generator(device="cpu").manual_seed(7)
+        probe = torch.randint(0, vocab, (30,), generator=gen).tolist()
+        steps = torch.randint(0, vocab, (8,), generator=gen).tolist()
+
+        def trace(others: int) -> list[torch.Tensor]:
+            caches = [runner.new_cache() for _ in range(others + 1)]
+            fillers = [torch.randint(0, vocab, (int(torch.randint(5, 60, (1,), generator=gen)),),
+                                     generator=gen).tolist() for _ in range(others)]
+            got = [_logits(runner, [(caches[0], probe)])[0]]
+            for c, f in zip(caches[1:], fillers):
+                _logits(runner, [(c, f)])
+            for j, t in enumerate(steps):
+                mix = [(caches[0], [t])] + [(c, [int(x)]) for c, x in zip(
+                    caches[1:], torch.randint(0, vocab, (others,), generator=gen))]
+                if j % 3 == 2:  # every third step the probe scores 3 tokens, Score-like
+                    mix[0] = (caches[0], [t, t, t])
+                got.append(_logits(runner, mix)[0])
+            for c in caches:
+                c.free()
+            return got
+
+        with torch.inference_mode():
+            alone = trace(0)
+            per = {}
+            for n in counts:
+                packed = trace(n - 1)
+                same = all(torch.equal(a, b) for a, b in zip(alone, packed))
+                diff = max(float((a - b).abs().max()) for a, b in zip(alone, packed))
+                flips = sum(int((a.argmax(-1) != b.argmax(-1)).sum()) for a, b in zip(alone, packed))
+                per[str(n)] = {"bitwise": same, "max_abs_logit_diff": diff, "argmax_flips": flips}
+                ok = ok and (same or name == "bf16")  # bf16 is reported; fp32 must hold
+        out[name] = per
+    out["ok"] = ok
+    return out
+
+
+def score_steps_phase(device: torch.device, layers: int | None) -> dict:
+    """Score over k + 1 = 5 tokens in one forward vs 5 one-token steps, 16 sequences."""
+    out: dict[str, Any] = {}
+    ok = True
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = build_model(device, dtype, layers)
+        runner = _runner(model, device, dtype)
+        gen = torch.Generator(device="cpu").manual_seed(9)
+        worst, flips, positions = 0.0, 0, 0
+        with torch.inference_mode():
+            for _ in range(16):
+                seq = torch.randint(0, model.config.vocab_size, (45,), generator=gen).tolist()
+                a, b = runner.new_cache(), runner.new_cache()
+                _logits(runner, [(a, seq[:40])])
+                _logits(runner, [(b, seq[:40])])
+                one = _logits(runner, [(a, seq[40:])])[0]
+                steps = torch.cat([_logits(runner, [(b, [t])])[0] for t in seq[40:]])
+                worst = max(worst, float((one - steps).abs().max()))
+                flips += int((one.argmax(-1) != steps.argmax(-1)).sum())
+                positions += one.shape[0]
+                a.free()
+                b.free()
+        out[name] = {"max_abs_logit_diff": worst, "argmax_flips": flips, "positions": positions}
+        ok = ok and (flips == 0 or name == "bf16")
+    out["ok"] = ok
+    return out
+
+
+def timing_phase(device: torch.device, layers: int | None, reps: int) -> dict:
+    """Milliseconds per forward: the engine at 1 / 4 / 16 sessions, and the model's own at 1."""
+    from transformers import DynamicCache
+
+    from engine.stock import cache_kwarg
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(device, dtype, layers)
+    reference = build_model(device, dtype, layers)
+    runner = _runner(model, device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(11)
+    vocab = model.config.vocab_size
+
+    def clock(fn: Callable[[], Any]) -> float:
+        for _ in range(2):
+            fn()
+        times = []
+        for _ in range(reps):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        return round(times[len(times) // 2], 3)
+
+    out: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "reps": reps}
+    with torch.inference_mode():
+        for sessions in (1, 4, 16):
+            caches = [runner.new_cache() for _ in range(sessions)]
+            for c in caches:
+                _logits(runner, [(c, torch.randint(0, vocab, (200,), generator=gen).tolist())])
+            for n in (1, 5):
+                def step(n: int = n) -> None:
+                    _logits(runner, [(c, [3] * n) for c in caches])
+                    for c in caches:
+                        c.crop(c.length - n)
+                out[f"engine_{sessions}x{n}_ms"] = clock(step)
+            for c in caches:
+                c.free()
+        prompt = torch.randint(0, vocab, (1, 200), generator=gen).to(device)
+        cache = DynamicCache(config=reference.config)
+        kw = cache_kwarg(reference)
+        reference(input_ids=prompt, use_cache=True, **{kw: cache})
+        one = torch.tensor([[3]], device=device)
+        position = torch.tensor([[200]], device=device)
+
+        def stock() -> None:
+            reference(input_ids=one, position_ids=position, use_cache=True, logits_to_keep=1, **{kw: cache})
+            cache.crop(-1)
+
+        out["stock_1x1_ms"] = clock(stock)
+    out["engine_vs_stock_1x1"] = round(out["engine_1x1_ms"] / out["stock_1x1_ms"], 3)
+    return out
+
+
+def oom_phase(device: torch.device, layers: int | None) -> dict:
+    """Fill the GPU, then Score: out of memory -> evict idle, retry once -> RESOURCE_EXHAUSTED."""
+    if device.type != "cuda":
+        return {"skipped": "a CPU has no out-of-memory path to provoke safely"}
+    from engine.host import HostLimits, ModelHost
+    from specdec.core.fingerprint import fingerprint
+    from specdec.core.sampling import SamplingParams
+    from specdec.errors import ResourceExhausted
+    from specdec.hosting.requests import ModelRequest
+    from target_service.scoring import score
+
+    model = build_model(device, torch.bfloat16, layers)
+    host = ModelHost(loaded_of(model, device, torch.bfloat16),
+                     HostLimits(max_batch=16, cache_budget_bytes=256 << 20))
+    prompt = list(range(10, 250))
+
+    def request(session: str) -> ModelRequest:
+        return ModelRequest(session, 0, fingerprint([]), prompt, 0, SamplingParams(), False)
+
+    result: dict[str, Any] = {}
+    hog: list[torch.Tensor] = []
+    try:
+        async def main() -> None:
+            await score(host, request("idle"))
+            torch.cuda.empty_cache()
+            for chunk in (1 << 30, 64 << 20, 1 << 20):  # take everything the allocator will give
+                while True:
+                    try:
+                        hog.append(torch.empty(chunk, dtype=torch.uint8, device=device))
+                    except torch.OutOfMemoryError:
+                        break
+            try:
+                await score(host, request("big"))
+                result["under_pressure"] = "served (the forward fit in what was left)"
+            except ResourceExhausted as exc:
+                result["under_pressure"] = f"RESOURCE_EXHAUSTED: {exc}"
+            result["idle_session_evicted"] = "idle" not in host.caches
+            hog.clear()
+            torch.cuda.empty_cache()
+            done = await score(host, request("after"))
+            result["served_after"] = done.cache_length == len(prompt)
+
+        asyncio.run(main())
+    finally:
+        hog.clear()
+        host.shutdown()
+    result["ok"] = bool(result.get("served_after")) and "under_pressure" in result
+    return result
+
+
+def top_p_phase(device: torch.device) -> dict:
+    """probs_from_logits with top_p: bitwise the same on repeats; the same kept set as on the CPU."""
+    from specdec.core.sampling import SamplingParams, probs_from_logits
+
+    gen = torch.Generator(device="cpu").manual_seed(13)
+    logits = (torch.randn(64, 49152, generator=gen) * 3).to(device)
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    first = probs_from_logits(logits, params)
+    repeats_same = all(torch.equal(first, probs_from_logits(logits, params)) for _ in range(5))
+    cpu = probs_from_logits(logits.cpu(), params)
+    same_support = torch.equal(first.cpu() > 0, cpu > 0)
+    return {"repeats_bitwise": repeats_same, "kept_set_equals_cpu": same_support,
+            "max_abs_diff_vs_cpu": float((first.cpu() - cpu).abs().max()),
+            "ok": repeats_same and same_support}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.gpucheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder for phases.jsonl and report.md")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--quick", action="store_true", help="2 layers and fewer rows (the CI dry run on a CPU)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.md").write_text("# engine device check\n\nno CUDA GPU: torch.cuda.is_available() is "
+                                            f"False (torch {torch.__version__})\n")
+        print(f"no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__}); "
+              "use --device cpu for the dry run", file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    layers = 2 if args.quick else None
+    counts = [1, 2, 8, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    check = Check(args.out, device, args.quick)
+    check.phase("env", lambda: env_phase(device))
+    check.phase("cached", lambda: cached_phase(device, layers, 8 if args.quick else 32))
+    check.phase("selfcheck", lambda: selfcheck_phase(device, layers))
+    check.phase("invariance", lambda: invariance_phase(device, layers, counts))
+    check.phase("score_steps", lambda: score_steps_phase(device, layers))
+    check.phase("timing", lambda: timing_phase(device, layers, 5 if args.quick else 30))
+    check.phase("oom", lambda: oom_phase(device, layers))
+    check.phase("top_p", lambda: top_p_phase(device))
+    return check.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
