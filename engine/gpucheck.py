@@ -14,8 +14,9 @@ says how far it got), then OUT_DIR/report.md sums them up:
   selfcheck      calibration of the linears and the start-up checks (engine.host)
   invariance     a session's logits alone vs packed with 1 .. 256 rows, bitwise
   score_steps    Score over k + 1 tokens vs k + 1 one-token steps, fp32 and bf16
-  timing         forward time per step (CUDA events on a GPU) for 1 / 4 / 16 sessions,
-                 decode and k + 1 = 5, against the model's own forward at one session
+  timing(_compiled)  forward time per step (CUDA events on a GPU) for 1 / 4 / 16 sessions,
+                 decode and k + 1 = 5, against the model's own forward at one session;
+                 on a GPU again with --compile (CUDA graphs)
   oom            a real out-of-memory in a forward: idle sessions evicted, retried, then
                  RESOURCE_EXHAUSTED, and served again once memory is back (GPU only)
   top_p          top-p distributions: the same bits on every repeat, the same kept set as on the CPU
@@ -142,13 +143,13 @@ def env_phase(device: torch.device) -> dict:
     return info
 
 
-def _runner(model: Any, device: torch.device, dtype: torch.dtype, *, invariant: bool = True):
+def _runner(model: Any, device: torch.device, dtype: torch.dtype, *, invariant: bool = True,
+            compile: bool = False):
     """A pooled runner over `model`, calibrated like a service's (engine.host.pick_runner)."""
     from engine.host import HostLimits, pick_runner
 
-    runner = pick_runner(loaded_of(model, device, dtype), HostLimits(max_batch=256, batch_invariant=invariant,
-                                                                     cache_budget_bytes=1 << 30))
-    return runner
+    return pick_runner(loaded_of(model, device, dtype), HostLimits(
+        max_batch=256, batch_invariant=invariant, cache_budget_bytes=1 << 30, compile=compile))
 
 
 def _logits(runner, rows) -> list[torch.Tensor]:
@@ -286,7 +287,7 @@ def score_steps_phase(device: torch.device, layers: int | None) -> dict:
     return out
 
 
-def timing_phase(device: torch.device, layers: int | None, reps: int) -> dict:
+def timing_phase(device: torch.device, layers: int | None, reps: int, compile: bool = False) -> dict:
     """Milliseconds per forward: the engine at 1 / 4 / 16 sessions, and the model's own at 1."""
     from transformers import DynamicCache
 
@@ -295,7 +296,7 @@ def timing_phase(device: torch.device, layers: int | None, reps: int) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(device, dtype, layers)
     reference = build_model(device, dtype, layers)
-    runner = _runner(model, device, dtype)
+    runner = _runner(model, device, dtype, compile=compile)
     gen = torch.Generator(device="cpu").manual_seed(11)
     vocab = model.config.vocab_size
 
@@ -439,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     check.phase("invariance", lambda: invariance_phase(device, layers, counts))
     check.phase("score_steps", lambda: score_steps_phase(device, layers))
     check.phase("timing", lambda: timing_phase(device, layers, 5 if args.quick else 30))
+    if device.type == "cuda":  # compiling costs minutes on a CPU and measured slower there
+        check.phase("timing_compiled", lambda: timing_phase(device, layers, 30, compile=True))
     check.phase("oom", lambda: oom_phase(device, layers))
     check.phase("top_p", lambda: top_p_phase(device))
     return check.finish()

@@ -59,6 +59,7 @@ class HostLimits:
     # A session's logits must not depend on who shares its forward (engine.runner).
     batch_invariant: bool = True
     stall_timeout_s: float = 120.0  # a forward running longer than this is a wedged worker
+    compile: bool = False  # torch.compile the engine's norms and activation (engine.llama)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
         log.warning("batching off for %s: %s; serving one request per forward", loaded.name, reason)
         return StockRunner(model)
     started = time.monotonic()
-    forward = LlamaForward(model)
+    forward = LlamaForward(model, compile=limits.compile)
     fixed = forward.device.type != "cpu" and limits.batch_invariant
     pool = forward.new_pool(pool_budget(limits, forward.device))
     runner = PooledRunner(forward, pool, fixed_shapes=fixed, max_rows=limits.max_batch)

@@ -15,6 +15,14 @@ Per layer, in packed [T, ...] form: norm -> one fused q|k|v product -> rotary ->
 write K/V to the pool -> grouped attention -> o product (+ residual) -> norm ->
 one fused gate|up product -> act(gate) * up -> down product (+ residual).
 The products are engine.linear.RowLinear (batch-invariant kernels).
+
+`compile=True` (--compile) hands the norms and the gated activation to
+torch.compile (dynamic shapes; CUDA graphs through mode "reduce-overhead" on a
+GPU, where the runner's token buckets keep the shapes few). The products stay
+eager: inductor cannot lower the prepacked oneDNN linear with dynamic row
+counts. Off by default: on this project's CPU it measured slower (a lone
+SmolLM2 decode 99 vs 90 ms, after 37 s of compiling); on a GPU,
+engine.gpucheck times it.
 """
 from __future__ import annotations
 
@@ -96,7 +104,7 @@ class Head:
 class LlamaForward:
     """Packed forward over the pool: token ids + positions + attention plan -> kept logits."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, *, compile: bool = False):
         reason = unsupported(model)
         if reason:
             raise ValueError(reason)
@@ -129,6 +137,13 @@ class LlamaForward:
                 scaling=float(a.scaling),
             ))
         self.head = Head(model.get_output_embeddings(), onednn=onednn)
+        self.gated = _gated
+        if compile:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self.gated = torch.compile(_gated, dynamic=True, mode=mode)
+            for layer in self.layers:
+                layer.attn_norm = torch.compile(layer.attn_norm, dynamic=True, mode=mode)
+                layer.mlp_norm = torch.compile(layer.mlp_norm, dynamic=True, mode=mode)
 
     @property
     def num_layers(self) -> int:
@@ -162,8 +177,7 @@ class LlamaForward:
             o = attend(pool, index, attention, q, k, v.contiguous(), layer.scaling)  # [T, heads * hd]
             h = h + layer.o(o)
             x = layer.mlp_norm(h)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(layer.act(gate) * up)
+            h = h + layer.down(self.gated(layer.gate_up(x), layer.act))
         return self.head(self.norm(h.index_select(0, kept)))
 
     def release_originals(self) -> None:
@@ -184,6 +198,12 @@ class _Released(torch.nn.Module):
 
     def forward(self, *_args, **_kwargs):
         raise RuntimeError("this model's linear weights were handed to the engine's packed forward")
+
+
+def _gated(gate_up: torch.Tensor, act: torch.nn.Module) -> torch.Tensor:
+    """act(gate) * up of the fused gate|up product."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return act(gate) * up
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,11 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
                         "matrix product pads its rows where its kernel needs it (calibrated at start-up; "
                         "costs a lone one-token decode a few percent), on a GPU every forward is padded "
                         "to a fixed token bucket [SPECDEC_BATCH_INVARIANT] (default on)")
+    b.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                   default=str(env_default("compile", "0")).lower() in ("1", "true", "yes", "on"),
+                   help="torch.compile the engine's norms and activation (CUDA graphs on a GPU); the "
+                        "start-up checks run on the compiled forward; on a CPU it measured slower "
+                        "[SPECDEC_COMPILE] (default off)")
     b.add_argument("--stall-timeout", type=float, default=env_default("stall_timeout", 120.0),
                    help="a forward running longer than this many seconds means a wedged device: the "
                         "service turns NOT_SERVING and exits so its sessions move; 0 = never "
@@ -103,6 +108,7 @@ def limits_from_args(args: argparse.Namespace) -> HostLimits:
         max_wait_us=max(0, int(args.max_wait_us)),
         batch_invariant=bool(args.batch_invariant),
         stall_timeout_s=max(0.0, float(args.stall_timeout)),
+        compile=bool(args.compile),
     )
 
 

@@ -260,3 +260,18 @@ def test_batch_invariance_can_be_switched_off(loaded) -> None:
     fast = pick_runner(loaded, HostLimits(batch_invariant=False))
     assert isinstance(fast, PooledRunner)
     assert all(lin.pad_to == 1 for lin in fast.forward.linears())
+
+
+def test_the_compiled_forward_gives_the_eager_bits(tiny_pair) -> None:
+    """--compile: the norms and the activation through torch.compile, the same logits as eager."""
+    from engine.loader import load
+
+    eager = pick_runner(load(str(tiny_pair[0])), HostLimits())
+    compiled = pick_runner(load(str(tiny_pair[0])), HostLimits(compile=True))
+    assert isinstance(compiled, PooledRunner)
+    schedules = _schedules(4, seed=5)
+    a = _run(eager, schedules, [list(range(4))], seed=1)
+    b = _run(compiled, schedules, [list(range(4))], seed=1)
+    for i in range(4):
+        assert torch.equal(a[i].argmax(-1), b[i].argmax(-1))
+        torch.testing.assert_close(a[i], b[i], atol=1e-4, rtol=0)
