@@ -116,7 +116,7 @@ function status(section, message, kind = "info") {
   const node = [...section.querySelectorAll(".status")].pop();
   node.textContent = message;
   node.className = `status ${kind}`;
-  node.setAttribute("role", kind === "error" ? "alert" : "status");
+  node.setAttribute("role", kind.startsWith("error") ? "alert" : "status");
 }
 
 function fail(section, err) {
