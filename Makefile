@@ -23,7 +23,7 @@ demo: install
 	$(VENV)/bin/specdec demo "$(PROMPT)"
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 bench-quick: install
 	$(PY) -m benchmarks.run --quick --tiny
