@@ -135,11 +135,14 @@ def build_request(
 
 
 def predict_request(text: str, top_k: int = 0, temperature: float | None = None,
-                    distributions: bool = False) -> pb.PredictRequest:
-    """A PredictRequest; temperature None is the model's own softmax (temperature 1)."""
+                    distributions: bool = False, sampling_top_k: int = 0) -> pb.PredictRequest:
+    """A PredictRequest; temperature None is the model's own softmax (temperature 1).
+    `top_k` is how many predictions per position; `sampling_top_k` truncates the
+    distributions themselves (as a sampler's top-k would)."""
     request = pb.PredictRequest(text=text, top_k=top_k, distributions=distributions)
-    if temperature is not None:
-        request.sampling.temperature = temperature
+    if temperature is not None or sampling_top_k:
+        request.sampling.temperature = 1.0 if temperature is None else temperature
+        request.sampling.top_k = sampling_top_k
     return request
 
 
@@ -342,10 +345,11 @@ class Client(_Orchestrators):
                                 metadata=_with_token(self._token, None))
 
     def predict(self, text: str, *, top_k: int = 0, temperature: float | None = None,
-                distributions: bool = False) -> pb.PredictResponse:
+                distributions: bool = False, sampling_top_k: int = 0) -> pb.PredictResponse:
         """The target's top_k predictions at every position of `text`, in one target pass
         (with `distributions`: also p and q after it)."""
-        return self._stub.Predict(predict_request(text, top_k, temperature, distributions),
+        return self._stub.Predict(predict_request(text, top_k, temperature, distributions,
+                                                  sampling_top_k),
                                   timeout=self.timeout, metadata=_with_token(self._token, None))
 
     def end_session(self, session_id: str) -> bool:
@@ -386,8 +390,9 @@ class AsyncClient(_Orchestrators):
                                       metadata=_with_token(self._token, None))
 
     async def predict(self, text: str, *, top_k: int = 0, temperature: float | None = None,
-                      distributions: bool = False) -> pb.PredictResponse:
-        return await self._stub.Predict(predict_request(text, top_k, temperature, distributions),
+                      distributions: bool = False, sampling_top_k: int = 0) -> pb.PredictResponse:
+        return await self._stub.Predict(predict_request(text, top_k, temperature, distributions,
+                                                  sampling_top_k),
                                         timeout=self.timeout, metadata=_with_token(self._token, None))
 
     async def end_session(self, session_id: str) -> bool:

@@ -90,6 +90,7 @@ class SampleBody(_Body):
     seed: int = Field(1, ge=1, lt=2**63)
     sampler: Literal["exact", "wrong"] = "exact"
     temperature: float = Field(1.0, ge=0.05, le=5.0)
+    top_k: int = Field(40, ge=1, le=1000)  # the sampler's truncation of p and q
 
 
 def _parse(model: type[_Body], body: Any) -> _Body:
@@ -219,14 +220,15 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
         body = _parse(SampleBody, await _json(request))
         # The distributions are the only target work: a new sampler, seed or number of
         # draws over a prompt already seen costs nothing.
-        dist_key = "dist:" + json.dumps([body.prompt, body.temperature])
+        dist_key = "dist:" + json.dumps([body.prompt, body.temperature, body.top_k])
         dist = cache.get(dist_key)
         charged = 0
         if dist is None:
             reservation = quota.reserve(visitor(request), 1)
             try:
                 dist = await request.app.state.client.predict(
-                    body.prompt, top_k=20, temperature=body.temperature, distributions=True)
+                    body.prompt, top_k=20, temperature=body.temperature, distributions=True,
+                    sampling_top_k=body.top_k)
             except grpc.RpcError as exc:
                 reservation.settle(0)
                 raise from_rpc_error(exc, "prompt") from None
@@ -404,13 +406,14 @@ def _draw(dist, body: SampleBody) -> dict:
     p = decode_probs(dist.target_next)[0]
     q = decode_probs(dist.draft_next)[0]
     tokens = panel.draw_first_tokens(p, q, body.draws, body.seed, body.sampler)
-    bins = panel.bins_of(p, tokens)
+    bins = panel.bins_of(p, tokens, top=20)
     test = panel.chi_square(bins, body.draws)
     names = {c.id: c.text for c in dist.next}
     return {
         "draws": body.draws, "sampler": body.sampler, "seed": body.seed,
         "bins": [{"label": names.get(b.ids[0], f"#{b.ids[0]}") if len(b.ids) == 1
-                  else f"other ({len(b.ids)} tokens)", "ids": list(b.ids[:1]),
+                  else f"other ({sum(bool(p[i] > 0) for i in b.ids)} tokens)", "other": len(b.ids) > 1,
+                  "ids": list(b.ids[:1]),
                   "p": b.p, "count": b.count, "freq": b.count / body.draws} for b in bins],
         "chi_square": test.statistic, "dof": test.dof, "p_value": test.p_value,
         "target_only_passes": body.draws,

@@ -142,7 +142,7 @@ function equality(node, ids, twinIds) {
   node.dataset.equal = String(same);
   node.className = `equality ${same ? "equal" : "differ"}`;
   node.textContent = same
-    ? `Equal to one token per pass: yes, all ${ids.length} tokens identical.`
+    ? `Equal to one token per pass: yes, ${ids.length} of ${ids.length} tokens identical.`
     : `Equal to one token per pass: NO — first difference at token ${first + 1}.`;
   return same;
 }
@@ -364,8 +364,14 @@ bind("#step5 form", async (section) => {
   const tokens = num("#step5-tokens");
   const k = 4;
   const c = counters($(".counters", section));
-  const run = await generate({ prompt, proposer: "draft", k, max_new_tokens: tokens },
-    (r) => c.self.set(r.passes, r.tokens));
+  let accepted = 0, tested = 0; // alpha as the formula means it: accepted / drafted tokens tested
+  const run = await generate({ prompt, proposer: "draft", k, max_new_tokens: tokens }, (r) => {
+    c.self.set(r.passes, r.tokens);
+    if (r.drafted.length) {
+      accepted += r.accepted;
+      tested += Math.min(r.drafted.length, r.accepted + 1); // drafts after a rejection were never tested
+    }
+  });
   c.self.set(run.stats.target_passes, run.stats.new_tokens, charged(run));
   const twin = await generate({ prompt, proposer: "none", max_new_tokens: tokens },
     (r) => c.twin.set(r.passes, r.tokens));
@@ -373,7 +379,7 @@ bind("#step5 form", async (section) => {
   const s = run.stats, t = twin.stats;
   if (run.quota_stop || twin.quota_stop) throw new ApiError(429, { error: { message: run.quota_stop || twin.quota_stop } });
   const pass1 = t.target_ms / Math.max(t.target_passes, 1); // a one-token target pass
-  const alpha = s.drafted_tokens ? s.accepted_tokens / s.drafted_tokens : 0;
+  const alpha = tested ? accepted / tested : 0;
   const cost = s.drafted_tokens ? (s.draft_ms / s.drafted_tokens) / pass1 : 0;
   const v = (s.target_ms / Math.max(s.target_passes, 1)) / pass1;
   const measured = (t.total_ms / Math.max(t.new_tokens, 1)) / (s.total_ms / Math.max(s.new_tokens, 1));
@@ -397,7 +403,7 @@ bind("#sample-form", async (section) => {
   table.replaceChildren();
   const sampler = $("input[name=sampler]:checked").value;
   const r = await post("/sample", { prompt: $("#sample-prompt").value, draws: num("#sample-draws"),
-    temperature: num("#sample-temperature"), sampler, seed: 1 });
+    temperature: num("#sample-temperature"), top_k: num("#sample-topk"), sampler, seed: 1 });
   table.append(el("caption", { text: `${r.draws} first tokens, ${r.sampler} sampler` }));
   const head = el("tr");
   for (const h of ["token", "p (target)", "frequency", ""]) head.append(el("th", { scope: "col", text: h }));
@@ -408,7 +414,7 @@ bind("#sample-form", async (section) => {
     const bars = el("td", { class: "bars" },
       el("span", { class: "bar p", style: `width:${(100 * b.p / top).toFixed(1)}%` }),
       el("span", { class: "bar f", style: `width:${(100 * b.freq / top).toFixed(1)}%` }));
-    tbody.append(el("tr", {}, el("th", { scope: "row", text: show(b.label) }),
+    tbody.append(el("tr", {}, el("th", { scope: "row", text: b.other ? b.label : show(b.label) }),
       el("td", { text: pct(b.p) }), el("td", { text: pct(b.freq) }), bars));
   }
   table.append(tbody);
