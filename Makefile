@@ -1,11 +1,12 @@
 # The two commands a new user needs:
 #   make demo   # install, start Redis (if needed) + target + draft + orchestrator, stream a generation
 #   make test   # install, run the test suite
+#   make playground  # install, start everything; open http://127.0.0.1:8000/playground
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
 
-.PHONY: install demo test bench-quick proto clean
+.PHONY: install demo playground test bench-quick proto clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +22,10 @@ $(VENV)/.installed: pyproject.toml
 
 demo: install
 	$(VENV)/bin/specdec demo "$(PROMPT)"
+
+# Everything up and staying up, with the playground page at http://127.0.0.1:8000/playground.
+playground: install
+	$(VENV)/bin/specdec up
 
 test: install
 	$(PY) -m pytest -q -rs
