@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from client import AsyncClient
 from specdec.security import aio_channel, channel_credentials
-from gateway.errors import APIError, from_rpc_error, invalid
+from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
 from gateway import playground
 from gateway.playground import PlaygroundSettings
 from gateway.protocol import (
@@ -166,16 +166,7 @@ def create_app(settings: Settings) -> FastAPI:
         auth = request.headers.get("authorization")
         metadata = (("authorization", auth),) if auth else None
         stream = app.state.client.generate(metadata=metadata, **options)
-        events = stream.__aiter__()
-        try:
-            first = await events.__anext__()
-        except StopAsyncIteration:
-            first = None
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, prompt_param) from None
-        except BaseException:
-            stream.cancel()
-            raise
+        first, events = await first_chunk(stream, prompt_param)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if not req.stream:
             texts = [first.text] if first is not None else []

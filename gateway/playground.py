@@ -40,7 +40,7 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from gateway.errors import APIError, from_rpc_error, invalid
+from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
 from gateway.quota import PassQuota, QuotaExhausted
 from specdec.core import speedup
 
@@ -258,17 +258,13 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
             body.prompt, max_new_tokens=body.max_new_tokens, temperature=body.temperature,
             seed=body.seed, proposer=body.proposer, k=body.k, guess=body.guess,
             round_tokens=True, max_target_passes=reservation.granted)
-        events = stream.__aiter__()
         try:
-            first = await events.__anext__()
-        except StopAsyncIteration:
-            first = None
-        except grpc.RpcError as exc:
-            reservation.settle(0)
-            raise from_rpc_error(exc, "prompt") from None
+            first, events = await first_chunk(stream, "prompt")
+        except APIError:
+            reservation.settle(0)  # refused before any pass
+            raise
         except BaseException:
             reservation.settle(1)
-            stream.cancel()
             raise
         run = _Run(first, events, stream, reservation, key, cache,
                    lambda: quota.status(visitor(request)), body.max_new_tokens)

@@ -2,34 +2,17 @@
 and `python -m gateway` with the playground on, started as separate processes."""
 from __future__ import annotations
 
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from specdec import procs
-from tests.integration.stack import ENV, Stack
+from tests.integration.stack import ENV, Stack, wait_http
 from tests.playground import browser as chromium
 
 # A quota far above what the per-step tests spend: they check what each run charges.
 BIG_QUOTA = 100_000
-
-
-def wait_http(url: str, proc, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise procs.ServiceDied(f"gateway exited with {proc.returncode}:\n{procs.log_tail(proc)}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} not answering; log:\n{procs.log_tail(proc)}") from None
-            time.sleep(0.2)
 
 
 def start_gateway(stack: Stack, name: str, *flags: str) -> str:

@@ -14,19 +14,14 @@ import pytest
 import torch
 
 from gateway.playground import STATIC
+from tests.integration.stack import post_json
 from tests.playground.conftest import BIG_QUOTA, start_gateway
 
 TEXT = "The cat sat on the mat and the dog sat on the log."
 
 
 def post(base: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{base}/playground/api{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return post_json(f"{base}/playground/api{path}", body, timeout=120)
 
 
 def events(base: str, body: dict) -> list[tuple[str, dict]]:
