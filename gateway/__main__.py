@@ -6,6 +6,9 @@ Then any OpenAI client works with base_url=http://HOST:8000/v1, e.g.
     OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused").chat.completions.create(
         model="specdec", messages=[{"role": "user", "content": "Hi"}], stream=True)
 
+The playground page is on http://HOST:8000/playground (off with --no-playground); its
+pass quota is --playground-passes-per-minute target passes per visitor.
+
 Every flag has a SPECDEC_* environment equivalent (flags win).
 """
 from __future__ import annotations
