@@ -1,6 +1,7 @@
 # The two commands a new user needs:
 #   make demo   # install, start Redis (if needed) + target + draft + orchestrator, stream a generation
 #   make test   # install, run the test suite
+#   make playground  # install, start everything; open http://127.0.0.1:8000/playground
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
@@ -10,7 +11,7 @@ OLDEST_TRANSFORMERS ?= 5.17.0
 OLDEST_HUB ?= 1.33.0
 OLDEST_DIR := $(VENV)/oldest-transformers
 
-.PHONY: install demo test test-oldest-transformers bench-quick proto clean
+.PHONY: install demo playground test test-oldest-transformers bench-quick proto clean
 
 install: $(VENV)/.installed
 
@@ -27,8 +28,12 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/specdec demo "$(PROMPT)"
 
+# Everything up and staying up, with the playground page at http://127.0.0.1:8000/playground.
+playground: install
+	$(VENV)/bin/specdec up
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 	$(MAKE) test-oldest-transformers
 
 # The engine's own tests (tiny models, in-process and one real service each) on the

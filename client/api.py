@@ -62,6 +62,7 @@ class Chunk:
     text: str
     token_ids: tuple[int, ...]
     start_index: int = 0  # index of token_ids[0] in the session's tokens (the prompt's come first)
+    round: pb.RoundTokens | None = None  # with round_tokens=True: what the round drafted and kept
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def build_request(
     strict: bool = False,
     keep_session: bool = False,
     parallel: bool | None = None,
+    round_tokens: bool = False,
+    max_target_passes: int = 0,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
@@ -102,6 +105,9 @@ def build_request(
     conversation again: the shared prefix is served from cache). parallel=True asks
     for parallel speculation (the draft drafts the next round while the target
     verifies; same text), False for sequential, None for the server's default.
+    round_tokens=True makes every chunk carry its round (`Chunk.round`: drafted
+    tokens, accepted count, the extra token's kind, the source); max_target_passes
+    stops the turn after that many target passes (finish_reason "passes").
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -123,7 +129,21 @@ def build_request(
         keep_session=keep_session,
         speculation={None: pb.SPECULATION_UNSPECIFIED, False: pb.SPECULATION_SEQUENTIAL,
                      True: pb.SPECULATION_PARALLEL}[parallel],
+        round_tokens=round_tokens,
+        max_target_passes=max_target_passes,
     )
+
+
+def predict_request(text: str, top_k: int = 0, temperature: float | None = None,
+                    distributions: bool = False, sampling_top_k: int = 0) -> pb.PredictRequest:
+    """A PredictRequest; temperature None is the model's own softmax (temperature 1).
+    `top_k` is how many predictions per position; `sampling_top_k` truncates the
+    distributions themselves (as a sampler's top-k would)."""
+    request = pb.PredictRequest(text=text, top_k=top_k, distributions=distributions)
+    if temperature is not None or sampling_top_k:
+        request.sampling.temperature = 1.0 if temperature is None else temperature
+        request.sampling.top_k = sampling_top_k
+    return request
 
 
 def split_addresses(address: str | Sequence[str]) -> list[str]:
@@ -145,7 +165,8 @@ class _Resume:
     def chunk(self, c: pb.Chunk) -> Chunk:
         self.session_id = c.session_id or self.session_id
         self.next_index = c.start_index + len(c.token_ids)
-        return Chunk(c.text, tuple(c.token_ids), c.start_index)
+        return Chunk(c.text, tuple(c.token_ids), c.start_index,
+                     c.round if c.HasField("round") else None)
 
     def again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
         """The request resuming the stream after `error`, or None when it is not to be retried."""
@@ -323,6 +344,14 @@ class Client(_Orchestrators):
         return self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout,
                                 metadata=_with_token(self._token, None))
 
+    def predict(self, text: str, *, top_k: int = 0, temperature: float | None = None,
+                distributions: bool = False, sampling_top_k: int = 0) -> pb.PredictResponse:
+        """The target's top_k predictions at every position of `text`, in one target pass
+        (with `distributions`: also p and q after it)."""
+        return self._stub.Predict(predict_request(text, top_k, temperature, distributions,
+                                                  sampling_top_k),
+                                  timeout=self.timeout, metadata=_with_token(self._token, None))
+
     def end_session(self, session_id: str) -> bool:
         """Forget a session (its Redis record and both services' caches)."""
         reply = self._stub.EndSession(pb.EndSessionRequest(session_id=session_id), timeout=self.timeout,
@@ -359,6 +388,12 @@ class AsyncClient(_Orchestrators):
     async def check(self, prompt: str, guess: str) -> pb.CheckResponse:
         return await self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout,
                                       metadata=_with_token(self._token, None))
+
+    async def predict(self, text: str, *, top_k: int = 0, temperature: float | None = None,
+                      distributions: bool = False, sampling_top_k: int = 0) -> pb.PredictResponse:
+        return await self._stub.Predict(predict_request(text, top_k, temperature, distributions,
+                                                  sampling_top_k),
+                                        timeout=self.timeout, metadata=_with_token(self._token, None))
 
     async def end_session(self, session_id: str) -> bool:
         reply = await self._stub.EndSession(pb.EndSessionRequest(session_id=session_id),

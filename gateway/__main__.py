@@ -6,6 +6,9 @@ Then any OpenAI client works with base_url=http://HOST:8000/v1, e.g.
     OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused").chat.completions.create(
         model="specdec", messages=[{"role": "user", "content": "Hi"}], stream=True)
 
+The playground page is on http://HOST:8000/playground (off with --no-playground); its
+pass quota is --playground-passes-per-minute target passes per visitor.
+
 Every flag has a SPECDEC_* environment equivalent (flags win).
 """
 from __future__ import annotations
@@ -44,6 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="client certificate for mutual TLS to the orchestrator [SPECDEC_CLIENT_CERT]")
     p.add_argument("--tls-key", default=_env("client_key", None),
                    help="its private key [SPECDEC_CLIENT_KEY]")
+    p.add_argument("--no-playground", action="store_true",
+                   default=_env("no_playground", "") not in ("", "0", "false"),
+                   help="do not serve the playground page at /playground [SPECDEC_NO_PLAYGROUND=1]")
+    p.add_argument("--playground-passes-per-minute", type=int,
+                   default=_env("playground_passes_per_minute", 30),
+                   help="pass quota: target passes per visitor (client address) per minute on "
+                        "the playground, 0 = none [SPECDEC_PLAYGROUND_PASSES_PER_MINUTE] "
+                        "(default %(default)s)")
     p.add_argument("--log-level", default=_env("log_level", "INFO"),
                    help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
     return p.parse_args(argv)
@@ -57,13 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from gateway.app import Settings, create_app
+    from gateway.playground import PlaygroundSettings
+    from specdec.procs import watch_parent
 
+    watch_parent()  # started by `specdec up`: go when it goes
+    passes = int(args.playground_passes_per_minute)
+    if passes < 0:
+        raise SystemExit("--playground-passes-per-minute: must be >= 0")
+    playground = None if args.no_playground else PlaygroundSettings(passes_per_minute=passes)
     app = create_app(Settings(orchestrator=args.orchestrator, model_name=args.model_name,
                               default_max_tokens=int(args.default_max_tokens),
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),
-                              tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key))
-    logging.getLogger("gateway").info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",
-                                      args.host, args.port, args.orchestrator)
+                              tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                              playground=playground))
+    log = logging.getLogger("gateway")
+    log.info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",
+             args.host, args.port, args.orchestrator)
+    if playground is not None:
+        log.info("playground on http://%s:%d/playground (%s target passes per visitor per minute)",
+                 args.host, args.port, passes or "unlimited")
     uvicorn.run(app, host=args.host, port=int(args.port), log_level=level.lower(),
                 access_log=level == "DEBUG", timeout_graceful_shutdown=float(args.grace) + 1)
     return 0

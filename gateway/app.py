@@ -26,7 +26,9 @@ from starlette.responses import JSONResponse, Response
 
 from client import AsyncClient
 from specdec.security import aio_channel, channel_credentials
-from gateway.errors import APIError, from_rpc_error, invalid
+from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
+from gateway import playground
+from gateway.playground import PlaygroundSettings
 from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
     generate_options, parse, usage,
@@ -57,7 +59,8 @@ class _CountResponses:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        route = path if path in _ROUTES else "/v1/models" if path.startswith("/v1/models/") else "other"
+        route = (path if path in _ROUTES else "/v1/models" if path.startswith("/v1/models/")
+                 else "/playground" if path.startswith("/playground") else "other")
         start = time.perf_counter()
 
         async def counted(message) -> None:
@@ -80,6 +83,7 @@ class Settings:
     tls_ca: str | None = None            # CA of the orchestrator's certificate (TLS to it)
     tls_cert: str | None = None          # client certificate for mutual TLS
     tls_key: str | None = None
+    playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -97,6 +101,9 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="specdec OpenAI-compatible API", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.add_middleware(_CountResponses)
+
+    if settings.playground is not None:
+        playground.install(app, settings.playground)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -159,16 +166,7 @@ def create_app(settings: Settings) -> FastAPI:
         auth = request.headers.get("authorization")
         metadata = (("authorization", auth),) if auth else None
         stream = app.state.client.generate(metadata=metadata, **options)
-        events = stream.__aiter__()
-        try:
-            first = await events.__anext__()
-        except StopAsyncIteration:
-            first = None
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, prompt_param) from None
-        except BaseException:
-            stream.cancel()
-            raise
+        first, events = await first_chunk(stream, prompt_param)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if not req.stream:
             texts = [first.text] if first is not None else []

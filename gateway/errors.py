@@ -77,3 +77,18 @@ def from_rpc_error(exc: grpc.RpcError, prompt_param: str = "messages") -> APIErr
     if param is None and details.startswith("prompt"):
         param = prompt_param
     return APIError(HTTP_STATUS.get(code, 500), details, param=param, code=code.name.lower())
+
+
+async def first_chunk(stream, prompt_param: str = "messages"):
+    """(first chunk or None, the rest) of a client stream, waiting for the first one so that a
+    request the orchestrator rejects still gets its HTTP status: its error as an APIError."""
+    events = stream.__aiter__()
+    try:
+        return await events.__anext__(), events
+    except StopAsyncIteration:
+        return None, events
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc, prompt_param) from None
+    except BaseException:
+        stream.cancel()
+        raise

@@ -30,14 +30,9 @@ class CheckResult:
     next_id: int  # the target's prediction after the whole guess
 
 
-async def check(
-    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int
-) -> CheckResult:
-    """Score prompt + guess in ONE target pass, on a throwaway session."""
-    if not guess_ids:
-        raise InvalidArgument("guess: must not be empty")
-    if len(guess_ids) > max_k:
-        raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_k} can be checked in one pass")
+async def score_once(router: Router, tokens: list[int], k: int,
+                     sampling: SamplingParams) -> model_pb2.ScoreResponse:
+    """ONE target pass over `tokens` on a throwaway session: rows for the last k + 1 positions."""
     target = await router.pick("target")
     if target is None:
         raise Unavailable("no target service replica is available")
@@ -46,16 +41,29 @@ async def check(
         session_id=session_id,
         cache_position=0,
         prefix_hash=EMPTY,
-        tokens=prompt_ids + guess_ids,
-        k=len(guess_ids),
-        # Temperature 1 without truncation: p is the model's own softmax.
-        sampling=sampling_to_proto(SamplingParams(temperature=1.0)),
+        tokens=tokens,
+        k=k,
+        sampling=sampling_to_proto(sampling),
         output_mode=common_pb2.OUTPUT_MODE_PROBS,
     )
     try:
         response, _ = await target.score(request)
     finally:
         await target.release(session_id)
+    return response
+
+
+async def check(
+    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int
+) -> CheckResult:
+    """Score prompt + guess in ONE target pass, on a throwaway session."""
+    if not guess_ids:
+        raise InvalidArgument("guess: must not be empty")
+    if len(guess_ids) > max_k:
+        raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_k} can be checked in one pass")
+    # Temperature 1 without truncation: p is the model's own softmax.
+    response = await score_once(router, prompt_ids + guess_ids, len(guess_ids),
+                                SamplingParams(temperature=1.0))
     argmax = list(response.argmax_ids)  # [n + 1]
     probs = decode_probs(response.probs)  # [n + 1, vocab]
     verdict = verify_greedy(guess_ids, argmax)

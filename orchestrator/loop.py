@@ -44,12 +44,29 @@ from specdec.v1 import model_pb2
 from specdec.wire import decode_probs
 
 
+# finish_reason of a turn stopped by GenerateSpec.max_target_passes.
+PASSES = "passes"
+
+
+@dataclass(frozen=True)
+class RoundDetail:
+    """What one round proposed and committed (GenerateSpec.round_tokens): Chunk.round."""
+
+    index: int  # 1-based: the target passes so far
+    source: str  # what drafted ("" = nothing)
+    drafted: list[int]
+    accepted: int
+    extra_kind: str  # specdec.core.verify RECOVERED or BONUS
+    committed: list[int]  # accepted drafts + the extra token, after EOS / stop / length cuts
+
+
 @dataclass(frozen=True)
 class ChunkEvent:
     text: str
     token_ids: list[int]
     start_index: int = 0  # index of token_ids[0] in the session's tokens (prompt included)
     session_id: str = ""  # on the stream's first chunk (what a resume names)
+    round: RoundDetail | None = None  # spec.round_tokens only
 
 
 async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
@@ -108,6 +125,8 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             skip = max(0, spec.resume_from - len(tokens))  # already streamed before a resume
             text, kept, hit = _detokenize(kept, decoder, holdback, skip)
             finish = STOP if hit else finish
+            if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
+                finish = PASSES  # a pass budget (the playground's quota): no further forward
             session.target.cached, draft_keep = keep_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
                 draft_held=proposal.cache_length, n_committed=len(kept),
@@ -124,8 +143,10 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             await session.save(tokens, proposer.replica, rnd, last=bool(finish))
             if fresh:
                 tally.chunk_sent()
+                detail = RoundDetail(tally.target_passes, rnd.source, drafted, verdict.accepted,
+                                     verdict.extra_kind, kept) if spec.round_tokens else None
                 yield ChunkEvent(text=text, token_ids=fresh, start_index=len(tokens) - len(fresh),
-                                 session_id="" if sent else session.id)
+                                 session_id="" if sent else session.id, round=detail)
                 sent += 1
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
             trace.round_closed(rnd)

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 import grpc
 
 from orchestrator import check as checking
+from orchestrator import predict as predicting
 from orchestrator import metrics
-from orchestrator.loop import ChunkEvent, generate
+from orchestrator.loop import ChunkEvent, RoundDetail, generate
 from orchestrator.sessions import forget_session
 from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
 from orchestrator.stats import stats_to_proto
@@ -100,6 +101,8 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         strict=request.strict,
         keep_session=request.keep_session,
         resume_from=int(request.resume_from),
+        round_tokens=request.round_tokens,
+        max_target_passes=int(request.max_target_passes),
         tenant=tenant,
         parallel=_SPECULATION.get(request.speculation, None),
     )
@@ -135,10 +138,67 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             if isinstance(event, ChunkEvent):
                 yield pb.GenerateResponse(chunk=pb.Chunk(
                     text=event.text, token_ids=event.token_ids, start_index=event.start_index,
-                    session_id=event.session_id))
+                    session_id=event.session_id,
+                    round=self._round_tokens(event.round) if event.round else None))
             else:
                 metrics.observe(event)
                 yield pb.GenerateResponse(stats=stats_to_proto(event))
+
+    def _decode_each(self, ids: list[int]) -> list[str]:
+        """Every token decoded alone (special tokens shown), as Check and Predict report them."""
+        tok = self.config.tokenizer
+        return [tok.decode([i], skip_special_tokens=False) for i in ids]
+
+    def _round_tokens(self, detail: RoundDetail) -> pb.RoundTokens:
+        # At most max_k + 1 short decodes: cheap enough to stay on the loop.
+        return pb.RoundTokens(
+            round=detail.index, source=detail.source, drafted_ids=detail.drafted,
+            drafted_texts=self._decode_each(detail.drafted), accepted=detail.accepted,
+            extra_kind=detail.extra_kind, token_texts=self._decode_each(detail.committed))
+
+    async def Predict(  # noqa: N802
+        self, request: pb.PredictRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PredictResponse:
+        self.admission.check_bytes(len(request.text.encode()))
+        top_k = predicting.top_k_of(request.top_k)
+        sampling = predicting.predict_sampling(
+            sampling_from_proto(request.sampling) if request.HasField("sampling") else None)
+        with self.admission.enter(TENANT.get()):
+            ids = await self._off_loop(self._predict_ids, request.text)
+            result = await predicting.predict(self.config.router, ids, sampling,
+                                              self.config.target_max_k,
+                                              distributions=request.distributions)
+            return await self._off_loop(self._predict_response, result, top_k)
+
+    def _predict_ids(self, text: str) -> list[int]:
+        if not text:
+            raise InvalidArgument("text: must not be empty")
+        ids = encode_text(self.config.tokenizer, text)
+        if len(ids) >= self.config.context_length:
+            raise OutOfRange(f"text: {len(ids)} tokens does not fit the target's context of "
+                             f"{self.config.context_length}")
+        return ids
+
+    def _predict_response(self, result: predicting.Prediction, top_k: int) -> pb.PredictResponse:
+        texts = self._decode_each(result.ids)
+        rows = [predicting.top_candidates(row, top_k) for row in result.probs]
+        wanted = sorted({i for row in rows for i, _ in row})
+        names = dict(zip(wanted, self._decode_each(wanted)))
+
+        def candidates(row: list[tuple[int, float]]) -> list[pb.Candidate]:
+            return [pb.Candidate(id=i, text=names[i], prob=p) for i, p in row]
+
+        tokens = []
+        for n, (token, text) in enumerate(zip(result.ids, texts)):
+            r = n - result.scored_from  # the row that predicted this token, if scored
+            scored = r >= 0
+            tokens.append(pb.PredictedToken(
+                id=token, text=text, predicted=candidates(rows[r]) if scored else [],
+                prob=float(result.probs[r, token]) if scored else 0.0))
+        return pb.PredictResponse(
+            tokens=tokens, next=candidates(rows[-1]), target_next=result.target_next,
+            draft_next=result.draft_next, target_passes=1,
+            draft_calls=int(result.draft_next is not None))
 
     async def Check(  # noqa: N802
         self, request: pb.CheckRequest, context: grpc.aio.ServicerContext

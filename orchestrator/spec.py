@@ -39,6 +39,8 @@ class GenerateSpec:
     parallel: bool | None = None  # draft the next round during this one's verify; None = the config's
     keep_session: bool = False  # keep the record for later turns; else deleted when the stream ends
     resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
+    round_tokens: bool = False  # each chunk carries its round's drafted/accepted tokens
+    max_target_passes: int = 0  # > 0: finish ("passes") after this many target passes
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The `specdec` console command.
 
     specdec generate "prompt"      stream a generation from a running orchestrator
-    specdec up                     start what is missing (Redis, target, draft, orchestrator)
+    specdec up                     start what is missing (Redis, target, draft, orchestrator),
+                                   and the HTTP gateway with the playground page
     specdec demo "prompt"          up + one streamed generation + clean shutdown
     specdec health ADDRESS         exit 0 if the gRPC server there is SERVING (container probes)
     specdec secrets DIR            make a CA, certificates and tokens for a secured deployment
@@ -264,10 +265,36 @@ def launched(args: argparse.Namespace):
         signal.signal(signal.SIGTERM, previous)
 
 
+def start_gateway(launch: Launch, orchestrator: str, port: int, timeout: float, say=print) -> str:
+    """`python -m gateway` (the OpenAI API and the playground page) in front of `orchestrator`."""
+    port = _port_or_free(port)
+    proc = launch.processes.start("gateway", ["python", "-m", "gateway", "--orchestrator",
+                                              orchestrator, "--port", str(port)], env=child_env(1))
+    deadline = time.monotonic() + timeout
+    while not _listens("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway did not start on port {port}; see {launch.logs}/gateway.log")
+        time.sleep(0.1)
+    base = f"http://127.0.0.1:{port}"
+    say(f"gateway       {base}/v1 (OpenAI-compatible)")
+    say(f"playground    {base}/playground")
+    return base
+
+
+def _listens(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     try:
         with launched(args) as launch:
             address = bring_up(args, launch)
+            if args.gateway_port:
+                start_gateway(launch, address, args.gateway_port, args.timeout)
             print(f"logs          {launch.logs}")
             print(f'ready: specdec generate --address {address} "Hello"   (Ctrl-C stops everything)',
                   flush=True)
@@ -382,8 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection_args(gen)
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
-    up = sub.add_parser("up", help="start Redis (if needed), target, draft and orchestrator")
+    up = sub.add_parser("up", help="start Redis (if needed), target, draft, orchestrator and gateway")
     _add_up_args(up)
+    up.add_argument("--gateway-port", type=int, default=8000,
+                    help="port of the HTTP gateway (OpenAI API, playground page at /playground; "
+                         "a free one if taken; 0 = no gateway)")
     up.set_defaults(func=cmd_up)
     demo = sub.add_parser("demo", help="up, stream one generation, shut everything down")
     demo.add_argument("prompt", nargs="?", default="Explain speculative decoding in two sentences.")

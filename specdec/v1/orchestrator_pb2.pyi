@@ -41,7 +41,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation")
+    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,8 @@ class GenerateRequest(_message.Message):
     KEEP_SESSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_new_tokens: int
@@ -70,19 +72,41 @@ class GenerateRequest(_message.Message):
     keep_session: bool
     resume_from: int
     speculation: Speculation
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ...) -> None: ...
+    round_tokens: bool
+    max_target_passes: int
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("text", "token_ids", "start_index", "session_id")
+    __slots__ = ("text", "token_ids", "start_index", "session_id", "round")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     START_INDEX_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     start_index: int
     session_id: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_index: _Optional[int] = ..., session_id: _Optional[str] = ...) -> None: ...
+    round: RoundTokens
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_index: _Optional[int] = ..., session_id: _Optional[str] = ..., round: _Optional[_Union[RoundTokens, _Mapping]] = ...) -> None: ...
+
+class RoundTokens(_message.Message):
+    __slots__ = ("round", "source", "drafted_ids", "drafted_texts", "accepted", "extra_kind", "token_texts")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TEXTS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_KIND_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TEXTS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    source: str
+    drafted_ids: _containers.RepeatedScalarFieldContainer[int]
+    drafted_texts: _containers.RepeatedScalarFieldContainer[str]
+    accepted: int
+    extra_kind: str
+    token_texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., source: _Optional[str] = ..., drafted_ids: _Optional[_Iterable[int]] = ..., drafted_texts: _Optional[_Iterable[str]] = ..., accepted: _Optional[int] = ..., extra_kind: _Optional[str] = ..., token_texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms", "drafted_per_round", "serialize_ms", "rounds", "pre_draft_hits", "pre_draft_misses", "draft_hidden_ms")
@@ -251,6 +275,56 @@ class CheckResponse(_message.Message):
     next_id: int
     next_text: str
     def __init__(self, accepted: _Optional[int] = ..., first_mismatch: _Optional[int] = ..., accepted_text: _Optional[str] = ..., target_text_at_mismatch: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[TokenPrediction, _Mapping]]] = ..., next_id: _Optional[int] = ..., next_text: _Optional[str] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("text", "top_k", "sampling", "distributions")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    top_k: int
+    sampling: _common_pb2.SamplingParams
+    distributions: bool
+    def __init__(self, text: _Optional[str] = ..., top_k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., distributions: _Optional[bool] = ...) -> None: ...
+
+class Candidate(_message.Message):
+    __slots__ = ("id", "text", "prob")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROB_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    text: str
+    prob: float
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., prob: _Optional[float] = ...) -> None: ...
+
+class PredictedToken(_message.Message):
+    __slots__ = ("id", "text", "predicted", "prob")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FIELD_NUMBER: _ClassVar[int]
+    PROB_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    text: str
+    predicted: _containers.RepeatedCompositeFieldContainer[Candidate]
+    prob: float
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., predicted: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., prob: _Optional[float] = ...) -> None: ...
+
+class PredictResponse(_message.Message):
+    __slots__ = ("tokens", "next", "target_next", "draft_next", "target_passes", "draft_calls")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NEXT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_NEXT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[PredictedToken]
+    next: _containers.RepeatedCompositeFieldContainer[Candidate]
+    target_next: _common_pb2.Distributions
+    draft_next: _common_pb2.Distributions
+    target_passes: int
+    draft_calls: int
+    def __init__(self, tokens: _Optional[_Iterable[_Union[PredictedToken, _Mapping]]] = ..., next: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., target_next: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., draft_next: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
     __slots__ = ("session_id",)

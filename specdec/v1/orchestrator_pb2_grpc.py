@@ -44,6 +44,11 @@ class OrchestratorStub:
                 request_serializer=specdec_dot_v1_dot_orchestrator__pb2.CheckRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.CheckResponse.FromString,
                 _registered_method=True)
+        self.Predict = channel.unary_unary(
+                '/specdec.v1.Orchestrator/Predict',
+                request_serializer=specdec_dot_v1_dot_orchestrator__pb2.PredictRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.PredictResponse.FromString,
+                _registered_method=True)
         self.EndSession = channel.unary_unary(
                 '/specdec.v1.Orchestrator/EndSession',
                 request_serializer=specdec_dot_v1_dot_orchestrator__pb2.EndSessionRequest.SerializeToString,
@@ -69,6 +74,16 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Predict(self, request, context):
+        """"All at once": one target pass over a text gives the target's top
+        predictions at every position; optionally the next-token distributions
+        of the target (p) and the draft (q) after the whole text. Added after
+        v1's first release; older servers answer UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EndSession(self, request, context):
         """Forget a session: its Redis record and both services' KV caches.
         """
@@ -88,6 +103,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.Check,
                     request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.CheckRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_orchestrator__pb2.CheckResponse.SerializeToString,
+            ),
+            'Predict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Predict,
+                    request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.PredictRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_orchestrator__pb2.PredictResponse.SerializeToString,
             ),
             'EndSession': grpc.unary_unary_rpc_method_handler(
                     servicer.EndSession,
@@ -149,6 +169,33 @@ class Orchestrator:
             '/specdec.v1.Orchestrator/Check',
             specdec_dot_v1_dot_orchestrator__pb2.CheckRequest.SerializeToString,
             specdec_dot_v1_dot_orchestrator__pb2.CheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Predict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Orchestrator/Predict',
+            specdec_dot_v1_dot_orchestrator__pb2.PredictRequest.SerializeToString,
+            specdec_dot_v1_dot_orchestrator__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,

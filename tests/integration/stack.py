@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
+import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,3 +64,29 @@ class Stack:
     def stop(self) -> None:
         self.processes.stop_all()
         asyncio.run(delete_prefix(self.redis_url, self.prefix))
+
+
+def wait_http(url: str, proc, timeout: float = 60.0) -> None:
+    """Until `url` answers (a gateway started as `proc`); its log if it dies or never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise procs.ServiceDied(f"gateway exited with {proc.returncode}:\n{procs.log_tail(proc)}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not answering; log:\n{procs.log_tail(proc)}") from None
+            time.sleep(0.2)
+
+
+def post_json(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
+    """(HTTP status, JSON reply) of a JSON POST, error statuses included."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -52,7 +53,8 @@ def test_up_starts_everything_and_ctrl_c_leaves_no_orphans(tiny_pair, tmp_path):
     log = tmp_path / "up.log"
     proc = procs.start([*SPECDEC, "up", "--port", str(procs.free_port()), "--threads", "1",
                         "--target-model", str(target_dir), "--draft-model", str(draft_dir),
-                        "--logs", str(tmp_path / "logs")], log_path=log)
+                        "--logs", str(tmp_path / "logs"), "--gateway-port", str(procs.free_port())],
+                       log_path=log)
     try:
         deadline = time.monotonic() + 180
         while "ready:" not in log.read_text():
@@ -66,6 +68,10 @@ def test_up_starts_everything_and_ctrl_c_leaves_no_orphans(tiny_pair, tmp_path):
                               "--max-new-tokens", "5", "Hello"], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0 and "5 tokens in" in out.stderr, out.stderr
+        page = re.search(r"^playground\s+(http://(\S+)/playground)$", text, re.M)
+        with urllib.request.urlopen(page.group(1), timeout=10) as reply:  # the page is up
+            assert b"specdec playground" in reply.read()
+        addresses["gateway"] = page.group(2)
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         assert all(_closed(a) for a in addresses.values()), "a child outlived `specdec up`"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec import procs
-from tests.integration.stack import ENV, Stack
+from tests.integration.stack import ENV, Stack, post_json, wait_http
 
 openai = pytest.importorskip("openai")
 
@@ -56,20 +55,6 @@ def declared_metrics(port: int) -> set[str]:
     return names
 
 
-def _wait_http(url: str, proc, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise procs.ServiceDied(f"gateway exited with {proc.returncode}:\n{procs.log_tail(proc)}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} not answering; log:\n{procs.log_tail(proc)}") from None
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def gw(tiny_pair, tmp_path_factory):
     target_dir, draft_dir = tiny_pair
@@ -87,7 +72,7 @@ def gw(tiny_pair, tmp_path_factory):
                            env=ENV, log_path=stack.logs / "gateway.log")
         stack.procs["gateway"] = proc  # stopped by pid with the rest
         base = f"http://127.0.0.1:{port}"
-        _wait_http(f"{base}/v1/models", proc)
+        wait_http(f"{base}/v1/models", proc)
         metrics["gateway"] = port  # the gateway serves /metrics on its HTTP port
         yield SimpleNamespace(stack=stack, base=base, metrics=metrics,
                               openai=openai.OpenAI(base_url=f"{base}/v1", api_key="unused",
@@ -104,14 +89,7 @@ def grpc_client(gw):
         yield c
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+_post = post_json
 
 
 # ------------------------------------------------------------------- models, health

@@ -36,6 +36,7 @@ def test_children_of_specdec_up_die_with_it_on_sigkill(tiny_pair, tmp_path):
         "python", "-m", "specdec.cli", "up", "--target-model", str(target_dir),
         "--draft-model", str(draft_dir), "--port", str(procs.free_port()), "--threads", "1",
         "--redis-url", REDIS_URL, "--default-k", "3", "--logs", str(tmp_path / "logs"),
+        "--gateway-port", str(procs.free_port()),
     ], env={"OMP_NUM_THREADS": "1"}, log_path=out)
     client = redis.Redis.from_url(REDIS_URL)
     try:
@@ -43,7 +44,8 @@ def test_children_of_specdec_up_die_with_it_on_sigkill(tiny_pair, tmp_path):
         assert up.poll() is None, out.read_text()
         prefix = re.search(r"key prefix (\S+)\)", out.read_text()).group(1)
         children = children_of(up.pid)
-        assert len(children) == 3  # target, draft, orchestrator (this Redis is not its own)
+        assert len(children) == 4  # target, draft, orchestrator, gateway (this Redis is not its own)
+        assert "playground    http://127.0.0.1:" in out.read_text()
         assert client.keys(f"{prefix}service:*")  # both services registered
 
         os.kill(up.pid, signal.SIGKILL)

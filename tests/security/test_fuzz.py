@@ -21,7 +21,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 from tests.integration.stack import Stack
 
 BUDGET = {"Score": 300, "Propose": 300, "Release": 150, "Generate": 350, "Check": 250,
-          "EndSession": 150, "raw": 650}  # 2,150 requests
+          "Predict": 150, "EndSession": 150, "raw": 650}  # 2,300 requests
 SCALE = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "0")) / sum(BUDGET.values()) or 1.0
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
@@ -35,6 +35,7 @@ METHODS = {
     "GetInfoDraft": ("draft", "/specdec.v1.DraftService/GetInfo"),
     "Generate": ("orch", "/specdec.v1.Orchestrator/Generate"),
     "Check": ("orch", "/specdec.v1.Orchestrator/Check"),
+    "Predict": ("orch", "/specdec.v1.Orchestrator/Predict"),
     "EndSession": ("orch", "/specdec.v1.Orchestrator/EndSession"),
 }
 SEEN: collections.Counter = collections.Counter()
@@ -150,7 +151,8 @@ def generate_request(draw):
             max_new_tokens=draw(st.integers(1, 12)), seed=draw(st.integers(0, 2**64 - 1)),
             stop=draw(st.lists(st.text(min_size=1, max_size=3), max_size=2)),
             proposer=draw(st.integers(0, 4)), k=draw(st.integers(0, 6)),
-            guess=draw(st.text(min_size=1, max_size=20)))
+            guess=draw(st.text(min_size=1, max_size=20)), round_tokens=draw(st.booleans()),
+            max_target_passes=draw(st.one_of(st.integers(0, 4), u32)))
         if draw(st.booleans()):
             msg.sampling.CopyFrom(draw(sampling()))
         return msg
@@ -175,6 +177,15 @@ def check_request(draw):
         msg.messages.extend(pb.ChatMessage(role=draw(st.sampled_from(["user", "bogus", ""])),
                                            content=draw(st.text(max_size=40)))
                             for _ in range(draw(st.integers(0, 3))))
+    return msg
+
+
+@st.composite
+def predict_request(draw):
+    msg = pb.PredictRequest(text=draw(text), top_k=draw(st.one_of(st.integers(0, 25), u32)),
+                            distributions=draw(st.booleans()))
+    if draw(st.booleans()):
+        msg.sampling.CopyFrom(draw(sampling()))
     return msg
 
 
@@ -219,6 +230,12 @@ def test_generate(fuzz_stack, msg) -> None:
 @given(msg=check_request())
 def test_check(fuzz_stack, msg) -> None:
     raw_call(fuzz_stack[1], "Check", msg.SerializeToString())
+
+
+@fuzz_settings("Predict")
+@given(msg=predict_request())
+def test_predict(fuzz_stack, msg) -> None:
+    raw_call(fuzz_stack[1], "Predict", msg.SerializeToString())
 
 
 @fuzz_settings("EndSession")
