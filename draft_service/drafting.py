@@ -101,10 +101,7 @@ class ProposeWork(Work[Drafts]):
 async def propose(host: ModelHost, request: ModelRequest, seed: int, p_min: float) -> SessionWork[Drafts]:
     """Draft up to request.k tokens; the draw at absolute position P is uniform(seed, P, DRAFT).
 
-    The k draft steps run batched with other sessions' steps; a session with a
-    smaller k (or an early stop) leaves the batch early.
+    In process. The k draft steps run batched with other sessions' steps; a
+    session with a smaller k (or an early stop) leaves the batch early.
     """
-    done = await host.serve(ProposeWork(host, request, seed, p_min))
-    TOKENS_DRAFTED.inc(len(done.value.tokens))
-    TOKENS_PREFILLED.inc(len(request.tokens))
-    return done
+    return await host.serve(ProposeWork(host, request, seed, p_min))

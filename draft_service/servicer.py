@@ -1,10 +1,10 @@
-"""DraftService: decode -> draft_service.drafting.propose on the batching worker -> encode."""
+"""DraftService: decode -> draft_service.drafting on the scheduler -> encode (Propose, ProposeBatch)."""
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from draft_service.drafting import check_p_min, propose
+from draft_service.drafting import TOKENS_DRAFTED, TOKENS_PREFILLED, ProposeWork, check_p_min
+from engine.host import SessionWork
 from specdec.hosting.servicer import ModelServicerBase, fill_response
 from specdec.v1 import model_pb2, model_pb2_grpc
 
@@ -12,10 +12,19 @@ from specdec.v1 import model_pb2, model_pb2_grpc
 class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
     role = "draft"
 
-    async def Propose(self, request: model_pb2.ProposeRequest, context: Any) -> model_pb2.ProposeResponse:
-        started = time.perf_counter()
+    def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork:
         req = self.decode(request)
-        p_min = check_p_min(request.p_min)
-        done = await propose(self.host, req, request.seed, p_min)
+        return ProposeWork(self.host, req, request.seed, check_p_min(request.p_min))
+
+    def respond(self, request: model_pb2.ProposeRequest, done: SessionWork, started: float) -> model_pb2.ProposeResponse:
         drafts = done.value
+        TOKENS_DRAFTED.inc(len(drafts.tokens))
+        TOKENS_PREFILLED.inc(len(request.tokens))
         return fill_response(model_pb2.ProposeResponse(tokens=drafts.tokens), done, started, drafts.probs)
+
+    async def Propose(self, request: model_pb2.ProposeRequest, context: Any) -> model_pb2.ProposeResponse:
+        return await self._single(request)
+
+    async def ProposeBatch(self, request: model_pb2.ProposeBatchRequest,
+                           context: Any) -> model_pb2.ProposeBatchResponse:
+        return await self._batch(request, model_pb2.ProposeBatchResponse(), "ProposeBatch")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -183,6 +183,10 @@ class ModelHost:
     async def serve(self, work: Work[T]) -> SessionWork[T]:
         """Run a Score or Propose on the worker, batched with whatever else is running."""
         return await self.worker.submit(work)
+
+    async def serve_many(self, works: Sequence[Work]) -> list[SessionWork | BaseException]:
+        """Several calls at once (a batch RPC): queued together, each with its own outcome."""
+        return await self.worker.submit_many(works)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> Timed:
         """Run `fn(*args)` on the worker between forwards (Release, the TTL sweep)."""

@@ -199,6 +199,20 @@ class Scheduler:
     async def submit(self, work: Work[T]) -> SessionWork[T]:
         return await self._enqueue(_Job(*self._future(), work=work))
 
+    async def submit_many(self, works: Sequence[Work]) -> list[SessionWork | BaseException]:
+        """Several calls queued at once (one wake-up), so they can share the next forward;
+        each outcome is its value or its exception."""
+        loop = asyncio.get_running_loop()
+        jobs = [_Job(loop.create_future(), loop, work=work) for work in works]
+        with self._cv:
+            if self.fatal is not None:
+                raise Unavailable(f"the model worker stopped: {self.fatal}")
+            if self._stopping:
+                raise Unavailable("the model worker is shutting down")
+            self._queue.extend(jobs)
+            self._cv.notify()
+        return await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
+
     async def call(self, fn: Callable[[], T]) -> tuple[T, float]:
         """Run `fn()` on the worker between forwards; (value, seconds queued)."""
         job = _Job(*self._future(), call=fn)

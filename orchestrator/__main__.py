@@ -20,7 +20,7 @@ import sys
 import time
 from functools import partial
 
-from orchestrator.remote import ModelClient, ServiceDown
+from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.routing import Router
 from orchestrator.servicer import OrchestratorServicer
 from orchestrator.spec import GUESS, KINDS, LoopConfig
@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "are retried, reads at session start too); past it a stream ends with "
                         "UNAVAILABLE and its committed tokens are saved once Redis answers "
                         "[SPECDEC_REDIS_OUTAGE_S]")
+    g.add_argument("--record-interval-ms", type=float, default=env_default("record_interval_ms", 50.0),
+                   help="write a session's record after a round only if the last write began at least "
+                        "this long ago (a turn's last state, and a failed turn's, are always written; a "
+                        "record behind by a few rounds only costs a resumed turn some KV reuse) "
+                        "[SPECDEC_RECORD_INTERVAL_MS] (default %(default)s)")
     g.add_argument("--default-proposer", choices=[k for k in KINDS if k != GUESS],
                    default=env_default("default_proposer", "combined"),
                    help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
@@ -88,6 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds to wait for a target replica at start-up")
     g.add_argument("--threads", type=int, default=env_default("threads", 1),
                    help="torch CPU threads (verification is light) [SPECDEC_THREADS]")
+    b = p.add_argument_group("batch calls (orchestrator.batching): many sessions' calls to one replica in one RPC")
+    b.add_argument("--batch-calls", action=argparse.BooleanOptionalAction,
+                   default=str(env_default("batch_calls", "1")).lower() not in ("0", "false", "no", "off"),
+                   help="gather this orchestrator's Score/Propose calls to a replica into ScoreBatch/"
+                        "ProposeBatch RPCs; off (or with tracing on) every call is its own RPC "
+                        "[SPECDEC_BATCH_CALLS] (default on)")
+    b.add_argument("--batch-max-wait-ms", type=float, default=env_default("batch_max_wait_ms", 20.0),
+                   help="longest a gathered call waits for this orchestrator's other live sessions "
+                        "on the same replica (never when they are all there; at most half a batch "
+                        "RPC's measured time) [SPECDEC_BATCH_MAX_WAIT_MS] (default %(default)s)")
+    b.add_argument("--batch-max-items", type=int, default=env_default("batch_max_items", 64),
+                   help="calls in one batch RPC [SPECDEC_BATCH_MAX_ITEMS] (default %(default)s)")
     g.add_argument("--text-threads", type=int, default=env_default("text_threads", 2),
                    help="threads tokenising, templating and decoding off the event loop "
                         "[SPECDEC_TEXT_THREADS]")
@@ -111,10 +128,12 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         log.warning("%s; requests will fail with UNAVAILABLE until it answers", exc)
         registry = None
     security = service_client_from_args(args)
+    batch = BatchCalls(enabled=bool(args.batch_calls), max_items=max(1, int(args.batch_max_items)),
+                       max_wait_s=max(0.0, float(args.batch_max_wait_ms)) / 1e3)
     router = Router(registry, {"target": args.target, "draft": args.draft},
                     fingerprint=fingerprint, timeout_s=args.rpc_timeout,
                     connect=lambda address, role: ModelClient(
-                        address, role, timeout_s=args.rpc_timeout, security=security))
+                        address, role, timeout_s=args.rpc_timeout, security=security, batch=batch))
 
     target_info = await _first_info(router, "target", args.startup_timeout)
     if target_info is None:
@@ -157,6 +176,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         parallel=args.parallel,
         max_new_tokens_limit=args.max_new_tokens_limit,
         redis_outage_s=args.redis_outage_s,
+        record_interval_s=max(0.0, float(args.record_interval_ms)) / 1e3,
     )
 
 

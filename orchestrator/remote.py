@@ -28,13 +28,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from orchestrator.batching import CallBatcher, frame
 from specdec import tracing
 from specdec.core.fingerprint import EMPTY, extend
-from specdec.errors import CacheMiss, SpecdecError, Unavailable, is_cache_miss
+from specdec.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
 from specdec.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
 
@@ -58,6 +60,7 @@ CHANNEL_OPTIONS = [
 _DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 # Draft statuses that are the request's own (the same on every replica): no move, fall back.
 _REQUEST_FAULTS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+_CODES = {code.value[0]: code for code in grpc.StatusCode}  # status number -> StatusCode
 
 
 class ServiceDown(Unavailable):
@@ -109,11 +112,25 @@ def _method_path(service: str, method: str) -> str:
     return "/" + full.rsplit(".", 1)[0] + "/" + method
 
 
+@dataclass(frozen=True)
+class BatchCalls:
+    """How a client gathers its sessions' Score/Propose calls into batch RPCs (orchestrator.batching)."""
+
+    enabled: bool = True
+    max_items: int = 64
+    max_wait_s: float = 0.02
+    wait_fraction: float = 0.5
+
+
+_BATCH = {"Score": ("ScoreBatch", model_pb2.ScoreBatchResponse),
+          "Propose": ("ProposeBatch", model_pb2.ProposeBatchResponse)}
+
+
 class ModelClient:
     """A channel to one target or draft replica."""
 
     def __init__(self, address: str, role: str, *, timeout_s: float = 60.0,
-                 security: ServiceClientSecurity | None = None) -> None:
+                 security: ServiceClientSecurity | None = None, batch: BatchCalls | None = None) -> None:
         self.address = address
         self.role = role
         self.timeout_s = timeout_s
@@ -124,49 +141,109 @@ class ModelClient:
         service = "TargetService" if role == "target" else "DraftService"
         # No serializer on either side: the call carries bytes, _call times the
         # protobuf work itself.
+        verb = "Score" if role == "target" else "Propose"
         self._methods = {
             name: self.channel.unary_unary(_method_path(service, name))
-            for name in ("GetInfo", "Release", "Score" if role == "target" else "Propose")
+            for name in ("GetInfo", "Release", verb, _BATCH[verb][0])
         }
+        batch = batch or BatchCalls()
+        self._batcher: CallBatcher | None = None
+        if batch.enabled and not tracing.ENABLED:  # a traced call keeps its own trace context
+            self._batcher = CallBatcher(partial(self._send_batch, verb), max_items=batch.max_items,
+                                        max_wait_s=batch.max_wait_s, wait_fraction=batch.wait_fraction)
 
-    async def _call(self, name: str, request, response_type, timeout_s: float | None = None):
-        method = self._methods[name]
-        start = time.perf_counter()
-        payload = request.SerializeToString()
-        encoded = time.perf_counter()
-        try:
-            raw = await method(payload, timeout=timeout_s or self.timeout_s,
-                               metadata=tracing.rpc_metadata(self._metadata))  # + the trace context
-        except grpc.aio.AioRpcError as exc:
-            tracing.rpc_span(self.role, name, self.address, start, encoded, None, time.perf_counter(), error=exc)
-            if is_cache_miss(exc):
-                raise CacheMiss(f"{self.role} {exc.details()}") from None
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                self._request_limit = None  # a restarted replica may have another limit: ask again
-            if exc.code() in _DOWN:
-                raise ServiceDown(
-                    f"the {self.role} service is unavailable",
-                    detail=f"{self.address}: {exc.code().name}: {exc.details()}",
-                ) from None
-            raise UpstreamError(exc.code(), f"the {self.role} service: {exc.details()}",
-                                detail=self.address) from None
-        received = time.perf_counter()
-        response = response_type.FromString(raw)
-        end = time.perf_counter()
+    @property
+    def batcher(self) -> CallBatcher | None:
+        return self._batcher
+
+    def leave(self, session_id: str) -> None:
+        """The session makes no more calls here (its turn ended, or it moved)."""
+        if self._batcher is not None:
+            self._batcher.leave(session_id)
+
+    def _error(self, code: grpc.StatusCode, details: str) -> SpecdecError:
+        """The exception a status from this replica becomes (the same for a call and a batch item)."""
+        if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(CACHE_MISS_PREFIX):
+            return CacheMiss(f"{self.role} {details}")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self._request_limit = None  # a restarted replica may have another limit: ask again
+        if code in _DOWN:
+            return ServiceDown(f"the {self.role} service is unavailable",
+                               detail=f"{self.address}: {code.name}: {details}")
+        return UpstreamError(code, f"the {self.role} service: {details}", detail=self.address)
+
+    def _cost(self, request, response, start: float, end: float, sent: int, received: int,
+              serialize_s: float) -> Call:
         timing = getattr(response, "timing", None)  # GetInfo/Release carry none
-        server_ms = timing.total_ms if timing is not None else 0.0
-        call = Call(
+        return Call(
             rpc_ms=(end - start) * 1e3,
-            server_ms=server_ms,
-            bytes_sent=len(payload),
-            bytes_received=len(raw),
-            serialize_ms=((encoded - start) + (end - received)) * 1e3,
+            server_ms=timing.total_ms if timing is not None else 0.0,
+            bytes_sent=sent,
+            bytes_received=received,
+            serialize_ms=serialize_s * 1e3,
             forward_ms=timing.forward_ms if timing is not None else 0.0,
             batch_rows=int(getattr(timing, "batch_rows", 0)),
             batch_tokens=int(getattr(timing, "batch_tokens", 0)),
             tokens=len(getattr(request, "tokens", ())),
             forwards=int(getattr(timing, "forwards", 0)),
         )
+
+    async def _send_batch(self, verb: str, items: list) -> list:
+        """One batch RPC for the gathered items: per item (response, end time, decode seconds) or an error."""
+        name, response_type = _BATCH[verb]
+        payload = b"".join(frame(item.payload) for item in items)
+        try:
+            raw = await self._methods[name](payload, timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a replica without batch calls
+                log.info("%s %s has no %s: sending its calls one by one", self.role, self.address, name)
+                self._batcher = None
+                return await asyncio.gather(*(self._one(verb, item.payload) for item in items),
+                                            return_exceptions=True)
+            return [self._error(exc.code(), exc.details() or "")] * len(items)
+        received = time.perf_counter()
+        batch = response_type.FromString(raw)
+        end = time.perf_counter()
+        share = (end - received) / max(1, len(items))
+        out: list = []
+        for i in range(len(items)):
+            status = batch.status[i] if i < len(batch.status) else None
+            if status is None or i >= len(batch.items):
+                out.append(UpstreamError(grpc.StatusCode.INTERNAL, f"the {self.role} service: a short batch reply"))
+            elif status.code:
+                out.append(self._error(_CODES.get(status.code, grpc.StatusCode.UNKNOWN), status.message))
+            else:
+                out.append((batch.items[i], end, share))
+        return out
+
+    async def _one(self, verb: str, payload: bytes):
+        raw = await self._methods[verb](payload, timeout=self.timeout_s, metadata=self._metadata)
+        received = time.perf_counter()
+        response_type = model_pb2.ScoreResponse if verb == "Score" else model_pb2.ProposeResponse
+        response = response_type.FromString(raw)
+        end = time.perf_counter()
+        return response, end, end - received
+
+    async def _call(self, name: str, request, response_type, timeout_s: float | None = None):
+        start = time.perf_counter()
+        payload = request.SerializeToString()
+        encoded = time.perf_counter()
+        if self._batcher is not None and name in _BATCH:
+            response, end, decode_s = await self._batcher.call(request.session_id, payload)
+            # rpc_ms spans the wait for the batch to gather: it is part of the round's network time.
+            return response, self._cost(request, response, start, end, len(payload), response.ByteSize(),
+                                        (encoded - start) + decode_s)
+        try:
+            raw = await self._methods[name](payload, timeout=timeout_s or self.timeout_s,
+                                            metadata=tracing.rpc_metadata(self._metadata))  # + the trace context
+        except grpc.aio.AioRpcError as exc:
+            tracing.rpc_span(self.role, name, self.address, start, encoded, None, time.perf_counter(), error=exc)
+            raise self._error(exc.code(), exc.details() or "") from None
+        received = time.perf_counter()
+        response = response_type.FromString(raw)
+        end = time.perf_counter()
+        call = self._cost(request, response, start, end, len(payload), len(raw),
+                          (encoded - start) + (end - received))
         tracing.rpc_span(self.role, name, self.address, start, encoded, received, end, call)
         return response, call
 
@@ -288,6 +365,7 @@ class SessionReplica:
                     await asyncio.sleep(0.25)
                     tried = {self.address}  # a restarted replica may be back: any but this one next
                 else:
+                    self.client.leave(self.session_id)
                     self.client, self.cached, position = other, 0, 0
                     tried.add(other.address)
 

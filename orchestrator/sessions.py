@@ -183,6 +183,9 @@ class Session:
         self.reuse = reuse  # leading prompt tokens equal to the record's committed tokens
         self.writer = RecordWriter.for_session(config.store, record.session_id,
                                                give_up_s=config.redis_retry_s)
+        self.record_interval_s = config.record_interval_s
+        self._submitted = 0.0  # time.monotonic() of the last state handed to the writer
+        self._unsaved = False  # self.record is newer than the last state handed to the writer
 
     @property
     def id(self) -> str:
@@ -212,9 +215,12 @@ class Session:
         draft replica the record keeps its draft fields, so a later turn with a
         draft can still reuse that KV.
         """
-        with Timer(self.tally, "redis_ms"):
-            if self.writer.busy and not self.writer.failing:
-                await self.writer.wait(WRITE_WAIT_S - self.writer.outage_s)
+        now = time.monotonic()
+        write = last or now - self._submitted >= self.record_interval_s
+        if write:
+            with Timer(self.tally, "redis_ms"):
+                if self.writer.busy and not self.writer.failing:
+                    await self.writer.wait(WRITE_WAIT_S - self.writer.outage_s)
         self._check_outage("session save")
         self.record = replace(
             self.record, tokens=tuple(tokens), target=self.target.address, target_len=self.target.cached,
@@ -224,14 +230,28 @@ class Session:
         self.tally.target_replica = self.target.address
         if draft is not None:
             self.tally.draft_replica = draft.address
-        self.writer.submit(self.record, rnd)
+        if not write:
+            self._unsaved = True
+            return
+        self._submit(rnd)
         if last:
             with Timer(self.tally, "redis_ms"):
                 await self._finish(draft)
 
+    def _submit(self, rnd: RoundTally | None = None) -> None:
+        self.writer.submit(self.record, rnd)
+        self._submitted, self._unsaved = time.monotonic(), False
+
+    def _leave(self, draft: SessionReplica | None) -> None:
+        """No more calls this turn: the replicas' batch calls stop counting on this session."""
+        for replica in (self.target, draft):
+            if replica is not None:
+                replica.client.leave(self.id)
+
     async def _finish(self, draft: SessionReplica | None) -> None:
         """A kept session's last state must land (within the outage bound) before the turn ends;
         a single-turn session's record is deleted and its KV released (neither waits on a fault)."""
+        self._leave(draft)
         if self.kept:
             while not await self.writer.wait(0.05):
                 self._check_outage("session save")
@@ -244,6 +264,9 @@ class Session:
         """After a failed or cancelled turn: keep the record (the writer lands the last state,
         in the background if Redis is down). A single-turn session's KV is released: only a
         resume comes back to it, and that resends."""
+        self._leave(draft)
+        if self._unsaved:
+            self._submit()  # the rounds since the last write
         if not self.kept:
             await release_kv(self.id, [self.target.client, draft.client if draft else None])
 

@@ -87,3 +87,6 @@ class LoopConfig:
     target_wait_s: float = 10.0  # how long a round (or a new session) waits for some target replica
     redis_outage_s: float = 5.0  # a Redis outage up to this long is invisible to streams
     redis_retry_s: float = 300.0  # how long a record write is retried after its stream gave up
+    # A round's state is written only if the last write was submitted this long ago (the
+    # turn's last state always is): fast rounds share writes, slow ones each get theirs.
+    record_interval_s: float = 0.05

@@ -114,12 +114,16 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return deserialize
 
 
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
 def _request_id(context: grpc.aio.ServicerContext) -> str:
     """The caller's x-request-id when it is a sane token, else a fresh one."""
     for key, value in context.invocation_metadata() or ():
         if key == REQUEST_ID_KEY and isinstance(value, str) and _REQUEST_ID_RE.match(value):
             return value
-    return uuid.uuid4().hex[:16]
+    return new_request_id()
 
 
 def is_cache_miss(error: grpc.RpcError) -> bool:
@@ -134,7 +138,7 @@ _QUIET = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE,
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
 
 
-def _status_for(exc: BaseException, method: str, request_id: str) -> tuple[grpc.StatusCode, str]:
+def status_for(exc: BaseException, method: str, request_id: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, SpecdecError):
         level = logging.DEBUG if exc.code in _QUIET else logging.WARNING
         log.log(level, "request %s %s: %s: %s%s", request_id, method, exc.code.name, exc,
@@ -186,7 +190,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         async def fail(exc: BaseException, context: grpc.aio.ServicerContext,
                        request_id: str) -> None:
-            code, details = _status_for(exc, method, request_id)
+            code, details = status_for(exc, method, request_id)
             observe(method, code.name)
             await context.abort(code, details)
 

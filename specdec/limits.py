@@ -70,7 +70,7 @@ class TokenBucket:
 @dataclass(frozen=True)
 class AdmissionLimits:
     max_request_bytes: int = 1 << 20  # prompt + messages + guess + stop strings, UTF-8
-    max_streams_per_tenant: int = 32  # concurrent Generate/Check calls of one tenant; 0 = off
+    max_streams_per_tenant: int = 128  # concurrent Generate/Check calls of one tenant; 0 = off
     rate_per_tenant: float = 50.0  # calls a second per tenant (token bucket); 0 = off
     burst_per_tenant: float = 100.0
     max_in_flight: int = 256  # concurrent Generate/Check calls in all; 0 = off

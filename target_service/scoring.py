@@ -64,7 +64,5 @@ class ScoreWork(Work[Scores]):
 
 
 async def score(host: ModelHost, request: ModelRequest) -> SessionWork[Scores]:
-    """Append request.tokens to the session's cache; argmax (and p) of the last k + 1."""
-    done = await host.serve(ScoreWork(request))
-    TOKENS_SCORED.inc(len(request.tokens))
-    return done
+    """In process: append request.tokens to the session's cache; argmax (and p) of the last k + 1."""
+    return await host.serve(ScoreWork(request))

@@ -1,22 +1,29 @@
-"""TargetService: decode -> target_service.scoring.score on the batching worker -> encode."""
+"""TargetService: decode -> target_service.scoring on the scheduler -> encode (Score, ScoreBatch)."""
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from engine.host import SessionWork
 from specdec.hosting.servicer import ModelServicerBase, fill_response
 from specdec.v1 import model_pb2, model_pb2_grpc
-from target_service.scoring import check_score, score
+from target_service.scoring import TOKENS_SCORED, ScoreWork, check_score
 
 
 class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     role = "target"
 
-    async def Score(self, request: model_pb2.ScoreRequest, context: Any) -> model_pb2.ScoreResponse:
-        started = time.perf_counter()
+    def prepare(self, request: model_pb2.ScoreRequest) -> ScoreWork:
         req = self.decode(request)
         check_score(req)
-        done = await score(self.host, req)
+        return ScoreWork(req)
+
+    def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float) -> model_pb2.ScoreResponse:
+        TOKENS_SCORED.inc(len(request.tokens))
         scores = done.value
-        return fill_response(model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids), done, started,
-                             scores.probs)
+        return fill_response(model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids), done, started, scores.probs)
+
+    async def Score(self, request: model_pb2.ScoreRequest, context: Any) -> model_pb2.ScoreResponse:
+        return await self._single(request)
+
+    async def ScoreBatch(self, request: model_pb2.ScoreBatchRequest, context: Any) -> model_pb2.ScoreBatchResponse:
+        return await self._batch(request, model_pb2.ScoreBatchResponse(), "ScoreBatch")

@@ -1,16 +1,23 @@
-"""What both model servicers share: Release, GetInfo and the common request/response parts.
+"""What both model servicers share: Release, GetInfo, batch calls and the common response parts.
 
 A role's servicer adds its one verb (target_service: Score, draft_service:
-Propose) and stays thin: decode -> the role's function on the worker -> encode.
+Propose) as two small functions, `prepare` (decode and check a request into
+the role's Work) and `respond` (a finished Work into the response); the base
+runs them for the single call and for the batch call (ScoreBatch,
+ProposeBatch), whose items are queued together so they can share a forward and
+get one status each.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from engine.host import ModelHost, SessionWork
+from engine.scheduler import Work
+from specdec.errors import new_request_id, status_for
 from specdec.hosting.requests import ModelRequest, decode_request, require_session_id
 from specdec.v1 import common_pb2
 from specdec.wire import encode_probs
@@ -26,6 +33,45 @@ class ModelServicerBase:
 
     def decode(self, request: Any) -> ModelRequest:
         return decode_request(request, self.host.loaded, self.host.limits)
+
+    def prepare(self, request: Any) -> Work:
+        """The role's Work for one request (raises on bad input)."""
+        raise NotImplementedError
+
+    def respond(self, request: Any, done: SessionWork, started: float) -> Any:
+        """The role's response to one finished request."""
+        raise NotImplementedError
+
+    async def _single(self, request: Any) -> Any:
+        started = time.perf_counter()
+        work = self.prepare(request)
+        return self.respond(request, await self.host.serve(work), started)
+
+    async def _batch(self, batch: Any, response: Any, method: str) -> Any:
+        """Each item prepared alone (bad input fails it alone), all queued at once."""
+        started = time.perf_counter()
+        request_id = new_request_id()
+        works: list[Work] = []
+        index: list[int] = []
+        outcomes: list[Any] = [None] * len(batch.items)
+        for i, item in enumerate(batch.items):
+            try:
+                works.append(self.prepare(item))
+                index.append(i)
+            except Exception as exc:  # this item's own status
+                outcomes[i] = exc
+        if works:
+            for i, done in zip(index, await self.host.serve_many(works)):
+                outcomes[i] = done
+        for item, outcome in zip(batch.items, outcomes):
+            if isinstance(outcome, BaseException):
+                code, message = status_for(outcome, method, request_id)
+                response.items.add()
+                response.status.add(code=code.value[0], message=message)
+            else:
+                response.items.append(self.respond(item, outcome, started))
+                response.status.add(code=0)
+        return response
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: Any) -> common_pb2.ReleaseResponse:
         timed = await self.host.run(self.host.release, require_session_id(request.session_id))

@@ -70,3 +70,39 @@ class ProposeResponse(_message.Message):
     cache_length: int
     timing: _common_pb2.ServerTiming
     def __init__(self, tokens: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ...) -> None: ...
+
+class ItemStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ScoreBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ScoreRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoreRequest, _Mapping]]] = ...) -> None: ...
+
+class ScoreBatchResponse(_message.Message):
+    __slots__ = ("items", "status")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ScoreResponse]
+    status: _containers.RepeatedCompositeFieldContainer[ItemStatus]
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoreResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ...) -> None: ...
+
+class ProposeBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ProposeRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[ProposeRequest, _Mapping]]] = ...) -> None: ...
+
+class ProposeBatchResponse(_message.Message):
+    __slots__ = ("items", "status")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ProposeResponse]
+    status: _containers.RepeatedCompositeFieldContainer[ItemStatus]
+    def __init__(self, items: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ...) -> None: ...

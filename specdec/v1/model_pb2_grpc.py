@@ -40,6 +40,11 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_model__pb2.ScoreRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_model__pb2.ScoreResponse.FromString,
                 _registered_method=True)
+        self.ScoreBatch = channel.unary_unary(
+                '/specdec.v1.TargetService/ScoreBatch',
+                request_serializer=specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -66,6 +71,17 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreBatch(self, request, context):
+        """Several sessions' Scores in one call (added in specdec.v1 without
+        changing anything else: an orchestrator falls back to Score where a
+        replica answers UNIMPLEMENTED). The items join the same forward pass
+        where the batch limits allow; each item gets its own status, so a cache
+        miss or bad input fails that session alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -85,6 +101,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Score,
                     request_deserializer=specdec_dot_v1_dot_model__pb2.ScoreRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_model__pb2.ScoreResponse.SerializeToString,
+            ),
+            'ScoreBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreBatch,
+                    request_deserializer=specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -124,6 +145,33 @@ class TargetService:
             '/specdec.v1.TargetService/Score',
             specdec_dot_v1_dot_model__pb2.ScoreRequest.SerializeToString,
             specdec_dot_v1_dot_model__pb2.ScoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.TargetService/ScoreBatch',
+            specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.SerializeToString,
+            specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -203,6 +251,11 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_model__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_model__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeBatch = channel.unary_unary(
+                '/specdec.v1.DraftService/ProposeBatch',
+                request_serializer=specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -231,6 +284,13 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeBatch(self, request, context):
+        """Several sessions' Proposes in one call, as ScoreBatch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -250,6 +310,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=specdec_dot_v1_dot_model__pb2.ProposeRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_model__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeBatch,
+                    request_deserializer=specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -289,6 +354,33 @@ class DraftService:
             '/specdec.v1.DraftService/Propose',
             specdec_dot_v1_dot_model__pb2.ProposeRequest.SerializeToString,
             specdec_dot_v1_dot_model__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/ProposeBatch',
+            specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.SerializeToString,
+            specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

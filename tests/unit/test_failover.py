@@ -72,27 +72,29 @@ def test_a_strict_request_fails_on_any_draft_error() -> None:
         stack.run(PROMPTS[1], k=3, strict=True)
 
 
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("code, details, down", [
     (grpc.StatusCode.CANCELLED, "stopped", True),  # the server stopped mid-call
     (grpc.StatusCode.UNAVAILABLE, "draining: this replica is shutting down", True),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "tokens: too many", False),
 ])
-def test_statuses_that_mean_the_replica_is_gone(code, details, down) -> None:
-    """What ModelClient raises for a status: ServiceDown moves the session on either role."""
+def test_statuses_that_mean_the_replica_is_gone(code, details, down, batched) -> None:
+    """What ModelClient raises for a status: ServiceDown moves the session on either role,
+    whether the call went alone or in a batch call."""
     import asyncio
 
     from grpc.aio import AioRpcError, Metadata
 
-    from orchestrator.remote import ModelClient, ServiceDown
+    from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
     from specdec.v1 import model_pb2
 
     async def run():
-        client = ModelClient("127.0.0.1:1", "target")
+        client = ModelClient("127.0.0.1:1", "target", batch=BatchCalls(enabled=batched))
 
         async def method(payload, **kwargs):
             raise AioRpcError(code, Metadata(), Metadata(), details=details)
 
-        client._methods["Score"] = method
+        client._methods["Score"] = client._methods["ScoreBatch"] = method
         client._request_limit = 0
         try:
             await client.score(model_pb2.ScoreRequest(session_id="s", tokens=[1]))

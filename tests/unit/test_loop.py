@@ -80,6 +80,7 @@ class FakeService:
         self.fail_after: int | None = None  # go down after this many more calls
         self.restart_at: int | None = None  # lose every cache (a restart) just before this call
         self.calls = 0
+        self.left: list[str] = []  # sessions that said they make no more calls (leave)
         self.delay_s = 0.0  # per call, so a stream spans a store outage
 
     def restart(self) -> None:
@@ -141,6 +142,9 @@ class FakeService:
         if q_rows:
             response.probs.CopyFrom(encode_probs(torch.stack(q_rows)))
         return response, self._call(request, response)
+
+    def leave(self, session_id: str) -> None:  # ModelClient's: batch calls stop counting on it
+        self.left.append(session_id)
 
     async def release(self, session_id: str) -> bool:
         if self.down:

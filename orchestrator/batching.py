@@ -1,0 +1,147 @@
+"""Batch calls: one replica's Score (or Propose) calls of many sessions in one RPC.
+
+Each session's loop still makes its own call (orchestrator.remote); a
+`CallBatcher` per replica and method gathers the calls that arrive together
+and sends them as one ScoreBatch / ProposeBatch, whose items the service queues
+at once, so they share its next forward pass. This cuts the orchestrator's RPCs
+per token as sessions grow, and it keeps the sessions of one orchestrator in
+step: the service sees one full batch instead of cohorts that keep missing each
+other's forward.
+
+When to send (the gathering policy): at once when every session this
+orchestrator has live on the replica has a call waiting (calls made in the same
+turn of the event loop go together; at one session every call goes at once,
+with no wait), otherwise after a bounded wait:
+`wait_fraction` of the batch RPC's measured time (a moving average), at most
+`max_wait_s`. A late session joins the next batch. A session leaves the
+replica's live set when its turn ends or it moves (`leave`), and in any case
+once it has not called for STALE_S.
+
+The wire: a batch request is the items' own serialized bytes, each framed as
+field 1 of the batch message (what protobuf writes for a repeated message
+field), so nothing is encoded twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+STALE_S = 2.0  # a session that has not called for this long no longer counts as live
+EWMA = 0.2  # weight of the newest batch RPC time in its moving average
+
+
+def frame(payload: bytes) -> bytes:
+    """`payload` as one element of field 1 (length-delimited) of a message."""
+    out = bytearray(b"\x0a")
+    n = len(payload)
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + payload
+
+
+@dataclass
+class _Item:
+    session_id: str
+    payload: bytes
+    submitted: float
+    future: asyncio.Future = field(default=None)  # type: ignore[assignment]
+
+
+# send(items) -> per item (response message, or an exception), plus the RPC's own seconds
+SendBatch = Callable[[list[_Item]], Awaitable[list[Any]]]
+
+
+class CallBatcher:
+    """Gathers calls to one replica's method; see the module docstring."""
+
+    def __init__(self, send: SendBatch, *, max_items: int = 64, max_wait_s: float = 0.02,
+                 wait_fraction: float = 0.5):
+        self._send = send
+        self.max_items = max(1, max_items)
+        self.max_wait_s = max(0.0, max_wait_s)
+        self.wait_fraction = wait_fraction
+        self._pending: list[_Item] = []
+        self._live: dict[str, float] = {}  # session id -> when it last called
+        self._in_flight: set[str] = set()
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._soon = False  # the scheduled flush is for the next turn of the loop
+        self._rpc_s = 0.0  # moving average of a batch RPC's time
+        self.batches = 0
+        self.items = 0
+
+    @property
+    def wait_s(self) -> float:
+        return min(self.max_wait_s, self.wait_fraction * self._rpc_s)
+
+    def leave(self, session_id: str) -> None:
+        """The session has no more calls for this replica (its turn ended, or it moved)."""
+        self._live.pop(session_id, None)
+        if self._pending and self._ready():
+            self._schedule(asyncio.get_running_loop(), 0.0)
+
+    def _expected(self, now: float) -> int:
+        for sid, seen in list(self._live.items()):
+            if now - seen > STALE_S and sid not in self._in_flight:
+                del self._live[sid]
+        return len(self._live) - len(self._in_flight)
+
+    def _ready(self) -> bool:
+        return len(self._pending) >= min(self.max_items, max(1, self._expected(time.monotonic())))
+
+    async def call(self, session_id: str, payload: bytes) -> Any:
+        """The item's response message (raises its error); sent in the next batch."""
+        loop = asyncio.get_running_loop()
+        item = _Item(session_id, payload, time.perf_counter(), loop.create_future())
+        self._live[session_id] = time.monotonic()
+        self._pending.append(item)
+        if self._ready():
+            # Soon, not now: calls made in the same turn of the event loop go together.
+            self._schedule(loop, 0.0)
+        else:
+            self._schedule(loop, self.wait_s)
+        return await item.future
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        if self._timer is not None:
+            if delay > 0 or self._soon:
+                return
+            self._timer.cancel()
+        self._soon = delay == 0
+        self._timer = loop.call_soon(self._flush) if self._soon else loop.call_later(delay, self._flush)
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._pending:
+            items, self._pending = self._pending[:self.max_items], self._pending[self.max_items:]
+            self._in_flight.update(item.session_id for item in items)
+            asyncio.get_running_loop().create_task(self._run(items))
+
+    async def _run(self, items: list[_Item]) -> None:
+        started = time.perf_counter()
+        try:
+            outcomes = await self._send(items)
+        except asyncio.CancelledError:  # shutting down: every caller is cancelled too
+            for item in items:
+                self._in_flight.discard(item.session_id)
+                item.future.cancel()
+            raise
+        except Exception as exc:  # the whole RPC failed: every item shares its error
+            outcomes = [exc] * len(items)
+        self._rpc_s = (1 - EWMA) * self._rpc_s + EWMA * (time.perf_counter() - started)
+        self.batches += 1
+        self.items += len(items)
+        for item, outcome in zip(items, outcomes):
+            self._in_flight.discard(item.session_id)
+            if item.future.done():
+                continue  # its caller was cancelled
+            if isinstance(outcome, BaseException):
+                item.future.set_exception(outcome)
+            else:
+                item.future.set_result(outcome)

@@ -1,0 +1,113 @@
+"""orchestrator.batching: the wire framing and the gathering policy, with a recording sender."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from orchestrator.batching import CallBatcher, frame
+from specdec.v1 import model_pb2
+
+
+def test_framed_items_are_the_batch_message_protobuf_writes() -> None:
+    items = [model_pb2.ScoreRequest(session_id=f"s{i}", tokens=list(range(i * 50)), k=i) for i in range(4)]
+    ours = b"".join(frame(item.SerializeToString()) for item in items)
+    assert ours == model_pb2.ScoreBatchRequest(items=items).SerializeToString()
+    assert list(model_pb2.ScoreBatchRequest.FromString(ours).items) == items
+
+
+class Recorder:
+    """A sender that answers each item with its payload, after `delay_s`, and records every batch."""
+
+    def __init__(self, delay_s: float = 0.0, fail: Exception | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.delay_s, self.fail = delay_s, fail
+
+    async def __call__(self, items):
+        self.batches.append([item.session_id for item in items])
+        await asyncio.sleep(self.delay_s)
+        if self.fail is not None:
+            raise self.fail
+        return [ValueError("bad item") if item.payload == b"bad" else item.payload for item in items]
+
+
+def test_a_lone_session_never_waits() -> None:
+    async def main():
+        sender = Recorder()
+        batcher = CallBatcher(sender, max_wait_s=1.0)
+        batcher._rpc_s = 1.0  # a slow replica: the wait bound would be long
+        t0 = time.perf_counter()
+        for _ in range(3):
+            assert await batcher.call("solo", b"x") == b"x"
+        assert time.perf_counter() - t0 < 0.2
+        assert sender.batches == [["solo"]] * 3
+
+    asyncio.run(main())
+
+
+def test_live_sessions_share_one_batch_and_a_late_one_waits_at_most_the_bound() -> None:
+    async def main():
+        sender = Recorder(delay_s=0.01)
+        batcher = CallBatcher(sender, max_wait_s=0.05, wait_fraction=10.0)
+        # Round 1 makes four sessions live (they arrive together: one batch of four).
+        first = await asyncio.gather(*(batcher.call(f"s{i}", b"%d" % i) for i in range(4)))
+        assert first == [b"0", b"1", b"2", b"3"] and sender.batches[-1] == ["s0", "s1", "s2", "s3"]
+        # Round 2: three come at once, the fourth late: the three wait (bounded), then go.
+        t0 = time.perf_counter()
+        early = [asyncio.create_task(batcher.call(f"s{i}", b"x")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in early)  # waiting for s3
+        late = await batcher.call("s3", b"y")
+        await asyncio.gather(*early)
+        assert late == b"y" and sender.batches[-1] == ["s0", "s1", "s2", "s3"]
+        # Round 3: s3 is gone for good; after leave() the others no longer wait for it.
+        batcher.leave("s3")
+        await asyncio.gather(*(batcher.call(f"s{i}", b"z") for i in range(3)))
+        assert sender.batches[-1] == ["s0", "s1", "s2"]
+        assert time.perf_counter() - t0 < 0.5
+
+    asyncio.run(main())
+
+
+def test_the_wait_is_bounded() -> None:
+    async def main():
+        sender = Recorder()
+        batcher = CallBatcher(sender, max_wait_s=0.03, wait_fraction=100.0)
+        await asyncio.gather(batcher.call("a", b"1"), batcher.call("b", b"2"))  # both live
+        batcher._rpc_s = 10.0
+        t0 = time.perf_counter()
+        assert await batcher.call("a", b"3") == b"3"  # b never comes
+        assert 0.02 <= time.perf_counter() - t0 < 0.3
+
+    asyncio.run(main())
+
+
+def test_errors_go_to_their_own_callers() -> None:
+    async def main():
+        sender = Recorder()
+        batcher = CallBatcher(sender, max_wait_s=0.05)
+        good, bad = await asyncio.gather(batcher.call("a", b"ok"), batcher.call("b", b"bad"),
+                                         return_exceptions=True)
+        assert good == b"ok" and isinstance(bad, ValueError)
+        down = CallBatcher(Recorder(fail=ConnectionError("replica down")), max_wait_s=0.05)
+        results = await asyncio.gather(down.call("a", b"1"), down.call("b", b"2"), return_exceptions=True)
+        assert all(isinstance(r, ConnectionError) for r in results)
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_caller_leaves_the_others_served() -> None:
+    async def main():
+        sender = Recorder(delay_s=0.02)
+        batcher = CallBatcher(sender, max_wait_s=0.05)
+        await asyncio.gather(batcher.call("a", b"1"), batcher.call("b", b"2"))
+        a = asyncio.create_task(batcher.call("a", b"3"))
+        b = asyncio.create_task(batcher.call("b", b"4"))
+        await asyncio.sleep(0.005)
+        a.cancel()
+        assert await b == b"4"
+        with pytest.raises(asyncio.CancelledError):
+            await a
+
+    asyncio.run(main())
