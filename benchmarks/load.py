@@ -61,6 +61,7 @@ class LoadConfig:
 
 SERVICE_CONFIGS = (
     LoadConfig("target-only", "none"),
+    LoadConfig("default", "default", 0),  # what a request that names nothing gets (combined, default k)
     LoadConfig("adaptive", "draft", 0),
     LoadConfig("draft-k4", "draft", 4),
     LoadConfig("lookup-k4", "lookup", 4),
@@ -89,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load")
     p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--no-limit", action="store_true",
+                   help="skip measuring the physical limit (one in-process forward over N rows)")
     args = p.parse_args(argv)
     args.ns = [int(x) for x in (args.ns or ("1,4" if args.quick else "1,2,4,8,16")).split(",") if x.strip()]
     args.max_new_tokens = args.max_new_tokens or (12 if args.quick else 32)
@@ -116,7 +119,8 @@ def batching_flag_available() -> bool:
 
 
 class LoadStack:
-    """Target + draft (each with a metrics endpoint) + one orchestrator (--default-k auto)."""
+    """Target + draft (each with a metrics endpoint) + two orchestrators on them: one with
+    --default-k auto (the adaptive config) and one with every default (the default config)."""
 
     def __init__(self, name: str, args, log_dir: Path, service_flags: list[str]) -> None:
         from specdec.launch import Processes, child_env
@@ -127,6 +131,7 @@ class LoadStack:
         self.group = Processes(log_dir / name, env=env)
         (log_dir / name).mkdir(parents=True, exist_ok=True)
         self.address = ""
+        self.default_address = ""
         self.metrics: dict[str, str] = {}
         self._pending: list[tuple[str, object]] = []
 
@@ -156,6 +161,14 @@ class LoadStack:
                                  drafts=[self.services["draft"]], redis_url=self.args.redis_url,
                                  redis_prefix=self.prefix, default_k="auto", threads=1)
         self.address = self.group.serve("orchestrator", argv, port, timeout=300)
+        port = procs.free_port()
+        argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
+                                 drafts=[self.services["draft"]], redis_url=self.args.redis_url,
+                                 redis_prefix=self.prefix, threads=1)
+        self.default_address = self.group.serve("orchestrator-default", argv, port, timeout=300)
+
+    def address_for(self, config: LoadConfig) -> str:
+        return self.default_address if config.proposer == "default" else self.address
 
     def scrape(self) -> dict:
         """{role: {metric: {"count", "sum", "buckets": {le: cumulative}}}} for the batch histograms."""
@@ -175,6 +188,7 @@ class LoadStack:
 
 
 HISTOGRAMS = ("specdec_batch_rows", "specdec_batch_tokens")
+MODEL_CALLS = ("Score", "ScoreBatch", "Propose", "ProposeBatch")  # RPCs counted per token
 
 
 def _histograms(url: str) -> dict:
@@ -186,6 +200,12 @@ def _histograms(url: str) -> dict:
         return {}
     out: dict[str, dict] = {}
     for family in text_string_to_metric_families(text):
+        if family.name == "specdec_requests":  # the counter (exposed as specdec_requests_total)
+            h = out.setdefault("specdec_rpcs", {"count": 0.0, "sum": 0.0, "buckets": {}})
+            for s in family.samples:
+                if s.name.endswith("_total") and s.labels.get("method", "").rsplit("/", 1)[-1] in MODEL_CALLS:
+                    h["count"] += s.value
+            continue
         if family.name not in HISTOGRAMS:
             continue
         h = out.setdefault(family.name, {"count": 0.0, "sum": 0.0, "buckets": {}})
@@ -241,7 +261,8 @@ async def _stream(stub, request, start: float) -> dict:
         await stub.EndSession(pb.EndSessionRequest(session_id=stats.session_id), timeout=30)
     return {"token_ids": token_ids, "chunks": chunks, "end_s": end,
             "ttft_s": chunks[0][0] if chunks else end, "prompt_tokens": stats.prompt_tokens,
-            "rounds_k": [r.k for r in stats.rounds], "proposer_used": stats.proposer}
+            "rounds_k": [r.k for r in stats.rounds], "proposer_used": stats.proposer,
+            "rounds": len(stats.rounds)}
 
 
 async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prompt], max_new: int,
@@ -251,13 +272,14 @@ async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prom
 
     from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc
 
-    kind = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP}[config.proposer]
+    kind = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP,
+            "default": pb.PROPOSER_UNSPECIFIED}[config.proposer]
     async with grpc.aio.insecure_channel(address) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         requests = [pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in p.messages], max_new_tokens=max_new,
             sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer=kind, k=config.k,
-            strict=True) for p in prompts]
+            strict=config.proposer != "default") for p in prompts]
         start = time.perf_counter()
         results = await asyncio.gather(*(_stream(stub, r, start) for r in requests))
     for p, r in zip(prompts, results):
@@ -345,6 +367,47 @@ class Peer:
 # ---------------------------------------------------------------------------- main
 
 
+def physical_limit(args, prompts: list[suite.Prompt], ns: list[int], reps: int = 5) -> dict[int, dict]:
+    """Per N: the cost of one in-process forward over N one-token rows (the engine, the same
+    weights, one thread), and the tokens/s it allows: N / that cost. The sessions first hold
+    their prompts, as the streams' do."""
+    import torch
+
+    from engine.host import HostLimits, pick_runner
+    from engine.loader import load
+    from engine.plan import RowPlan, StepPlan
+    from orchestrator.text import encode_prompt
+
+    lm = load(args.target, device="cpu", dtype="float32")
+    runner = pick_runner(lm, HostLimits(max_batch=max(ns)))
+    ids = [encode_prompt(lm.tokenizer, "", p.messages) for p in prompts]
+    out = {}
+    with torch.inference_mode():
+        caches = []
+        for prompt in ids[:max(ns)]:
+            cache = runner.new_cache()
+            for start in range(0, len(prompt), 64):
+                chunk = prompt[start:start + 64]
+                cache.reserve(cache.length + len(chunk))
+                runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, 0)]))
+            caches.append(cache)
+        for n in ns:
+            times = []
+            for _ in range(reps + 1):
+                rows = []
+                for cache in caches[:n]:
+                    cache.reserve(cache.length + 1)
+                    rows.append(RowPlan(cache, [7], cache.length, 1))
+                t0 = time.perf_counter()
+                runner.run(StepPlan(rows))
+                times.append(time.perf_counter() - t0)
+                for cache in caches[:n]:
+                    cache.crop(cache.length - 1)
+            forward = sorted(times[1:])[len(times[1:]) // 2]
+            out[n] = {"forward_ms": forward * 1e3, "limit_tps": n / forward}
+    return out
+
+
 def plan(args, modes: list[str]) -> list[tuple[int, int, str, LoadConfig]]:
     """(rep, N, mode, config) cells: per repetition and N, every configuration once, rotated."""
     cells = [(mode, c) for mode in modes for c in args.configs]
@@ -371,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     batching = batching_flag_available()
     modes = [BATCHED] + ([UNBATCHED] if batching and not args.no_unbatched else [])
     prompts = suite.subset(suite.load(args.suite), -(-max(args.ns) // 5))[: max(args.ns)]
-    if len(prompts) < max(args.ns):
-        raise SystemExit(f"the suite has {len(prompts)} prompts, fewer than N = {max(args.ns)}")
+    # More streams than prompts: prompts repeat (each stream is still its own session).
+    prompts = [prompts[i % len(prompts)] for i in range(max(args.ns))]
     cells = plan(args, modes)
     print(f"benchmarks.load: N = {args.ns}, {len(cells)} cells, batching flag "
           f"{'available' if batching else 'NOT available (services run one request per forward)'}; "
@@ -380,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stacks: dict[str, LoadStack] = {}
     records: list[dict] = []
+    limit: dict[int, dict] = {}
     reference: dict[str, list[int]] = {}
     failure, result = None, None
     try:
@@ -390,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         peer = None if args.no_peer else Peer(args)  # loads while the services start
         for stack in stacks.values():
             stack.wait()
+        if not args.no_limit:
+            limit = physical_limit(args, prompts, args.ns)
+            print("physical limit (one in-process forward over N rows): " + ", ".join(
+                f"N={n} {v['limit_tps']:.0f} tok/s" for n, v in limit.items()), file=sys.stderr)
         # Reference (and warm-up): target-only alone on the batched stack, one prompt at a time.
         for p in prompts:
             (r,) = asyncio.run(run_streams(stacks[BATCHED].address, SERVICE_CONFIGS[0], [p], args.max_new_tokens,
@@ -411,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                 streams = peer.padded(group, args.max_new_tokens) if config is PEER_PADDED \
                     else peer.assisted(group[0], args.max_new_tokens)
             else:
-                streams = asyncio.run(run_streams(stacks[mode].address, config, group, args.max_new_tokens,
-                                                  args.seed))
+                streams = asyncio.run(run_streams(stacks[mode].address_for(config), config, group,
+                                                  args.max_new_tokens, args.seed))
             wall = time.perf_counter() - t0
             batches = histogram_delta(before, stacks[mode].scrape()) if mode in stacks else {}
             record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
@@ -442,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
             "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
             "elapsed_s": time.time() - started, "failure": failure,
+            "physical_limit": {str(n): v for n, v in limit.items()},
         }
         if records or failure:
             result = load_report.build(records, reference, settings, _environment(args))

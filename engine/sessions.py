@@ -73,6 +73,7 @@ class SessionStore:
         self.budget_bytes = budget_bytes
         self.ttl_s = ttl_s
         self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -82,7 +83,7 @@ class SessionStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self._sessions.values())
+        return self._bytes  # the sum of the sessions' last measured nbytes, kept as they change
 
     def acquire(self, session_id: str, cache_position: int, prefix_hash: int) -> CachedSession:
         """The session, cropped to `cache_position` after the cache check.
@@ -124,7 +125,10 @@ class SessionStore:
 
     def settle(self, session: CachedSession) -> None:
         """After a call: re-measure the session and enforce the byte budget."""
-        session.nbytes = session.cache.nbytes
+        measured = session.cache.nbytes
+        if self._sessions.get(session.session_id) is session:
+            self._bytes += measured - session.nbytes
+        session.nbytes = measured
         total = self.nbytes
         for victim in list(self._sessions.values()):
             if total <= self.budget_bytes:
@@ -168,6 +172,7 @@ class SessionStore:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return False
+        self._bytes -= session.nbytes
         if session.pins:
             session.dropped = True  # a running call still uses its blocks
         else:

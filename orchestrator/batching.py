@@ -84,14 +84,16 @@ class CallBatcher:
         if self._pending and self._ready():
             self._schedule(asyncio.get_running_loop(), 0.0)
 
-    def _expected(self, now: float) -> int:
+    def _sweep(self) -> None:
+        """Forget sessions that stopped calling without a leave (a crashed turn, say)."""
+        now = time.monotonic()
         for sid, seen in list(self._live.items()):
             if now - seen > STALE_S and sid not in self._in_flight:
                 del self._live[sid]
-        return len(self._live) - len(self._in_flight)
 
     def _ready(self) -> bool:
-        return len(self._pending) >= min(self.max_items, max(1, self._expected(time.monotonic())))
+        expected = len(self._live) - len(self._in_flight)
+        return len(self._pending) >= min(self.max_items, max(1, expected))
 
     async def call(self, session_id: str, payload: bytes) -> Any:
         """The item's response message (raises its error); sent in the next batch."""
@@ -116,6 +118,8 @@ class CallBatcher:
 
     def _flush(self) -> None:
         if self._timer is not None:
+            if not self._soon:  # the wait ran out: maybe someone has gone for good
+                self._sweep()
             self._timer.cancel()
             self._timer = None
         while self._pending:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from orchestrator.remote import Call
 from specdec import tracing
@@ -200,7 +200,13 @@ class Timer:
         tracing.interval("redis wait" if self.attr == "redis_ms" else self.attr, self.start, end)
 
 
+_ROUND_FIELDS: tuple[str, ...] = ()
+
+
 def stats_to_proto(t: Tally) -> pb.Stats:
     """The final Stats: every proto field read by name from the Tally, rounds field for field."""
+    global _ROUND_FIELDS
+    if not _ROUND_FIELDS:
+        _ROUND_FIELDS = tuple(f.name for f in fields(RoundTally))
     values = {name: getattr(t, name) for name in pb.Stats.DESCRIPTOR.fields_by_name if name != "rounds"}
-    return pb.Stats(**values, rounds=[pb.Round(**asdict(r)) for r in t.rounds])
+    return pb.Stats(**values, rounds=[pb.Round(**{n: getattr(r, n) for n in _ROUND_FIELDS}) for r in t.rounds])

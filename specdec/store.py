@@ -131,7 +131,12 @@ class SessionRecord:
 
 class SessionStore:
     """Session records as Redis hashes under `<prefix>session:<id>`, each with a TTL
-    (`ttl_s` for kept sessions, `single_turn_ttl_s` for single-turn ones)."""
+    (`ttl_s` for kept sessions, `single_turn_ttl_s` for single-turn ones).
+
+    Saves made in the same turn of the event loop share one MULTI/EXEC (each
+    record's HSET and EXPIRE inside it), so many sessions' rounds cost one round
+    trip to Redis, not one each; a failure fails every save of that batch, and
+    each session's writer retries its own (orchestrator.sessions)."""
 
     def __init__(
         self,
@@ -147,6 +152,8 @@ class SessionStore:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.single_turn_ttl_s = min(single_turn_ttl_s, ttl_s)
+        self._saves: list[tuple[str, dict, int, asyncio.Future]] = []  # gathered for the next MULTI
+        self.save_batches = 0  # MULTI/EXECs sent for saves (the batching's own count)
 
     def _key(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
@@ -156,15 +163,39 @@ class SessionStore:
         return SessionRecord.from_hash(session_id, h) if h else None
 
     async def save(self, record: SessionRecord) -> SessionRecord:
-        """Write the whole record and refresh its TTL in one MULTI/EXEC."""
+        """Write the whole record and refresh its TTL, atomically (one MULTI/EXEC with the other
+        saves of this turn of the event loop)."""
         now = time.time()
         record = replace(record, created=record.created or now, updated=now)
-        key = self._key(record.session_id)
-        pipe = self._r.pipeline(transaction=True)
-        pipe.hset(key, mapping=record.to_hash())
-        pipe.expire(key, self.ttl_s if record.keep else self.single_turn_ttl_s)
-        await _guard("session save", self._url, pipe.execute())
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._saves:
+            loop.call_soon(lambda: loop.create_task(self._write_saves()))
+        self._saves.append((self._key(record.session_id), record.to_hash(),
+                            self.ttl_s if record.keep else self.single_turn_ttl_s, future))
+        await future
         return record
+
+    async def _write_saves(self) -> None:
+        saves, self._saves = self._saves, []
+        pipe = self._r.pipeline(transaction=True)
+        for key, mapping, ttl, _ in saves:
+            pipe.hset(key, mapping=mapping)
+            pipe.expire(key, ttl)
+        self.save_batches += 1
+        try:
+            await _guard("session save", self._url, pipe.execute())
+        except BaseException as exc:  # every save of the batch shares the failure
+            for *_, future in saves:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else StoreUnavailable(
+                        "the session store is unavailable (session save)"))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for *_, future in saves:
+            if not future.done():
+                future.set_result(None)
 
     async def delete(self, session_id: str) -> bool:
         n = await _guard("session delete", self._url, self._r.delete(self._key(session_id)))
