@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=1, help="repetitions of every cell (default 1)")
     p.add_argument("--configs", default=",".join(c.name for c in SERVICE_CONFIGS),
                    help="service configurations to run (default: all)")
-    p.add_argument("--max-batch", type=int, default=16, help="the batched stack's --max-batch")
+    p.add_argument("--max-batch", type=int, default=None, help="the batched stack's --max-batch "
+                   "(default: the services' own)")
     p.add_argument("--no-unbatched", action="store_true", help="skip the --max-batch 1 stack")
     p.add_argument("--no-peer", action="store_true", help="skip the in-process peer")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
@@ -447,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     reference: dict[str, list[int]] = {}
     failure, result = None, None
     try:
-        flags = {BATCHED: ["--max-batch", str(args.max_batch)] if batching else [], UNBATCHED: ["--max-batch", "1"]}
+        flags = {BATCHED: ["--max-batch", str(args.max_batch)] if batching and args.max_batch else [],
+                 UNBATCHED: ["--max-batch", "1"]}
         for mode in modes:
             stacks[mode] = LoadStack(mode, args, workdir / "logs", flags[mode])
             stacks[mode].start()

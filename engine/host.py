@@ -53,7 +53,7 @@ class HostLimits:
     session_ttl_s: float = 600.0
     max_k: int = 16  # largest k (drafted tokens) in one Propose or Score
     max_request_tokens: int = 8192  # tokens in one request; more is RESOURCE_EXHAUSTED
-    max_batch: int = 16  # requests (sessions) per forward; 1 = batching off
+    max_batch: int = 64  # requests (sessions) per forward; 1 = batching off
     max_batch_tokens: int = 256  # tokens per forward (a lone larger step still runs)
     max_wait_us: int = 0  # wait for company this long, only when nothing is running
     # A session's logits must not depend on who shares its forward (engine.runner).

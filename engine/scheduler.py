@@ -58,7 +58,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BatchLimits:
-    max_batch: int = 16  # rows (sessions) in one forward; 1 = one request per forward
+    max_batch: int = 64  # rows (sessions) in one forward; 1 = one request per forward
     max_tokens: int = 256  # tokens in one forward (a lone larger step still runs)
     max_wait_us: int = 0  # wait this long for company, only when nothing is running
     prefill_chunk: int = 64  # split longer feeds at multiples of this position; 0 = never

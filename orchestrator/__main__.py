@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "are retried, reads at session start too); past it a stream ends with "
                         "UNAVAILABLE and its committed tokens are saved once Redis answers "
                         "[SPECDEC_REDIS_OUTAGE_S]")
-    g.add_argument("--record-interval-ms", type=float, default=env_default("record_interval_ms", 50.0),
+    g.add_argument("--record-interval-ms", type=float, default=env_default("record_interval_ms", 200.0),
                    help="write a session's record after a round only if the last write began at least "
                         "this long ago (a turn's last state, and a failed turn's, are always written; a "
                         "record behind by a few rounds only costs a resumed turn some KV reuse) "

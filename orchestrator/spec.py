@@ -89,4 +89,4 @@ class LoopConfig:
     redis_retry_s: float = 300.0  # how long a record write is retried after its stream gave up
     # A round's state is written only if the last write was submitted this long ago (the
     # turn's last state always is): fast rounds share writes, slow ones each get theirs.
-    record_interval_s: float = 0.05
+    record_interval_s: float = 0.2

@@ -65,13 +65,13 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
                    help="tokens in one request before RESOURCE_EXHAUSTED "
                         "[SPECDEC_MAX_REQUEST_TOKENS]")
     b = parser.add_argument_group("batching (concurrent calls of different sessions share a forward pass)")
-    b.add_argument("--max-batch", type=int, default=env_default("max_batch", 16),
+    b.add_argument("--max-batch", type=int, default=env_default("max_batch", HostLimits.max_batch),
                    help="requests (sessions) per forward; 1 = batching off, one request per forward "
                         "[SPECDEC_MAX_BATCH] (default %(default)s)")
-    b.add_argument("--max-batch-tokens", type=int, default=env_default("max_batch_tokens", 256),
+    b.add_argument("--max-batch-tokens", type=int, default=env_default("max_batch_tokens", HostLimits.max_batch_tokens),
                    help="tokens per forward; longer prompts are fed in chunks of 64 "
                         "[SPECDEC_MAX_BATCH_TOKENS] (default %(default)s)")
-    b.add_argument("--max-wait-us", type=int, default=env_default("max_wait_us", 0),
+    b.add_argument("--max-wait-us", type=int, default=env_default("max_wait_us", HostLimits.max_wait_us),
                    help="when idle, wait this long for more requests to batch with the first "
                         "[SPECDEC_MAX_WAIT_US] (default %(default)s)")
     b.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
