@@ -84,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="parallel speculation by default: the draft drafts the next round while "
                         "the target verifies this one (requests may choose either; "
                         "orchestrator.parallel) [SPECDEC_PARALLEL]")
+    g.add_argument("--speculation-gate", action=argparse.BooleanOptionalAction,
+                   default=str(env_default("speculation_gate", "1")).lower() not in ("0", "false", "no", "off"),
+                   help="for requests that give no k: measure each target replica's tokens/s with and "
+                        "without drafting, in alternating epochs per load level, and draft only where "
+                        "it measured faster (orchestrator.gate) [SPECDEC_SPECULATION_GATE] (default on)")
     g.add_argument("--max-new-tokens-limit", type=int,
                    default=env_default("max_new_tokens_limit", 4096),
                    help="largest max_new_tokens a request may ask for")
@@ -177,6 +182,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         max_new_tokens_limit=args.max_new_tokens_limit,
         redis_outage_s=args.redis_outage_s,
         record_interval_s=max(0.0, float(args.record_interval_ms)) / 1e3,
+        speculation_gate=bool(args.speculation_gate),
     )
 
 

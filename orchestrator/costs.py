@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from orchestrator.gate import SpeculationGate
 from orchestrator.remote import Call
 from specdec.core.speedup import PooledAcceptance, RoundCosts, interpolate_cost
 
@@ -140,6 +141,10 @@ class CostBook:
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], ReplicaCosts] = {}
         self.pooled: dict[str, PooledAcceptance] = {}  # per draft replica: every session's acceptance
+        self.gates: dict[str, SpeculationGate] = {}  # per target replica: does drafting pay (measured)
+
+    def gate(self, target: str) -> SpeculationGate:
+        return self.gates.setdefault(target, SpeculationGate())
 
     def acceptance(self, draft: str) -> PooledAcceptance:
         """Acceptance by position pooled over the sessions drafting on `draft` (a new session's prior)."""

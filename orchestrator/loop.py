@@ -83,6 +83,9 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
     adaptive = GoodputPolicy() if not spec.k and config.adaptive_k and proposer.adaptive else None
     k_max = config.max_k if adaptive is not None else spec.k or config.default_k
+    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.gate).
+    gated = not spec.k and proposer.proposes and config.speculation_gate
+    gate = None
     decoder = IncrementalDecoder(config.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
     finish = None
@@ -91,8 +94,16 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
         while not finish:
             rnd = RoundTally()
             remaining = spec.max_new_tokens - len(tokens) + len(spec.prompt_ids)
+            if gated and gate is not config.costs.gate(session.target.address):  # first round, or moved
+                if gate is not None:
+                    gate.leave()
+                gate = config.costs.gate(session.target.address)
+                gate.enter()
             if proposer.proposes:  # the round's extra token fills the last slot
-                k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
+                if gate is not None and not gate.allows():
+                    k = 0  # this epoch measures plain decoding (or plain decoding measured better)
+                else:
+                    k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
                 rnd.k = max(0, min(k, remaining - 1))
             ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed)
 
@@ -136,6 +147,8 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
                 fps.append(extend(fps[-1], token))
             tokens.extend(kept)
             rnd.committed = len(kept)
+            if gate is not None:
+                gate.record(len(kept))
             tally.new_tokens = len(tokens) - len(spec.prompt_ids)
             fresh = kept[skip:]
             if finish and not hit and fresh:
@@ -151,12 +164,16 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
             trace.round_closed(rnd)
     except BaseException as exc:
+        if gate is not None:
+            gate.leave()
         trace.abort(exc)
         # A client that went away (cancellation) or any failure mid-stream: the
         # record keeps the last committed state; a single-turn session's KV goes.
         proposer.close()  # parallel mode: no pre-draft outlives the request
         await asyncio.shield(session.abandon(proposer.replica))
         raise
+    if gate is not None:
+        gate.leave()
     tally.finish_reason = finish
     if not session.kept:
         tally.session_id = ""  # deleted: nothing to continue

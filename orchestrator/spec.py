@@ -90,3 +90,5 @@ class LoopConfig:
     # A round's state is written only if the last write was submitted this long ago (the
     # turn's last state always is): fast rounds share writes, slow ones each get theirs.
     record_interval_s: float = 0.2
+    # Requests without a k draft only where drafting measured faster on the target replica.
+    speculation_gate: bool = True

@@ -1,0 +1,115 @@
+"""Does drafting pay on this target replica right now? Measured online, not modelled.
+
+The goodput model (specdec.core.speedup) predicts each session's best k from
+its acceptance and the costs measured per replica, treating the sessions in a
+forward as alike. Under load it can be wrong in ways only a measurement
+shows. So for the requests that leave the choice to the orchestrator (no k in
+the request: the default proposer, adaptive k), a `SpeculationGate` per
+target replica compares what matters directly: committed tokens per second on
+that replica, from this orchestrator's sessions, in epochs with drafting
+allowed and in epochs with every such session at k = 0.
+
+Each epoch (EPOCH_S) runs one mode for every gated session on the replica.
+The rates are kept per load level (how many gated sessions were live:
+1, 2, 3-4, 5-8, 9-16, ...), as a moving average per mode. At a load level
+where one mode has no measurement yet, that mode runs next (an epoch during
+which the load level changed, or the replica sat idle, is not scored); otherwise the
+better one runs, and every EXPLORE_EVERY-th epoch the other one is measured
+again, so the choice follows the load and the text. Drafting must beat
+plain decoding by MARGIN to be chosen. The gate only ever takes drafting away
+(k = 0); what k a drafting round uses stays the goodput model's choice.
+
+Exactness is untouched: k = 0 is ordinary decoding through the same verifier.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+EPOCH_S = 1.0
+EXPLORE_EVERY = 8  # one epoch in this many measures the mode that is not chosen
+MARGIN = 0.03  # drafting must beat plain decoding by this to be chosen
+EWMA = 0.3  # weight of the newest epoch's rate
+STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
+
+
+def load_level(live: int) -> int:
+    """1 (one session), 2 (two), 3 (3-4), 4 (5-8), 5 (9-16), ...: up to the next power of two."""
+    return (max(1, live) - 1).bit_length() + 1
+
+
+@dataclass
+class _Rates:
+    spec: float | None = None  # tokens/s with drafting allowed
+    plain: float | None = None  # tokens/s with k = 0
+    epochs: int = 0
+
+
+@dataclass
+class SpeculationGate:
+    """One target replica's: see the module docstring."""
+
+    epoch_s: float = EPOCH_S
+    explore_every: int = EXPLORE_EVERY
+    margin: float = MARGIN
+    levels: dict[int, _Rates] = field(default_factory=dict)
+    live: int = 0  # gated sessions running on the replica now
+    mode_spec: bool = True  # the mode of the running epoch
+    _epoch_start: float = 0.0
+    _epoch_tokens: int = 0
+    _epoch_level: int = 1
+    flips: int = 0
+
+    def enter(self) -> None:
+        self.live += 1
+
+    def leave(self) -> None:
+        self.live = max(0, self.live - 1)
+
+    def allows(self, now: float | None = None) -> bool:
+        """Whether a gated session may draft this round (ends and starts epochs as time passes)."""
+        now = time.monotonic() if now is None else now
+        if not self._epoch_start:
+            self._start(now, self.mode_spec)
+        elif now - self._epoch_start >= self.epoch_s:
+            self._close(now)
+        return self.mode_spec
+
+    def record(self, tokens: int) -> None:
+        """Tokens a gated session committed this round."""
+        self._epoch_tokens += tokens
+
+    def _start(self, now: float, spec: bool) -> None:
+        self.flips += spec != self.mode_spec
+        self.mode_spec, self._epoch_start, self._epoch_tokens = spec, now, 0
+        self._epoch_level = load_level(self.live)
+
+    def _close(self, now: float) -> None:
+        """Score the epoch that ends now, then pick the next one's mode.
+
+        An epoch is not scored if the load level changed during it, or if it ran
+        far past its length (nobody asked for a round: an idle replica)."""
+        level = load_level(self.live)
+        duration = now - self._epoch_start
+        if level == self._epoch_level and duration <= STALE_FACTOR * self.epoch_s:
+            rates = self.levels.setdefault(level, _Rates())
+            name = "spec" if self.mode_spec else "plain"
+            old = getattr(rates, name)
+            rate = self._epoch_tokens / duration
+            setattr(rates, name, rate if old is None else (1 - EWMA) * old + EWMA * rate)
+            rates.epochs += 1
+        self._start(now, self._next(self.levels.setdefault(level, _Rates())))
+
+    def _next(self, rates: _Rates) -> bool:
+        """The next epoch's mode at this load level."""
+        if rates.spec is None:
+            return True
+        if rates.plain is None:
+            return False
+        best_spec = rates.spec > rates.plain * (1 + self.margin)
+        if rates.epochs % self.explore_every == self.explore_every - 1:
+            return not best_spec
+        return best_spec
+
+    def snapshot(self) -> dict:
+        return {level: (r.spec, r.plain, r.epochs) for level, r in sorted(self.levels.items())}
