@@ -117,6 +117,8 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
     else:
         log.info("batch invariance off: a session's logits may differ in the last bits with the batch")
     for linear in forward.linears():
+        if len(linear.kinds) > 1:  # not calibrated: the default kernel, unpadded
+            linear.choose(linear.onednn, linear.pad_to)
         linear.source_weight = None  # calibration probes are done
     forward.release_originals()
     log.info("engine: %d-layer pooled forward, KV pool %d blocks of %d tokens (%.0f MiB), set up in %.1f s",

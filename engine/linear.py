@@ -17,10 +17,13 @@ SmolLM2-135M over M = 1..64:
 
 So a `RowLinear` is a kernel plus `pad_to`: fewer rows than that are padded with
 zero rows (never seen by anyone). `calibrate` measures, at start-up on the
-serving device, dtype and thread count, the smallest `pad_to` for which every
-row count gives the same bits, per weight shape; a lone one-token decode then
-pays only for the shapes that need it (on this CPU: one 1 -> 2 row pad per layer)
-instead of padding the whole forward.
+serving device, dtype and thread count, per weight shape and kernel the
+smallest `pad_to` for which every row count gives the same bits, and keeps the
+kernel whose padded product costs least; a lone one-token decode then pays
+only for the shapes that need it (SmolLM2 fp32 on this CPU: oneDNN everywhere,
+one 1 -> 2 row pad per layer) instead of padding the whole forward, and a
+small model's products take F.linear padded to 16 rows, cheaper there than
+oneDNN's per-call cost.
 
 On CUDA (no oneDNN) the kernel is `F.linear` (cuBLAS); there the runner pads
 the whole forward to a fixed token bucket instead (engine.runner), so the
@@ -29,6 +32,7 @@ calibration here only records what it finds.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,7 +58,13 @@ def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class RowLinear:
-    """y = x @ W.T + b for x [M, in], with a fixed kernel and rows padded up to `pad_to`."""
+    """y = x @ W.T + b for x [M, in], with a fixed kernel and rows padded up to `pad_to`.
+
+    `onednn` says which kernel runs: the prepacked oneDNN one, or F.linear on
+    the plain weight. A linear made with onednn=True keeps both forms until
+    `calibrate` has chosen one (`choose`), so the choice can follow the
+    measured cost of each, padding included.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, onednn: bool):
         weight = weight.detach()
@@ -62,17 +72,28 @@ class RowLinear:
         self.dtype, self.device = weight.dtype, weight.device
         self.bias = bias.detach() if bias is not None else None
         self.onednn = onednn
-        self.source_weight = weight  # the plain [out, in] weight (shared with the model, not copied)
-        if onednn:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
-        else:
-            self.weight = weight.contiguous()
+        self.source_weight: torch.Tensor | None = weight  # [out, in], shared with the model (not copied)
+        self.plain = weight.contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.plain, None) if onednn else None
         self.pad_to = 1
+
+    @property
+    def kinds(self) -> list[bool]:
+        """The kernels this linear can still run (True = oneDNN)."""
+        return [True, False] if self.packed is not None else [False]
+
+    def choose(self, onednn: bool, pad_to: int) -> None:
+        """Keep one kernel (and free the other form of the weight)."""
+        self.onednn, self.pad_to = onednn, pad_to
+        if onednn:
+            self.plain = None
+        else:
+            self.packed = None
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         if self.onednn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.plain, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         m = x.shape[0]
@@ -82,12 +103,10 @@ class RowLinear:
             return self.kernel(padded)[:m]
         return self.kernel(x)
 
-    def narrowed(self, width: int) -> "RowLinear":
+    def narrowed(self, width: int, onednn: bool) -> "RowLinear":
         """The same kernel over the first `width` outputs (a cheap calibration probe)."""
-        weight = self.source_weight[:width]
         bias = self.bias[:width] if self.bias is not None else None
-        probe = RowLinear(weight, bias, onednn=self.onednn)
-        return probe
+        return RowLinear(self.plain[:width], bias, onednn=onednn)
 
     @property
     def shape(self) -> tuple[int, int, torch.dtype, bool]:
@@ -128,52 +147,96 @@ def _agreeing(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, count
 
 TRIALS = 2  # inputs per shape; a class split shows in some rows of some inputs only
 PROBE_WIDTH = 4096  # wider products (the LM head) are probed on their first outputs only
+LARGE = 1 << 18  # weights with this many elements take oneDNN where it is invariant, untimed
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """What `calibrate` found: per weight shape the pad, and whether every count was covered."""
+    """What `calibrate` found: per weight shape the kernel and pad, and whether every count was covered."""
 
     pads: dict[tuple, int]
+    kernels: dict[tuple, str]
     invariant: bool  # False: some shape has no single class up to the largest count tested
 
     def describe(self) -> str:
-        parts = [f"{s[0]}->{s[1]}: pad {p}" for s, p in sorted(self.pads.items(), key=lambda i: i[0][:2])]
+        parts = [f"{s[0]}->{s[1]}: {self.kernels[s]} pad {p}"
+                 for s, p in sorted(self.pads.items(), key=lambda i: i[0][:2])]
         return ", ".join(parts) + ("" if self.invariant else " (NOT invariant for every count)")
 
 
-def calibrate(linears: Sequence[RowLinear], max_rows: int) -> Calibration:
-    """Set each linear's `pad_to` to the smallest count from which all counts share one bit class.
+def _pad_for(lin: RowLinear, onednn: bool, counts: list[int], gen: torch.Generator) -> int | None:
+    """The smallest count from which every larger count gives the bits of the largest; None past DENSE_UP_TO."""
+    probe = lin.narrowed(min(lin.out_features, PROBE_WIDTH), onednn)
+    pad = 1
+    for _ in range(TRIALS):
+        spread = torch.logspace(-2, 2, lin.in_features)[torch.randperm(lin.in_features, generator=gen)]
+        x = (torch.randn(counts[-1], lin.in_features, generator=gen) * spread).to(lin.device, lin.dtype)
+        agree = _agreeing(probe.kernel, x, counts)
+        first = next(i for i in range(len(counts)) if all(agree[i:]))
+        pad = max(pad, counts[first])
+    return pad if pad <= DENSE_UP_TO else None
 
-    One representative per distinct shape is tested on random input over
-    1..max_rows (dense up to DENSE_UP_TO, then sampled), each count against the
-    largest; linears of the same shape share the result. Products wider than
-    PROBE_WIDTH are probed on their first outputs (the end-to-end check in
-    engine.selfcheck covers the whole head). A shape with no single class from a count up to
-    DENSE_UP_TO on is left unpadded and the result says it is not invariant.
-    Takes about a second for a 135M model on CPU.
+
+def _cost(lin: RowLinear, onednn: bool, pad: int, rows: tuple[int, ...] = (1, 5), reps: int = 9) -> float:
+    """Median seconds of the padded product at these row counts, summed (the full weight)."""
+    trial = RowLinear(lin.plain, lin.bias, onednn=onednn)
+    trial.pad_to = pad
+    total = 0.0
+    for m in rows:
+        x = torch.randn(m, lin.in_features).to(lin.device, lin.dtype)
+        times = []
+        for _ in range(reps + 2):
+            if lin.device.type == "cuda":
+                torch.cuda.synchronize(lin.device)
+            t0 = time.perf_counter()
+            trial(x)
+            if lin.device.type == "cuda":
+                torch.cuda.synchronize(lin.device)
+            times.append(time.perf_counter() - t0)
+        total += sorted(times[2:])[reps // 2]
+    return total
+
+
+def calibrate(linears: Sequence[RowLinear], max_rows: int) -> Calibration:
+    """Per distinct weight shape: the kernel and `pad_to` that keep every row count's bits the same,
+    the cheaper of them where there is a choice.
+
+    For each kernel a linear can run, one representative of the shape is tested
+    on random input over 1..max_rows (dense up to DENSE_UP_TO, then sampled),
+    each count against the largest, to find its pad; products wider than
+    PROBE_WIDTH are probed on their first outputs (engine.selfcheck then checks
+    the whole model). Among the kernels with a pad, the one whose padded
+    product costs least at 1 and 5 rows (a decode step, a Score of 4 drafts)
+    is kept: oneDNN's prepacked kernel streams a large weight well but costs
+    tens of microseconds per call, which dominates a small one. A shape with no
+    pad for any kernel is left unpadded and the result says it is not invariant.
     """
     gen = torch.Generator(device="cpu").manual_seed(0)
-    pads: dict[tuple, int] = {}
+    chosen: dict[tuple, tuple[bool, int]] = {}
     invariant = True
     counts = _candidates(max(max_rows, 2))
     with torch.inference_mode():
         for lin in linears:
-            if lin.shape in pads:
+            if lin.shape in chosen:
                 continue
-            probe = lin if lin.out_features <= PROBE_WIDTH else lin.narrowed(PROBE_WIDTH)
-            pad = 1
-            for _ in range(TRIALS):
-                spread = torch.logspace(-2, 2, lin.in_features)[torch.randperm(lin.in_features, generator=gen)]
-                x = (torch.randn(counts[-1], lin.in_features, generator=gen) * spread).to(lin.device, lin.dtype)
-                agree = _agreeing(probe.kernel, x, counts)
-                # The first count from which every larger one agrees with the largest.
-                first = next(i for i in range(len(counts)) if all(agree[i:]))
-                pad = max(pad, counts[first])
-            if pad > DENSE_UP_TO:
+            options = []
+            for onednn in lin.kinds:
+                pad = _pad_for(lin, onednn, counts, gen)
+                if pad is not None:
+                    options.append((onednn, pad))
+                    if onednn and lin.in_features * lin.out_features >= LARGE:
+                        break  # a large weight: oneDNN's streaming wins (measured), no timing needed
+            if len(options) > 1:
+                options = [(_cost(lin, onednn, pad), onednn, pad) for onednn, pad in options]
+            else:
+                options = [(0.0, onednn, pad) for onednn, pad in options]
+            if options:
+                _, onednn, pad = min(options)
+            else:
                 invariant = False
-                pad = 1
-            pads[lin.shape] = pad
+                onednn, pad = lin.kinds[0], 1
+            chosen[lin.shape] = (onednn, pad)
     for lin in linears:
-        lin.pad_to = pads[lin.shape]
-    return Calibration(pads, invariant)
+        lin.choose(*chosen[lin.shape])
+    return Calibration({s: p for s, (_, p) in chosen.items()},
+                       {s: "oneDNN" if o else "F.linear" for s, (o, _) in chosen.items()}, invariant)
