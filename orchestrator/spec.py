@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.capacity import TargetAdmission
 from orchestrator.costs import CostBook
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
@@ -79,9 +80,16 @@ class LoopConfig:
     default_k: int = 5
     adaptive_k: bool = False  # k = 0 in a request: pick k per round for goodput (loop._adaptive_k)
     costs: CostBook = field(default_factory=CostBook)  # per-replica forward costs, from every call
+    # New streams' target places, by measured capacity (orchestrator.capacity); None: the default
+    # policy over `costs`.
+    admission: TargetAdmission | None = None
     default_proposer: str = COMBINED
     parallel: bool = False  # requests that do not say: parallel speculation (orchestrator.parallel)
     max_new_tokens_limit: int = 4096
     target_wait_s: float = 10.0  # how long a round (or a new session) waits for some target replica
     redis_outage_s: float = 5.0  # a Redis outage up to this long is invisible to streams
     redis_retry_s: float = 300.0  # how long a record write is retried after its stream gave up
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            self.admission = TargetAdmission(costs=self.costs)

@@ -1,0 +1,207 @@
+"""Overload is shed, never queued forever: new streams only go to a target replica with room.
+
+A target replica serves its sessions in shared forwards (continuous
+batching). Each added session makes every session's forward dearer, so past
+some number of sessions the admitted streams lose their pace; past its batch
+limit, calls queue. `TargetAdmission` places each new stream on a target
+replica that has room, and refuses the stream (RESOURCE_EXHAUSTED naming the
+limit, with a retry-after hint that the gateway turns into HTTP 429
+`Retry-After`) when none has, after a short bounded wait.
+
+A replica's capacity in sessions, measured from its own batches and queues:
+
+  * at most its batch size (GetInfo max_batch: sessions one forward holds);
+  * at most the sessions whose shared forward costs `pace` x a lone
+    session's one-token forward, from the replica's measured cost table v(T)
+    (orchestrator.costs, learned from every reply's ServerTiming forward_ms
+    by batch tokens);
+  * none at all while its calls wait in its queue for more than
+    `queue_factor` x their own forward time (ServerTiming: server time minus
+    forward time; it is saturated, whoever is loading it).
+
+`--target-capacity N` sets the sessions per replica instead. A replica's load
+is the streams this orchestrator has placed on it now (a stream that moves to
+another replica counts there), or the sessions its forwards batch (which
+counts other orchestrators' streams), whichever is larger.
+
+The wait is bounded in count and in time: at most `queue_depth` streams wait
+for a slot at once (more: `admission_queue`), and none longer than `wait_s`
+(then `target_capacity`). Streams already admitted are never stopped; a
+stream that moves after a failure goes where the routing sends it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import Gauge
+
+from orchestrator.costs import CostBook
+from orchestrator.remote import SessionReplica
+from specdec.limits import reject
+
+if TYPE_CHECKING:
+    from orchestrator.routing import Router
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_BATCH = 16  # a service that does not report its batch size (the services' default)
+CAPACITY = Gauge("specdec_target_capacity_sessions",
+                 "Streams a target replica can serve at pace (orchestrator.capacity; 0: saturated)",
+                 ["address"])
+STREAMS = Gauge("specdec_target_streams", "Streams this orchestrator has admitted onto a target replica",
+                ["address"])
+
+
+@dataclass(frozen=True)
+class CapacityPolicy:
+    """Orchestrator flags --target-capacity, --capacity-pace, --admission-queue, --admission-wait-s."""
+
+    sessions: int = 0  # sessions per target replica; 0 = measured
+    pace: float = 1.5  # admitted sessions' shared forward: at most this x a lone session's
+    queue_factor: float = 2.0  # calls waiting longer than this x their forward: the replica is full
+    queue_depth: int = 16  # streams waiting for a slot at once
+    wait_s: float = 0.25  # the longest a stream waits for a slot
+
+
+class TargetAdmission:
+    """Which target replica a new stream may start on, and the streams on each (one event loop)."""
+
+    def __init__(self, policy: CapacityPolicy | None = None, costs: CostBook | None = None) -> None:
+        self.policy = policy or CapacityPolicy()
+        self.costs = costs or CostBook()
+        self.active: dict[SessionReplica, float] = {}  # admitted streams' target places -> admitted at
+        self.waiting = 0
+        self._waiters: list[asyncio.Future] = []
+        self._duration_s = 0.0  # EWMA of admitted streams' durations (the retry-after hint)
+        self._shedding_logged = 0.0
+
+    # ---- measurement ------------------------------------------------------------
+
+    def capacity(self, router: Router, address: str) -> int:
+        """Sessions this target replica can serve at pace now (0: saturated)."""
+        if self.policy.sessions:
+            return self.policy.sessions
+        client = router.client(address, "target")
+        most = int(getattr(client, "max_batch", 0) or 0) or DEFAULT_MAX_BATCH
+        costs = self.costs.replicas.get(("target", address))
+        if costs is None or not costs.measured:
+            return most  # nothing measured yet: its batch size
+        if costs.recent() and costs.queue_ms.value > self.policy.queue_factor * max(costs.forward_ms.value, 1.0):
+            return 0  # its calls wait for several forwards: saturated, whoever loads it
+        lone = costs.verify_ms(1)
+        n = 1
+        while n < most and costs.verify_ms(n + 1) <= self.policy.pace * lone:
+            n += 1
+        return n
+
+    def load(self, address: str) -> int:
+        """Streams on this replica: ours now, or what its forwards batch (everyone's), the larger."""
+        ours = sum(1 for replica in self.active if replica.address == address)
+        costs = self.costs.replicas.get(("target", address))
+        batched = int(round(costs.rows.value)) if costs is not None and costs.recent() else 0
+        return max(ours, batched)
+
+    def retry_after_s(self, replicas: int) -> int:
+        """When a slot is likely to free: a stream's usual duration over the slots in all."""
+        if not self._duration_s:
+            return 1
+        return max(1, min(30, math.ceil(self._duration_s / max(1, replicas))))
+
+    # ---- admission --------------------------------------------------------------
+
+    async def place(self, router: Router, session_id: str, preferred: str, held: int, *,
+                    wait_s: float) -> SessionReplica | None:
+        """A target place for a new stream with room on its replica; None when there is no target
+        replica at all for `wait_s`. Raises RESOURCE_EXHAUSTED when every replica is full."""
+        caps: dict[str, int] = {}
+
+        def room(address: str) -> bool:
+            caps[address] = cap = self.capacity(router, address)
+            return self.load(address) < cap
+
+        no_replica_until = time.monotonic() + wait_s
+        slot_until = time.monotonic() + self.policy.wait_s
+        queued = False
+        try:
+            while True:
+                caps.clear()
+                client = await router.pick("target", preferred, room=room)
+                if client is not None:
+                    replica = SessionReplica(router, "target", session_id, client,
+                                             held if client.address == preferred else 0)
+                    self.active[replica] = time.monotonic()
+                    self._publish(caps)
+                    return replica
+                now = time.monotonic()
+                if not caps:  # no target replica at all (yet)
+                    if now >= no_replica_until:
+                        return None
+                    await asyncio.sleep(0.25)
+                    continue
+                if not queued:
+                    if self.waiting >= self.policy.queue_depth:
+                        raise reject("admission_queue",
+                                     f"{self.policy.queue_depth} streams are already waiting for a "
+                                     "target slot; retry later",
+                                     retry_after_s=self.retry_after_s(len(caps)))
+                    self.waiting, queued = self.waiting + 1, True
+                if now >= slot_until:
+                    self._publish(caps)
+                    if now - self._shedding_logged > 10.0:
+                        self._shedding_logged = now
+                        log.warning("shedding load: %s (streams, capacity by replica: %s)",
+                                    self._full_message(caps),
+                                    {a: (self.load(a), c) for a, c in caps.items()})
+                    raise reject("target_capacity", self._full_message(caps),
+                                 retry_after_s=self.retry_after_s(len(caps)))
+                await self._freed(slot_until - now)
+        finally:
+            if queued:
+                self.waiting -= 1
+
+    def _publish(self, caps: dict[str, int]) -> None:
+        for address, cap in caps.items():
+            CAPACITY.labels(address).set(cap)
+            STREAMS.labels(address).set(sum(1 for r in self.active if r.address == address))
+
+    def _full_message(self, caps: dict[str, int]) -> str:
+        n = len(caps)
+        sizes = sorted(set(caps.values()))
+        each = ", ".join(str(c) for c in sizes)
+        return (f"every target replica ({n}) is at its capacity ({each} session(s) each, "
+                f"{'set by --target-capacity' if self.policy.sessions else 'measured'}); "
+                f"waited {self.policy.wait_s:g} s; retry later")
+
+    async def _freed(self, timeout_s: float) -> None:
+        """Until a stream leaves (a slot may be free) or `timeout_s`."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, max(0.0, timeout_s))
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def leave(self, replica: SessionReplica) -> None:
+        """An admitted stream ended (any way): its slot is free."""
+        admitted = self.active.pop(replica, None)
+        if admitted is None:
+            return
+        STREAMS.labels(replica.address).set(sum(1 for r in self.active if r.address == replica.address))
+        duration = time.monotonic() - admitted
+        self._duration_s = duration if not self._duration_s else self._duration_s + 0.2 * (duration - self._duration_s)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def snapshot(self, router: Router, addresses: list[str]) -> dict[str, tuple[int, int]]:
+        """address -> (load, capacity), for logs, metrics and benchmarks."""
+        return {a: (self.load(a), self.capacity(router, a)) for a in addresses}
+
