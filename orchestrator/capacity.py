@@ -11,18 +11,18 @@ limit, with a retry-after hint that the gateway turns into HTTP 429
 A replica's capacity in sessions, measured from its own batches and queues:
 
   * at most its batch size (GetInfo max_batch: sessions one forward holds);
-  * at most the sessions whose shared forward costs `pace` x a lone
-    session's one-token forward, from the replica's measured cost table v(T)
-    (orchestrator.costs, learned from every reply's ServerTiming forward_ms
-    by batch tokens);
+  * at most the sessions whose round (the RPC plus their shared forward)
+    costs `pace` x a lone session's one-token round, from the replica's
+    measured cost table v(T) (orchestrator.costs, learned from every reply's
+    ServerTiming forward_ms by batch tokens) and its calls' RPC time;
   * none at all while its calls wait in its queue for more than
-    `queue_factor` x their own forward time (ServerTiming: server time minus
-    forward time; it is saturated, whoever is loading it).
+    `queue_factor` x a round (ServerTiming: server time minus forward time;
+    it is saturated, whoever is loading it).
 
 `--target-capacity N` sets the sessions per replica instead. A replica's load
 is the streams this orchestrator has placed on it now (a stream that moves to
-another replica counts there), or the sessions its forwards batch (which
-counts other orchestrators' streams), whichever is larger.
+another replica counts there); other orchestrators' streams on it show in its
+queue (the saturation rule above), since each orchestrator admits on its own.
 
 The wait is bounded in count and in time: at most `queue_depth` streams wait
 for a slot at once (more: `admission_queue`), and none longer than `wait_s`
@@ -62,7 +62,7 @@ class CapacityPolicy:
 
     sessions: int = 0  # sessions per target replica; 0 = measured
     pace: float = 1.5  # admitted sessions' shared forward: at most this x a lone session's
-    queue_factor: float = 2.0  # calls waiting longer than this x their forward: the replica is full
+    queue_factor: float = 4.0  # calls waiting longer than this x a round (RPC + forward): full
     queue_depth: int = 16  # streams waiting for a slot at once
     wait_s: float = 0.25  # the longest a stream waits for a slot
 
@@ -90,20 +90,18 @@ class TargetAdmission:
         costs = self.costs.replicas.get(("target", address))
         if costs is None or not costs.measured:
             return most  # nothing measured yet: its batch size
-        if costs.recent() and costs.queue_ms.value > self.policy.queue_factor * max(costs.forward_ms.value, 1.0):
-            return 0  # its calls wait for several forwards: saturated, whoever loads it
-        lone = costs.verify_ms(1)
-        n = 1
-        while n < most and costs.verify_ms(n + 1) <= self.policy.pace * lone:
-            n += 1
-        return n
+        # A round's fixed part beside the forward: the RPC and (de)serializing (no queueing).
+        rpc = max(0.0, costs.call_ms.value - costs.queue_ms.value)
+        if costs.recent() and costs.queue_ms.value > self.policy.queue_factor * (rpc + costs.forward_ms.value):
+            return 0  # its calls wait for several rounds' worth: saturated, whoever loads it
+        lone = rpc + costs.verify_ms(1)
+        # The most sessions whose round keeps the pace (the cost table is not forced monotone:
+        # one bumpy bucket must not cap it).
+        return max(n for n in range(1, most + 1) if n == 1 or rpc + costs.verify_ms(n) <= self.policy.pace * lone)
 
     def load(self, address: str) -> int:
-        """Streams on this replica: ours now, or what its forwards batch (everyone's), the larger."""
-        ours = sum(1 for replica in self.active if replica.address == address)
-        costs = self.costs.replicas.get(("target", address))
-        batched = int(round(costs.rows.value)) if costs is not None and costs.recent() else 0
-        return max(ours, batched)
+        """Streams this orchestrator has on the replica now (other orchestrators' show as its queue)."""
+        return sum(1 for replica in self.active if replica.address == address)
 
     def retry_after_s(self, replicas: int) -> int:
         """When a slot is likely to free: a stream's usual duration over the slots in all."""
@@ -166,7 +164,7 @@ class TargetAdmission:
     def _publish(self, caps: dict[str, int]) -> None:
         for address, cap in caps.items():
             CAPACITY.labels(address).set(cap)
-            STREAMS.labels(address).set(sum(1 for r in self.active if r.address == address))
+            STREAMS.labels(address).set(self.load(address))
 
     def _full_message(self, caps: dict[str, int]) -> str:
         n = len(caps)
@@ -193,7 +191,7 @@ class TargetAdmission:
         admitted = self.active.pop(replica, None)
         if admitted is None:
             return
-        STREAMS.labels(replica.address).set(sum(1 for r in self.active if r.address == replica.address))
+        STREAMS.labels(replica.address).set(self.load(replica.address))
         duration = time.monotonic() - admitted
         self._duration_s = duration if not self._duration_s else self._duration_s + 0.2 * (duration - self._duration_s)
         waiters, self._waiters = self._waiters, []

@@ -18,8 +18,8 @@ holds the learned latency tables (orchestrator.deadlines) and, per replica:
              call (a 2-token Score, or a 2-token Propose drafting one) after
              `eject_s`, doubling up to `max_eject_s` while it fails. It is
              admitted again once the probe answers within its deadline and,
-             when a healthy peer exists, the median of 3 probes is below
-             `slow_ratio` x the same probes' median on that peer. A replica
+             when a healthy peer exists, the mean of 5 probes spaced at random
+             is below `slow_ratio` x the mean of as many on that peer. A replica
              whose probes have failed for `forget_s` is forgotten (it is
              usually gone from the registry by then; if it is called again,
              its calls decide anew).
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -70,7 +71,7 @@ class OutlierPolicy:
     eject_s: float = 1.0  # first ejection; doubles while its probes fail
     max_eject_s: float = 8.0
     forget_s: float = 120.0  # probes failing this long: stop probing, forget the replica
-    probes: int = 3  # probe calls per check when comparing with a peer
+    probes: int = 5  # probe calls per check (and as many on a peer) when comparing with a peer
 
 
 @dataclass
@@ -197,11 +198,16 @@ class ReplicaHealth:
             mine = [await self.probe(role, address, timeout)]
             if peer is None or self.policy.slow_ratio <= 0:
                 return None
-            mine += [await self.probe(role, address, timeout) for _ in range(self.policy.probes - 1)]
-            theirs = [await self.probe(role, peer, timeout) for _ in range(self.policy.probes)]
+            theirs = [await self.probe(role, peer, timeout)]
+            for _ in range(self.policy.probes - 1):
+                # Spaced at random: a CPU-starved replica runs in bursts (a cgroup quota, a
+                # duty cycle), and probes sent back to back would all land in one burst.
+                await asyncio.sleep(random.uniform(0.02, 0.12))
+                mine.append(await self.probe(role, address, timeout))
+                theirs.append(await self.probe(role, peer, timeout))
         except Exception as exc:  # noqa: BLE001 - any failure: still not usable
             return f"probe failed: {type(exc).__name__}: {exc}"
-        ratio = statistics.median(mine) / max(statistics.median(theirs), 1e-3)
+        ratio = statistics.mean(mine) / max(statistics.mean(theirs), 1e-3)
         if ratio >= self.policy.slow_ratio:
             return f"probes {ratio:.1f}x a peer's"
         return None

@@ -243,8 +243,8 @@ class Session:
         """After a failed or cancelled turn: keep the record (the writer lands the last state,
         in the background if Redis is down). A single-turn session's KV is released: only a
         resume comes back to it, and that resends."""
-        if not self.kept:
-            await release_kv(self.id, [self.target.client, draft.client if draft else None])
+        if not self.kept:  # in the background: a hung replica must not hold the error back
+            in_background(release_kv(self.id, [self.target.client, draft.client if draft else None]))
 
 
 async def retry_redis(fetch: Callable[[], Awaitable[T]], bound_s: float, what: str) -> T:
