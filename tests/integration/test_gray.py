@@ -35,9 +35,10 @@ def gray(tiny_pair, tmp_path_factory):
     target_dir, draft_dir = tiny_pair
     stack = Stack(logs=tmp_path_factory.mktemp("gray-logs"))
     try:
-        stack.start_service("target1", "target", target_dir)
-        stack.start_service("target2", "target", target_dir)
-        stack.start_service("draft", "draft", draft_dir)
+        stack.start_service("target1", "target", target_dir, wait=False)
+        stack.start_service("target2", "target", target_dir, wait=False)
+        stack.start_service("draft", "draft", draft_dir, wait=False)
+        stack.wait_serving("target1", "target2", "draft")
         stack.metrics_port = procs.free_port()
         stack.start_orchestrator("orch", target_dir, extra=(
             "--metrics-port", str(stack.metrics_port), "--eject-s", "0.5", "--max-eject-s", "1"))
