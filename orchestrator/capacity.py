@@ -11,13 +11,23 @@ limit, with a retry-after hint that the gateway turns into HTTP 429
 A replica's capacity in sessions, measured from its own batches and queues:
 
   * at most its batch size (GetInfo max_batch: sessions one forward holds);
-  * at most the sessions whose round (the RPC plus their shared forward)
-    costs `pace` x a lone session's one-token round, from the replica's
+  * at most the sessions whose round (the RPC plus their shared forward, each
+    row as many tokens as its Scores usually carry) costs `pace` x a lone
+    session's round, from the replica's
     measured cost table v(T) (orchestrator.costs, learned from every reply's
     ServerTiming forward_ms by batch tokens) and its calls' RPC time;
   * none at all while its calls wait in its queue for more than
     `queue_factor` x a round (ServerTiming: server time minus forward time;
-    it is saturated, whoever is loading it).
+    it is saturated, whoever is loading it);
+  * at most a limit fed back from the pace its admitted streams actually get
+    (the cost model cannot see everything: the draft's queue, speculation's
+    extra tokens per row, a CPU shared with others). Each round's time (the
+    gap between a stream's chunks) goes into an EWMA per replica, and rounds
+    run while it carried a single stream into a "lone" EWMA; at most every
+    few rounds, when the recent rounds are slower than `pace` x the lone ones
+    the limit drops in proportion (below the load those rounds ran at), and
+    when they are well within it with the load at the limit it rises by one
+    (from a slow start: doubling until the first cut, like TCP's window).
 
 `--target-capacity N` sets the sessions per replica instead. A replica's load
 is the streams this orchestrator has placed on it now (a stream that moves to
@@ -35,7 +45,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
@@ -67,6 +77,53 @@ class CapacityPolicy:
     wait_s: float = 0.25  # the longest a stream waits for a slot
 
 
+@dataclass
+class _Pace:
+    """One replica's round times: alone (EWMA), and since the limit last changed; the limit."""
+
+    lone_ms: float = 0.0
+    lone_n: int = 0
+    window_ms: float = 0.0  # sum of round times since the last change
+    window_load: float = 0.0  # sum of the loads they ran at
+    window_n: int = 0
+    since: float = field(default_factory=time.monotonic)
+    limit: int = 0  # 0: not set yet (no lone rounds)
+    cut: bool = False  # cut once: from then on it grows by one, not by doubling
+
+    @property
+    def recent_ms(self) -> float:
+        return self.window_ms / self.window_n if self.window_n else 0.0
+
+    def observe(self, ms: float, load: int) -> None:
+        if load <= 1:  # the lower envelope: quick to fall, slow to rise (others' load, hiccups)
+            weight = 0.3 if ms < self.lone_ms else 0.02
+            self.lone_ms = ms if not self.lone_n else self.lone_ms + weight * (ms - self.lone_ms)
+            self.lone_n += 1
+        self.window_ms += ms
+        self.window_load += load
+        self.window_n += 1
+
+    def adjust(self, pace: float, model_cap: int) -> None:
+        """Once the rounds since the last change are enough to judge (two per stream, 0.5 s):
+        too slow, cut the limit in proportion (round time taken as growing with the load);
+        well within the pace at the limit, double it (slow start, up to the cost model's
+        capacity), or after a first cut add one."""
+        load = self.window_load / max(1, self.window_n)
+        if (self.lone_n < 3 or self.window_n < max(5, 2 * load)
+                or time.monotonic() - self.since < 0.5):
+            return
+        self.limit = self.limit or max(1, min(model_cap, max(2, math.ceil(load))))  # a slow start
+        target = pace * self.lone_ms
+        if self.recent_ms > target:
+            self.limit = max(1, min(self.limit - 1, int(load * target / self.recent_ms)))
+            self.cut = True
+        elif self.recent_ms < 0.8 * target and load >= self.limit - 0.5:
+            self.limit = min(max(model_cap, self.limit + 1), self.limit + (1 if self.cut else self.limit))
+        self.window_ms = self.window_load = 0.0
+        self.window_n = 0
+        self.since = time.monotonic()
+
+
 class TargetAdmission:
     """Which target replica a new stream may start on, and the streams on each (one event loop)."""
 
@@ -77,6 +134,7 @@ class TargetAdmission:
         self.waiting = 0
         self._waiters: list[asyncio.Future] = []
         self._duration_s = 0.0  # EWMA of admitted streams' durations (the retry-after hint)
+        self._pace: dict[str, _Pace] = {}
         self._shedding_logged = 0.0
 
     # ---- measurement ------------------------------------------------------------
@@ -94,10 +152,26 @@ class TargetAdmission:
         rpc = max(0.0, costs.call_ms.value - costs.queue_ms.value)
         if costs.recent() and costs.queue_ms.value > self.policy.queue_factor * (rpc + costs.forward_ms.value):
             return 0  # its calls wait for several rounds' worth: saturated, whoever loads it
-        lone = rpc + costs.verify_ms(1)
+        row = max(1.0, costs.row_tokens.value)  # tokens a session's Score carries (k + 1)
+        lone = rpc + costs.verify_ms(row)
         # The most sessions whose round keeps the pace (the cost table is not forced monotone:
         # one bumpy bucket must not cap it).
-        return max(n for n in range(1, most + 1) if n == 1 or rpc + costs.verify_ms(n) <= self.policy.pace * lone)
+        model = max(n for n in range(1, most + 1)
+                    if n == 1 or rpc + costs.verify_ms(n * row) <= self.policy.pace * lone)
+        pace = self._pace.get(address)
+        return min(model, pace.limit) if pace is not None and pace.limit else model
+
+    def observe_round(self, router: Router, address: str, ms: float) -> None:
+        """A round of an admitted stream on `address` took `ms` (its chunk gap): the pace feedback."""
+        if self.policy.sessions:
+            return
+        pace = self._pace.setdefault(address, _Pace())
+        pace.observe(ms, self.load(address))
+        before, recent, load = pace.limit, pace.recent_ms, pace.window_load / max(1, pace.window_n)
+        pace.adjust(self.policy.pace, self.capacity(router, address))
+        if pace.limit != before:
+            log.info("target %s: admission limit %d -> %d (rounds %.0f ms at %.1f stream(s), %.0f ms "
+                     "alone)", address, before, pace.limit, recent, load, pace.lone_ms)
 
     def load(self, address: str) -> int:
         """Streams this orchestrator has on the replica now (other orchestrators' show as its queue)."""

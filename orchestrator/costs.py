@@ -73,6 +73,7 @@ class ReplicaCosts:
     gap_s: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a session's time between its calls
     queue_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a Score's server time beyond its forwards
     forward_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a Score's forwards' time
+    row_tokens: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # tokens one Score carries
     scored: float = 0.0  # monotonic time of the last Score observed
     seen: dict[str, float] = field(default_factory=dict)  # session -> its last call (monotonic s)
 
@@ -111,6 +112,7 @@ class ReplicaCosts:
         self.scored = time.monotonic()
         self.queue_ms.add(max(0.0, call.server_ms - call.forward_ms))
         self.forward_ms.add(call.forward_ms)
+        self.row_tokens.add(call.tokens)
         bucket = int(tokens).bit_length()
         mean_tokens, ms = self.buckets.setdefault(bucket, (_Ewma(self.alpha), _Ewma(self.alpha)))
         mean_tokens.add(tokens)

@@ -140,6 +140,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                                  session_id="" if sent else session.id)
                 sent += 1
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
+            if len(tally.rounds) > 1:  # a chunk gap (the first round is the time to first token)
+                config.admission.observe_round(config.router, session.target.address, rnd.total_ms)
             trace.round_closed(rnd)
     except BaseException as exc:
         trace.abort(exc)

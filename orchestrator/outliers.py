@@ -6,7 +6,7 @@ holds the learned latency tables (orchestrator.deadlines) and, per replica:
 
   ejected    after a call missed its deadline (reason "deadline"), or once its
              recent wall times for the same sizes of work are `slow_ratio` x
-             its peers' median (reason "slow", with `min_samples` answers since
+             its peers' median (their latest figures, however old) (reason "slow", with `min_samples` answers since
              it was last admitted). An ejected replica gets no new sessions
              (Router.pick) and the sessions on it move at their next round
              (SessionReplica.ready): a target session is resent from 0 on
@@ -67,7 +67,7 @@ class OutlierPolicy:
 
     slow_ratio: float = 3.0  # x the peers' median wall time for the same work; 0 = off
     min_samples: int = 5  # answers since its last admission before it can be judged slow
-    window_s: float = 30.0  # only samples this recent are compared
+    window_s: float = 30.0  # a replica is judged on its answers this recent
     eject_s: float = 1.0  # first ejection; doubles while its probes fail
     max_eject_s: float = 8.0
     forget_s: float = 120.0  # probes failing this long: stop probing, forget the replica
@@ -129,11 +129,12 @@ class ReplicaHealth:
                    f"no answer within {deadline_s * 1e3:.0f} ms for {size} tokens ({usual_text})")
 
     def slowness(self, role: str, address: str) -> float | None:
-        """Median over shared recent size buckets of this replica's wall time / its peers' median."""
+        """Median over size buckets of this replica's recent wall time / its peers' median.
+
+        The peers' figures may be older (routing may have sent every recent session here)."""
         now = time.monotonic()
-        window = self.policy.window_s
-        mine = self.latency.replica(role, address).recent(window, now)
-        peers = [t.recent(window, now) for (r, a), t in self.latency.replicas.items()
+        mine = self.latency.replica(role, address).recent(self.policy.window_s, now)
+        peers = [t.recent(float("inf"), now) for (r, a), t in self.latency.replicas.items()
                  if r == role and a != address and not self.ejected(r, a)]
         ratios = []
         for bucket, ms in mine.items():
@@ -213,12 +214,10 @@ class ReplicaHealth:
         return None
 
     def _healthy_peer(self, role: str, address: str) -> str | None:
-        """The non-ejected peer with the most recent answers, if any."""
-        now = time.monotonic()
+        """The non-ejected peer that answered last, if any (probed side by side with the suspect)."""
         peers = [(max((b.seen for b in t.buckets.values()), default=0.0), a)
                  for (r, a), t in self.latency.replicas.items()
-                 if r == role and a != address and not self.ejected(r, a)]
-        peers = [(seen, a) for seen, a in peers if now - seen <= self.policy.window_s]
+                 if r == role and a != address and not self.ejected(r, a) and t.buckets]
         return max(peers)[1] if peers else None
 
     def snapshot(self) -> dict[str, str]:

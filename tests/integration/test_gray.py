@@ -66,17 +66,25 @@ def _wait_for(predicate, timeout_s: float, step_s: float = 0.1) -> float:
     return time.monotonic() - started
 
 
-def test_a_frozen_draft_costs_its_streams_a_deadline_not_the_freeze(gray):
-    draft = gray.procs["draft"].pid
+def _streams_while_frozen(gray, name: str, prompts) -> list:
+    """Streams with `name` frozen for FREEZE_S once they are under way: each has its fault-free
+    text, and all end while it is still frozen (a deadline each, not the freeze)."""
+    pid = gray.procs[name].pid
     started = time.monotonic()
-    runs = streams_with_fault(gray.addresses["orch"], PROMPTS[:3], lambda: freeze(draft, FREEZE_S),
+    runs = streams_with_fault(gray.addresses["orch"], prompts, lambda: freeze(pid, FREEZE_S),
                               after_tokens=8, **OPTIONS)
     elapsed = time.monotonic() - started
     for run in runs:
         assert run.error is None and run.tokens == list(gray.expected[run.prompt])
-        assert run.stats.proposer == "draft" and not run.stats.fallback_reason  # rounds, not the request
-    assert elapsed < FREEZE_S - 1.0  # every stream finished while the draft was still frozen
+    assert elapsed < FREEZE_S - 1.0
     assert sum(r.stats.deadline_misses for r in runs) >= 1
+    return runs
+
+
+def test_a_frozen_draft_costs_its_streams_a_deadline_not_the_freeze(gray):
+    runs = _streams_while_frozen(gray, "draft", PROMPTS[:3])
+    for run in runs:
+        assert run.stats.proposer == "draft" and not run.stats.fallback_reason  # rounds, not the request
     assert _ejected(gray, "draft", "draft") == 1.0
     # Resumed: its probe answers, it is back in rotation and the next stream drafts on it.
     _wait_for(lambda: _ejected(gray, "draft", "draft") == 0.0, FREEZE_S + 10)
@@ -87,16 +95,9 @@ def test_a_frozen_draft_costs_its_streams_a_deadline_not_the_freeze(gray):
 
 
 def test_a_frozen_target_moves_its_streams_to_the_other_with_identical_text(gray):
-    frozen = gray.procs["target1"].pid
-    started = time.monotonic()
-    runs = streams_with_fault(gray.addresses["orch"], PROMPTS[:4], lambda: freeze(frozen, FREEZE_S),
-                              after_tokens=8, **OPTIONS)
-    elapsed = time.monotonic() - started
+    runs = _streams_while_frozen(gray, "target1", PROMPTS[:4])  # some were on target1
     for run in runs:
-        assert run.error is None and run.tokens == list(gray.expected[run.prompt])
         assert run.stats.target_replica == gray.addresses["target2"]
-    assert elapsed < FREEZE_S - 1.0
-    assert sum(r.stats.deadline_misses for r in runs) >= 1  # the streams that were on target1
     _wait_for(lambda: _ejected(gray, "target", "target1") == 0.0, FREEZE_S + 10)
 
 

@@ -238,13 +238,14 @@ def test_with_no_other_target_a_late_call_is_waited_on_up_to_the_bound_then_unav
 # --------------------------------------------------------------------- admission by capacity
 
 
-def _costs_with(points: list[tuple[int, float]], address: str = "t0") -> CostBook:
+def _costs_with(points: list[tuple[int, float]], address: str = "t0", row: int = 1) -> CostBook:
+    """Forwards of `tokens` tokens costing `ms`, each batching one-token rows (`row` tokens each)."""
     book = CostBook()
     for tokens, ms in points:
         for _ in range(8):
             book.observe("target", address, Call(rpc_ms=ms + 1, server_ms=ms + 0.1, bytes_sent=0,
-                                                 bytes_received=0, forward_ms=ms, batch_rows=1,
-                                                 batch_tokens=tokens, tokens=tokens, forwards=1))
+                                                 bytes_received=0, forward_ms=ms, batch_rows=max(1, tokens // row),
+                                                 batch_tokens=tokens, tokens=row, forwards=1))
     return book
 
 
@@ -256,6 +257,9 @@ def test_capacity_is_the_sessions_whose_shared_round_keeps_the_pace() -> None:
     assert TargetAdmission(CapacityPolicy(pace=9.0), book).capacity(router, "t0") == 12  # its batch size
     assert TargetAdmission(CapacityPolicy(pace=1.5), CostBook()).capacity(router, "t0") == 12  # unmeasured
     assert TargetAdmission(CapacityPolicy(sessions=5), book).capacity(router, "t0") == 5  # configured
+    # Rows of 4 tokens (speculating): the same table holds fewer of them at the pace, v(4n) <= 1.5 v(4).
+    assert TargetAdmission(CapacityPolicy(pace=1.5), _costs_with([(1, 10.0), (16, 40.0)], row=4)
+                           ).capacity(router, "t0") == 2
     saturated = _costs_with([(1, 10.0)])
     for _ in range(8):  # its calls now wait ~100 ms in its queue for 10 ms forwards (a 11 ms round)
         saturated.observe("target", "t0", Call(rpc_ms=121, server_ms=110, bytes_sent=0, bytes_received=0,
@@ -312,3 +316,29 @@ def test_a_refused_stream_costs_nothing_and_a_finished_one_frees_its_slot() -> N
 
     calls, (out, _, _), load = asyncio.run(body())
     assert calls == 0 and out == plain_greedy(target, PROMPTS[0], 8) and load == 0
+
+
+def test_the_admitted_streams_pace_feeds_the_limit_back() -> None:
+    """On the measured pace: a slow start doubling the limit while rounds keep the pace, then
+    rounds slower than pace x the lone ones cut it in proportion, below the load they ran at;
+    after that, rounds well within the pace at the limit raise it by one."""
+    from orchestrator.capacity import _Pace
+
+    pace = _Pace()
+
+    def rounds(n: int, ms: float, load: int) -> int:
+        for _ in range(n):
+            pace.observe(ms, load)
+        pace.since -= 1
+        pace.adjust(1.5, model_cap=10)
+        return pace.limit
+
+    assert rounds(5, 100.0, 1) == 2  # alone and in time: a slow start
+    assert rounds(10, 100.0, 2) == 4  # at the limit, within the pace: doubled
+    assert rounds(10, 110.0, 4) == 8
+    assert rounds(15, 200.0, 8) == 8  # 15 rounds at 8 streams: not enough to judge yet
+    pace.observe(200.0, 8)
+    pace.adjust(1.5, model_cap=10)
+    assert pace.limit == 6  # 8 x 150 / 200: the load that would keep the pace
+    assert rounds(12, 100.0, 6) == 7  # after a cut: one at a time
+    assert rounds(10, 100.0, 2) == 7  # within the pace but well below the limit: no change
