@@ -3,14 +3,17 @@
     python -m benchmarks.gray_bench                      # the embedded target + the shipped draft
     python -m benchmarks.gray_bench --tiny --freeze-s 5 --overload-s 20   # tiny models, quick
 
-One stack: targets A and B, draft D (1 thread each), an orchestrator on A and
-D ("one target") and one on A, B and D ("two targets"), with metrics ports.
+One stack: targets A and B, drafts D and D2 (1 thread each), orchestrators on
+A and D ("one target"), on A, B and D ("two targets") and on A, D and D2 ("two
+drafts"), with metrics ports.
 Each stream is greedy, 64 new tokens, and its text is compared with the
 fault-free target-only text. Scenarios (issue 21's goals):
 
-  draft-frozen   one stream on "one target", proposer draft and combined: the
-                 draft SIGSTOPped after the first chunk for --freeze-s; its time
-                 against the same stream unfrozen just before (goal: <= +2 s)
+  draft-frozen   one stream, proposer draft and combined, with one draft replica
+                 ("one target") and with two ("two drafts": A, D, D2): draft D
+                 SIGSTOPped after the first chunk for --freeze-s; its time against
+                 the same stream unfrozen just before (goal: <= +2 s) and against
+                 target-only (what the stream costs with no draft at all)
   target-frozen  two streams at once on "two targets" (one per target), target A
                  SIGSTOPped after the first chunk; the time of the stream(s) that
                  were on A against the same pair unfrozen (goal: <= +3 s)
@@ -112,17 +115,18 @@ class Bench:
     def start(self) -> None:
         a = self.args
         ports = {}
-        for name, role in (("A", "target"), ("B", "target"), ("D", "draft")):
+        for name, role in (("A", "target"), ("B", "target"), ("D", "draft"), ("D2", "draft")):
             ports[name] = procs.free_port()
             model = a.target if role == "target" else a.draft
             self.group.start(name, service_argv(role, ports[name], model=model, threads=1))
             self.addr[name] = f"127.0.0.1:{ports[name]}"
-        for name in ("A", "B", "D"):
+        for name in ("A", "B", "D", "D2"):
             procs.wait_healthy(self.addr[name], self.group.running[name], timeout=600)
-        for name, targets in (("one", ["A"]), ("two", ["A", "B"])):
+        for name, targets, drafts in (("one", ["A"], ["D"]), ("two", ["A", "B"], ["D"]),
+                                      ("twod", ["A"], ["D", "D2"])):
             port, self.metrics[name] = procs.free_port(), procs.free_port()
             argv = orchestrator_argv(port, tokenizer=a.target, targets=[self.addr[t] for t in targets],
-                                     drafts=[self.addr["D"]], redis_url=a.redis_url,
+                                     drafts=[self.addr[d] for d in drafts], redis_url=a.redis_url,
                                      redis_prefix=self.prefix, threads=1,
                                      metrics_port=self.metrics[name],
                                      # one tenant drives 4x the capacity: its own limits off
@@ -148,23 +152,36 @@ class Bench:
         return {p: stream(self.addr["one"], p, proposer="none")["tokens"] for p in PROMPTS}
 
     def draft_frozen(self, ref: dict) -> list[dict]:
+        """Per proposer, with one draft replica and with two: the same stream unfrozen, with its
+        draft frozen after the first chunk, and target-only (what a stream without a draft costs)."""
         rows = []
-        for proposer in ("draft", "combined"):
-            for prompt in PROMPTS[:2]:
-                stream(self.addr["one"], prompt, proposer=proposer)  # warm
-                base = stream(self.addr["one"], prompt, proposer=proposer)
-                timers = []
-                hit = stream(self.addr["one"], prompt, proposer=proposer,
-                             on_first=lambda: timers.append(freeze(self.pid("D"), self.args.freeze_s)))
-                for t in timers:
-                    t.join()
-                self.wait_readmitted("one", "draft", "D")
-                rows.append(dict(proposer=proposer, prompt=prompt, unfrozen_s=base["seconds"],
-                                 frozen_s=hit["seconds"], extra_s=hit["seconds"] - base["seconds"],
-                                 identical=hit["tokens"] == ref[prompt] == base["tokens"],
-                                 deadline_misses=hit["stats"].deadline_misses if hit["stats"] else None,
-                                 error=hit["error"]))
+        for orch in ("one", "twod"):
+            for proposer in ("draft", "combined"):
+                for prompt in PROMPTS[:2]:
+                    rows.append(self._draft_frozen_once(orch, proposer, prompt, ref))
         return rows
+
+    def _draft_frozen_once(self, orch: str, proposer: str, prompt: str, ref: dict) -> dict:
+        address = self.addr[orch]
+        stream(address, prompt, proposer=proposer)  # warm
+        for _ in range(4):  # with two drafts: until the stream was on the one frozen (D)
+            base = stream(address, prompt, proposer=proposer)
+            alone = stream(address, prompt, proposer="none")
+            timers = []
+            hit = stream(address, prompt, proposer=proposer,
+                         on_first=lambda: timers.append(freeze(self.pid("D"), self.args.freeze_s)))
+            for t in timers:
+                t.join()
+            self.wait_readmitted(orch, "draft", "D")
+            if hit["stats"] is None or hit["stats"].deadline_misses:
+                break
+        return dict(drafts=1 if orch == "one" else 2, proposer=proposer, prompt=prompt,
+                    unfrozen_s=base["seconds"], target_only_s=alone["seconds"], frozen_s=hit["seconds"],
+                    extra_s=hit["seconds"] - base["seconds"],
+                    extra_vs_target_only_s=hit["seconds"] - alone["seconds"],
+                    identical=hit["tokens"] == ref[prompt] == base["tokens"],
+                    deadline_misses=hit["stats"].deadline_misses if hit["stats"] else None,
+                    error=hit["error"])
 
     def _pair(self, prompts: list[str], fault=None) -> list[dict]:
         results: list[dict] = [{} for _ in prompts]
@@ -313,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
 def report(r: dict) -> None:
     print(f"\n== gray failures and overload ({r['models']} models; freezes {r['freeze_s']:g} s) ==")
     for row in r.get("draft_frozen", []):
-        print(f"draft frozen, proposer {row['proposer']:8s}: {row['unfrozen_s']:.2f} s -> {row['frozen_s']:.2f} s "
-              f"({row['extra_s']:+.2f} s), identical {row['identical']}, deadline misses "
+        print(f"draft frozen ({row['drafts']} draft(s)), proposer {row['proposer']:8s}: {row['unfrozen_s']:.2f} s "
+              f"-> {row['frozen_s']:.2f} s ({row['extra_s']:+.2f} s; target-only {row['target_only_s']:.2f} s, "
+              f"{row['extra_vs_target_only_s']:+.2f} s), identical {row['identical']}, deadline misses "
               f"{row['deadline_misses']}, error {row['error']}")
     for row in r.get("target_frozen", []):
         print(f"target frozen, {'on it ' if row['on_frozen'] else 'on the other'}: {row['unfrozen_s']:.2f} s -> "
