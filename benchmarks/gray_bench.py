@@ -181,6 +181,9 @@ class Bench:
                     extra_vs_target_only_s=hit["seconds"] - alone["seconds"],
                     identical=hit["tokens"] == ref[prompt] == base["tokens"],
                     deadline_misses=hit["stats"].deadline_misses if hit["stats"] else None,
+                    # the rounds that waited on the frozen draft: what the freeze itself cost
+                    missed_rounds_ms=[r.total_ms for r in hit["stats"].rounds if r.deadline_misses]
+                    if hit["stats"] else None,
                     error=hit["error"])
 
     def _pair(self, prompts: list[str], fault=None) -> list[dict]:
@@ -333,7 +336,8 @@ def report(r: dict) -> None:
         print(f"draft frozen ({row['drafts']} draft(s)), proposer {row['proposer']:8s}: {row['unfrozen_s']:.2f} s "
               f"-> {row['frozen_s']:.2f} s ({row['extra_s']:+.2f} s; target-only {row['target_only_s']:.2f} s, "
               f"{row['extra_vs_target_only_s']:+.2f} s), identical {row['identical']}, deadline misses "
-              f"{row['deadline_misses']}, error {row['error']}")
+              f"{row['deadline_misses']} (their rounds {[round(m) for m in row['missed_rounds_ms'] or []]} ms), "
+              f"error {row['error']}")
     for row in r.get("target_frozen", []):
         print(f"target frozen, {'on it ' if row['on_frozen'] else 'on the other'}: {row['unfrozen_s']:.2f} s -> "
               f"{row['frozen_s']:.2f} s ({row['extra_s']:+.2f} s), identical {row['identical']}, error {row['error']}")

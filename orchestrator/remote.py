@@ -76,7 +76,7 @@ class ServiceDown(Unavailable):
 
 
 class DeadlineMissed(ServiceDown):
-    """A draft call did not answer within its learned deadline: this round goes on without it."""
+    """A call did not answer within its learned deadline (a draft's round goes on without it)."""
 
 
 class UpstreamError(SpecdecError):
@@ -300,8 +300,8 @@ class SessionReplica:
 
         The service must receive at least one committed token, so the request
         starts at min(cached, committed - 1); `extra` is the work beyond the
-        tokens sent (drafted tokens for a Score are sent; a Propose's k is not),
-        for the deadline. A down replica is replaced by another live one (which
+        committed tokens sent (a Score's drafted tokens, a Propose's k), for the
+        deadline. A down replica is replaced by another live one (which
         holds nothing: resent from 0); with none left the call waits for one to
         come back, up to `wait_s`, then raises ServiceDown. A draining replica
         (specdec.hosting.drain) counts as down. On the draft, any other status
