@@ -61,13 +61,16 @@ class ParallelDraftProposer(DraftServiceProposer):
         super().__init__(replica, **kwargs)
         self.max_k = max_k
         self._pending: _Pending | None = None
+        self._missed = 0  # pre-drafts past their deadline, not yet in a round's Stats
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         pre, proposal = await self._take(ctx)
         if proposal is None:
             proposal = await super().propose(ctx)
             if pre is not None:
-                proposal = replace(proposal, pre_draft=pre)
+                proposal = replace(proposal, pre_draft=pre,
+                                   deadline_misses=proposal.deadline_misses + self._missed)
+                self._missed = 0
         self._launch(ctx, proposal)
         return proposal
 
@@ -90,6 +93,9 @@ class ParallelDraftProposer(DraftServiceProposer):
             started = time.perf_counter()
             try:
                 response, call = await self._in_time(pending)
+            except DeadlineMissed:  # counted in this round's Stats; its own Propose sits out
+                self._missed += 1
+                return PreDraft(hit=False), None
             except Exception:  # noqa: BLE001 - any failure: draft anew, which recovers or falls back
                 return PreDraft(hit=False), None
             waited = (time.perf_counter() - started) * 1e3

@@ -147,8 +147,9 @@ def test_an_ejected_replica_comes_back_only_when_its_probes_answer_in_time_and_n
 # --------------------------------------------------------------------- hung replicas in the loop
 
 
-@pytest.mark.parametrize("kind", [DRAFT, COMBINED])
-def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(kind) -> None:
+@pytest.mark.parametrize("kind, parallel", [(DRAFT, False), (COMBINED, False), (DRAFT, True)],
+                         ids=["draft", "combined", "parallel"])
+def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(kind, parallel) -> None:
     target, draft = make_models(1)
     stack = Stack(target, draft)
     health = fast_health(stack)
@@ -160,13 +161,13 @@ def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(k
         hang.on = True
         started = time.monotonic()
         frozen = await stack.arun(PROMPTS[1], k=3, proposer=kind, sampling=stack_greedy(), seed=1,
-                                  max_new=48)
+                                  max_new=48, parallel=parallel)
         frozen_s = time.monotonic() - started
         ejected = health.ejected("draft", "d0")
         hang.on = False
         await asyncio.sleep(0.5)  # its probe answers: back in rotation
         back = await stack.arun(PROMPTS[1], k=3, proposer=kind, sampling=stack_greedy(), seed=1,
-                                max_new=48)
+                                max_new=48, parallel=parallel)
         await health.close()
         return frozen, frozen_s, ejected, back
 
