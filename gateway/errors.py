@@ -2,6 +2,10 @@
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature",
                "code": "invalid_argument"}}
+
+A RESOURCE_EXHAUSTED that carries a `retry-after` hint in its trailing
+metadata (an admission limit: overload, rate, concurrency) becomes HTTP 429
+with a `Retry-After` header of the same whole seconds.
 """
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import re
 
 import grpc
 from starlette.responses import Response
+
+from specdec.errors import RETRY_AFTER_KEY
 
 # gRPC status -> HTTP status (the usual gateway mapping).
 HTTP_STATUS = {
@@ -44,9 +50,11 @@ class APIError(Exception):
     """A request the gateway answers with an OpenAI error body."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type_: str | None = None) -> None:
+                 code: str | None = None, type_: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
         self.message = message
         self.param = param
         self.code = code
@@ -58,7 +66,7 @@ class APIError(Exception):
 
     def response(self) -> Response:
         return Response(json.dumps(self.body()), status_code=self.status,
-                        media_type="application/json")
+                        media_type="application/json", headers=self.headers)
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -76,7 +84,21 @@ def from_rpc_error(exc: grpc.RpcError, prompt_param: str = "messages") -> APIErr
     param = _PARAMS.get(match.group(1)) if match else None
     if param is None and details.startswith("prompt"):
         param = prompt_param
-    return APIError(HTTP_STATUS.get(code, 500), details, param=param, code=code.name.lower())
+    retry_after = _retry_after(exc) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    return APIError(HTTP_STATUS.get(code, 500), details, param=param, code=code.name.lower(),
+                    headers={"Retry-After": retry_after} if retry_after else None)
+
+
+def _retry_after(exc: grpc.RpcError) -> str | None:
+    """The orchestrator's `retry-after` trailing metadata (whole seconds), if any."""
+    try:
+        trailing = exc.trailing_metadata() or ()
+    except Exception:  # noqa: BLE001 - an error without metadata
+        return None
+    for key, value in trailing:
+        if key == RETRY_AFTER_KEY and str(value).isdigit():
+            return str(value)
+    return None
 
 
 async def first_chunk(stream, prompt_param: str = "messages"):

@@ -20,6 +20,10 @@ import sys
 import time
 from functools import partial
 
+from orchestrator.capacity import CapacityPolicy, TargetAdmission
+from orchestrator.costs import CostBook
+from orchestrator.deadlines import DeadlinePolicy
+from orchestrator.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.routing import Router
 from orchestrator.servicer import OrchestratorServicer
@@ -113,11 +117,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--text-threads", type=int, default=env_default("text_threads", 2),
                    help="threads tokenising, templating and decoding off the event loop "
                         "[SPECDEC_TEXT_THREADS]")
+    add_gray_args(p)
     args = p.parse_args(argv)
     args.redis_url = args.redis_url or "redis://127.0.0.1:6379/0"
     args.target = _addresses(args.target)
     args.draft = _addresses(args.draft)
     return args
+
+
+def add_gray_args(p: argparse.ArgumentParser) -> None:
+    """Deadlines, outlier routing and overload shedding (orchestrator.deadlines, .outliers, .capacity)."""
+    d, o, c = DeadlinePolicy(), OutlierPolicy(), CapacityPolicy()
+    g = p.add_argument_group("gray failures and overload")
+
+    def flag(name: str, kind: type, default, text: str) -> None:
+        env = name.replace("-", "_")
+        g.add_argument(f"--{name}", type=kind, default=env_default(env, default),
+                       help=f"{text} [SPECDEC_{env.upper()}] (default %(default)s)")
+
+    flag("deadline-factor", float, d.factor, "a model-service call's deadline, x that replica's usual "
+         "wall time for the same size of work (0 = no learned deadlines: --rpc-timeout only)")
+    flag("deadline-floor-ms", float, d.floor_ms, "shortest learned deadline")
+    flag("deadline-cold-s", float, d.cold_s, "deadline before any call of a role has answered")
+    flag("outlier-ratio", float, o.slow_ratio, "eject a replica whose wall time for the same work is "
+         "this x its peers' median (0 = off)")
+    flag("eject-s", float, o.eject_s, "an ejected replica is probed after this long, doubling while "
+         "its probes fail")
+    flag("max-eject-s", float, o.max_eject_s, "longest time between probes of an ejected replica")
+    flag("target-wait-s", float, 10.0, "how long a round (or a new session) waits for some target "
+         "replica to answer when none other is usable; then UNAVAILABLE")
+    flag("target-capacity", int, c.sessions, "streams per target replica (0 = measured from its "
+         "batches and queues: orchestrator.capacity)")
+    flag("capacity-pace", float, c.pace, "measured capacity: the sessions whose shared forward costs "
+         "at most this x a lone session's")
+    flag("admission-queue", int, c.queue_depth, "streams that may wait for a target slot at once "
+         "(more: RESOURCE_EXHAUSTED admission_queue)")
+    flag("admission-wait-s", float, c.wait_s, "longest wait for a target slot (then "
+         "RESOURCE_EXHAUSTED target_capacity, with retry-after)")
+
+
+def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHealth, TargetAdmission]:
+    deadlines = DeadlinePolicy(factor=args.deadline_factor, floor_ms=args.deadline_floor_ms,
+                               cold_s=args.deadline_cold_s)
+    outliers = OutlierPolicy(slow_ratio=args.outlier_ratio, eject_s=args.eject_s,
+                             max_eject_s=max(args.eject_s, args.max_eject_s))
+    capacity = CapacityPolicy(sessions=args.target_capacity, pace=args.capacity_pace,
+                              queue_depth=args.admission_queue, wait_s=args.admission_wait_s)
+    return ReplicaHealth(deadlines, outliers), TargetAdmission(capacity, costs)
 
 
 async def build_config(args: argparse.Namespace) -> LoopConfig:
@@ -135,7 +181,9 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
     security = service_client_from_args(args)
     batch = BatchCalls(enabled=bool(args.batch_calls), max_items=max(1, int(args.batch_max_items)),
                        max_wait_s=max(0.0, float(args.batch_max_wait_ms)) / 1e3)
-    router = Router(registry, {"target": args.target, "draft": args.draft},
+    costs = CostBook()
+    health, admission = gray_from_args(args, costs)
+    router = Router(registry, {"target": args.target, "draft": args.draft}, health=health,
                     fingerprint=fingerprint, timeout_s=args.rpc_timeout,
                     connect=lambda address, role: ModelClient(
                         address, role, timeout_s=args.rpc_timeout, security=security, batch=batch))
@@ -183,6 +231,9 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         redis_outage_s=args.redis_outage_s,
         record_interval_s=max(0.0, float(args.record_interval_ms)) / 1e3,
         speculation_gate=bool(args.speculation_gate),
+        costs=costs,
+        admission=admission,
+        target_wait_s=args.target_wait_s,
     )
 
 

@@ -21,6 +21,11 @@ best n beats that choice. A lookup round leaves the draft's cache as it was:
 the next draft call sends the tokens it missed (its catch-up), as after any
 round.
 
+A draft that is ejected from routing (hung or far slower than its peers,
+orchestrator.outliers) is left out of the choice for the round; one whose
+call misses its deadline leaves the round to the lookup guess, if there is
+one, else to the target alone.
+
 Exactness does not depend on the choice: each round is verified against
 what that round proposed (a lookup round with a one-hot q), so greedy output
 is the target's and sampled output has its distribution. The choice uses
@@ -70,17 +75,25 @@ class CombinedProposer:
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         guess = (await self.lookup.propose(ctx)).tokens if ctx.k else []
-        source, n = self.choose(ctx.k, guess)
+        source, n = self.choose(ctx.k, guess, draft_usable=bool(ctx.k) and await self.draft.usable())
         self._last = source
         if source == LOOKUP:
-            held = self.draft.replica.cached if self.draft.replica is not None else 0
-            return Proposal(tokens=guess[:n], cache_length=held, source=LOOKUP)
+            return self._lookup_round(guess[:n])
         proposal = await self.draft.propose(replace(ctx, k=n))
+        if proposal.deadline_misses and guess:  # the draft hung: the free guess takes the round
+            self._last = LOOKUP
+            return replace(self._lookup_round(guess), deadline_misses=proposal.deadline_misses)
         return replace(proposal, source=DRAFT if proposal.tokens else "")
 
-    def choose(self, k_max: int, guess: list[int]) -> tuple[str, int]:
-        """(source, tokens to propose): LOOKUP with the guess's best prefix, else DRAFT with its k."""
-        draft_address = self.draft.replica.address if self.draft.replica is not None else None
+    def _lookup_round(self, tokens: list[int]) -> Proposal:
+        held = self.draft.replica.cached if self.draft.replica is not None else 0
+        return Proposal(tokens=tokens, cache_length=held, source=LOOKUP)
+
+    def choose(self, k_max: int, guess: list[int], draft_usable: bool = True) -> tuple[str, int]:
+        """(source, tokens to propose): LOOKUP with the guess's best prefix, else DRAFT with its k
+        (k = 0 when the draft is not usable this round)."""
+        replica = self.draft.replica if draft_usable else None
+        draft_address = replica.address if replica is not None else None
         costs = self.book.round_costs(self.target(), draft_address)
         if draft_address is None:
             k_draft = 0

@@ -26,6 +26,9 @@ call's tokens). `CostBook` keeps, per replica address:
               round waits for, and drafting looks as dear as it is; when few do,
               the queue empties and drafting looks cheap again
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
+  queue_ms    an EWMA of a Score's server time beyond its forwards (waiting in the
+              replica's queue), beside forward_ms, its forwards' own time: the
+              admission's saturation signal (orchestrator.capacity)
 
 and per draft replica the acceptance by position pooled over its sessions,
 a new session's prior (speedup.PooledAcceptance).
@@ -69,6 +72,10 @@ class ReplicaCosts:
     call_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))
     peak_rows: float = 1.0  # the most rows seen in one forward, decaying
     gap_s: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a session's time between its calls
+    queue_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a Score's server time beyond its forwards
+    forward_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a Score's forwards' time
+    row_tokens: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # tokens one Score carries
+    scored: float = 0.0  # monotonic time of the last Score observed
     seen: dict[str, float] = field(default_factory=dict)  # session -> its last call (monotonic s)
 
     def __post_init__(self) -> None:
@@ -103,6 +110,10 @@ class ReplicaCosts:
         tokens = call.batch_tokens if call.batch_rows else call.tokens
         if tokens <= 0:
             return
+        self.scored = time.monotonic()
+        self.queue_ms.add(max(0.0, call.server_ms - call.forward_ms))
+        self.forward_ms.add(call.forward_ms)
+        self.row_tokens.add(call.tokens)
         bucket = int(tokens).bit_length()
         mean_tokens, ms = self.buckets.setdefault(bucket, (_Ewma(self.alpha), _Ewma(self.alpha)))
         mean_tokens.add(tokens)
@@ -120,6 +131,10 @@ class ReplicaCosts:
     @property
     def measured(self) -> bool:
         return bool(self.buckets)
+
+    def recent(self, within_s: float = 1.0) -> bool:
+        """Whether a Score was observed within `within_s` (its load and queue figures are current)."""
+        return bool(self.scored) and time.monotonic() - self.scored <= within_s
 
     def verify_ms(self, tokens: float) -> float:
         """v(T): a forward over `tokens` tokens, from the buckets (ValueError before any sample)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from orchestrator.proposers import DraftContext, Proposal, Proposer, open_proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
-from orchestrator.sessions import open_session
+from orchestrator.sessions import Session, open_session
 from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling
 from orchestrator.stats import RoundTally, Tally, Timer
 from orchestrator.text import IncrementalDecoder
@@ -74,7 +74,19 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
     # Round 1's clock starts with the request (the Tally's): it carries the set-up below.
     tally = Tally(prompt_tokens=len(spec.prompt_ids))  # open_session sets the turn's seed
     trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
-    session = await open_session(spec, config, tally)
+    session = await open_session(spec, config, tally)  # admitted: a slot on its target replica
+    rounds = _rounds(spec, config, session, tally, trace)
+    try:
+        async for event in rounds:
+            yield event
+    finally:
+        await rounds.aclose()  # a consumer that stopped early: the rounds' own clean-up runs now
+        config.admission.leave(session.target)
+
+
+async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tally: Tally,
+                  trace) -> AsyncIterator[ChunkEvent | Tally]:
+    """The rounds of an admitted request (see the module docstring)."""
     with Timer(tally, "redis_ms"):  # routing reads the registry
         proposer = await open_proposer(spec, config, session.id, session.draft_home(),
                                        target=lambda: session.target.address)
@@ -119,7 +131,7 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
             with trace.step("score"):
                 reply = await _score(session.target, ctx, drafted, config.target_wait_s)
             tally.target_passes += 1
-            rnd.add_call(reply.call, "target", reply.cache_misses)
+            rnd.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
             _observe_costs(config, session.target, proposer, proposal, reply, len(drafted))
 
             # 3. Verify.
@@ -162,6 +174,8 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
                                  session_id="" if sent else session.id, round=detail)
                 sent += 1
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
+            if len(tally.rounds) > 1:  # a chunk gap (the first round is the time to first token)
+                config.admission.observe_round(config.router, session.target.address, rnd.total_ms)
             trace.round_closed(rnd)
     except BaseException as exc:
         if gate is not None:
@@ -194,7 +208,7 @@ async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], 
             sampling=ctx.sampling.message, output_mode=ctx.sampling.output_mode,
         ))
 
-    return await target.call(send, len(ctx.tokens), wait_s=wait_s)
+    return await target.call(send, len(ctx.tokens), wait_s=wait_s, extra=len(drafted))
 
 
 def _verify(ctx: DraftContext, drafted: list[int], proposal: Proposal,

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, replace
 
 from orchestrator.proposers import DraftContext, DraftServiceProposer, PreDraft, Proposal
-from orchestrator.remote import Call, ModelClient, SessionReplica
+from orchestrator.remote import Call, DeadlineMissed, ModelClient, SessionReplica
 from specdec.core.fingerprint import extend
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
@@ -51,6 +51,7 @@ class _Pending:
     base: int  # tokens committed before the round that drafted `drafted`
     drafted: tuple[int, ...]
     client: ModelClient
+    size: int  # tokens of work (fed + drafted), for its deadline
 
 
 class ParallelDraftProposer(DraftServiceProposer):
@@ -60,13 +61,16 @@ class ParallelDraftProposer(DraftServiceProposer):
         super().__init__(replica, **kwargs)
         self.max_k = max_k
         self._pending: _Pending | None = None
+        self._missed = 0  # pre-drafts past their deadline, not yet in a round's Stats
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         pre, proposal = await self._take(ctx)
         if proposal is None:
             proposal = await super().propose(ctx)
             if pre is not None:
-                proposal = replace(proposal, pre_draft=pre)
+                proposal = replace(proposal, pre_draft=pre,
+                                   deadline_misses=proposal.deadline_misses + self._missed)
+                self._missed = 0
         self._launch(ctx, proposal)
         return proposal
 
@@ -88,7 +92,10 @@ class ParallelDraftProposer(DraftServiceProposer):
                 and len(ctx.tokens) == c + m + 1 and tuple(ctx.tokens[c : c + m]) == pending.drafted):
             started = time.perf_counter()
             try:
-                response, call = await pending.task
+                response, call = await self._in_time(pending)
+            except DeadlineMissed:  # counted in this round's Stats; its own Propose sits out
+                self._missed += 1
+                return PreDraft(hit=False), None
             except Exception:  # noqa: BLE001 - any failure: draft anew, which recovers or falls back
                 return PreDraft(hit=False), None
             waited = (time.perf_counter() - started) * 1e3
@@ -99,6 +106,18 @@ class ParallelDraftProposer(DraftServiceProposer):
             pending.task.cancel()
         await asyncio.gather(pending.task, return_exceptions=True)  # settled before the next call
         return PreDraft(hit=False), None
+
+    async def _in_time(self, pending: _Pending) -> tuple[model_pb2.ProposeResponse, Call]:
+        """The pre-draft's reply, or DeadlineMissed past its learned deadline (the replica is
+        then ejected, and this round's own Propose sits out the round)."""
+        health = self.replica.router.health
+        limit = health.deadline_s("draft", pending.client.address, pending.size)
+        done, _ = await asyncio.wait({pending.task}, timeout=limit)
+        if not done:
+            pending.task.cancel()
+            health.missed("draft", pending.client.address, pending.size, limit)
+            raise DeadlineMissed("the draft service missed its deadline (a pre-draft)")
+        return pending.task.result()
 
     def _hit(self, ctx: DraftContext, response: model_pb2.ProposeResponse, call: Call,
              waited_ms: float) -> tuple[PreDraft, Proposal]:
@@ -130,4 +149,5 @@ class ParallelDraftProposer(DraftServiceProposer):
             output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min,
         )
         client = self.replica.client
-        self._pending = _Pending(asyncio.ensure_future(client.propose(request)), c, tuple(drafted), client)
+        self._pending = _Pending(asyncio.ensure_future(client.propose(request)), c, tuple(drafted), client,
+                                 1 + request.k)

@@ -7,7 +7,10 @@ deterministic proposer (prompt lookup, the caller's guess, none) returns
 exact. The draft-service proposer owns everything about the draft replica: its
 client, the length of the session's KV there, and what to do when it dies
 (another live replica, else proposing nothing with a `fallback_reason`, or
-UNAVAILABLE when the request is strict). In parallel mode
+UNAVAILABLE when the request is strict) or hangs (a call past its learned
+deadline, or a replica ejected from routing with no other to move to: that
+round proposes nothing and the next rounds use the draft again once it is
+back). In parallel mode
 (orchestrator.parallel) it also drafts the next round while the target
 verifies this one.
 """
@@ -21,7 +24,9 @@ from typing import Protocol
 import grpc
 import torch
 
-from orchestrator.remote import Call, ModelClient, ServiceDown, SessionReplica, UpstreamError, place
+from orchestrator.remote import (
+    Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError, place,
+)
 from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
 from specdec.core.lookup import PromptLookup
 from specdec.errors import InvalidArgument, SpecdecError, Unavailable
@@ -55,6 +60,7 @@ class Proposal:
     cache_misses: int = 0
     pre_draft: PreDraft | None = None  # parallel mode: what became of this round's pre-draft
     source: str = ""  # the combined proposer: what proposed this round ("lookup" or "draft")
+    deadline_misses: int = 0  # draft calls of this round that missed their deadline
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,10 @@ class DraftServiceProposer:
     draining or fails in any way that is not the request's own fault. With
     none left, any draft failure falls back to proposing nothing for the rest
     of the request (or raises UNAVAILABLE when `strict`); INVALID_ARGUMENT
-    from the draft is our bug and is logged as an error.
+    from the draft is our bug and is logged as an error. A hung draft costs
+    rounds, not the request: a call past its deadline, or a replica ejected
+    with no other usable, makes that round propose nothing (`strict` requests
+    get UNAVAILABLE instead).
     """
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
@@ -180,9 +189,15 @@ class DraftServiceProposer:
     def name(self) -> str:
         return DRAFT if self.proposes else NONE
 
+    async def usable(self) -> bool:
+        """Whether this round may call the draft (moving the session off an ejected replica)."""
+        return self.replica is not None and await self.replica.ready()
+
     async def propose(self, ctx: DraftContext) -> Proposal:
         if self.replica is None or ctx.k == 0:  # nothing asked: the draft's cache is untouched
             return Proposal(tokens=[], cache_length=self.replica.cached if self.replica else 0)
+        if not self.strict and not await self.replica.ready():
+            return Proposal(tokens=[], cache_length=self.replica.cached)  # ejected: sit this round out
 
         def send(client: ModelClient, position: int):
             return client.propose(model_pb2.ProposeRequest(
@@ -192,8 +207,12 @@ class DraftServiceProposer:
             ))
 
         try:
-            reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0)
+            reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0, extra=ctx.k)
         except SpecdecError as exc:  # any draft failure: the target alone can finish the request
+            if isinstance(exc, DeadlineMissed) and not self.strict:
+                log.info("session %s: %s (%s); this round goes on without the draft",
+                         ctx.session_id, exc, exc.detail)
+                return Proposal(tokens=[], cache_length=self.replica.cached, deadline_misses=1)
             reason = "unavailable" if isinstance(exc, ServiceDown) else "failed"
             if self.strict:
                 raise Unavailable(f"draft service {reason} and strict is set: {exc}") from None
@@ -209,7 +228,8 @@ class DraftServiceProposer:
         probs = None
         if ctx.sampling.output_mode == common_pb2.OUTPUT_MODE_PROBS and drafted:
             probs = decode_probs(response.probs)  # [n, vocab]
-        return Proposal(drafted, probs, response.cache_length, reply.call, reply.cache_misses)
+        return Proposal(drafted, probs, response.cache_length, reply.call, reply.cache_misses,
+                        deadline_misses=reply.deadline_misses)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         pass  # the loop's GoodputPolicy learns the acceptance (adaptive k)

@@ -20,13 +20,23 @@ results are the same as one call's.
 `SessionReplica` is one session's place on one role (the replica holding its
 KV, and how many committed tokens that KV holds); its `call` is the one place
 that recovers from a cache miss and moves to another replica, for both roles.
+
+Gray failures: every attempt gets a deadline learned from that replica's
+usual wall time for the same size of work (orchestrator.deadlines, through
+the Router's ReplicaHealth). A draft attempt that misses it raises
+`DeadlineMissed`: the round goes on without the draft. A target attempt that
+misses it moves the session to another usable replica (resent from 0, the
+same text); with none, it keeps waiting on the same call up to the call's
+bound, then ServiceDown. Either way the replica is ejected from routing until
+its probes answer (orchestrator.outliers), and a session on an ejected
+replica moves before its next call (`ready`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -34,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from orchestrator.batching import CallBatcher, frame
+from orchestrator.outliers import SESSION_MOVES
 from specdec import tracing
 from specdec.core.fingerprint import EMPTY, extend
 from specdec.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
@@ -65,6 +76,10 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}  # status number -> S
 
 class ServiceDown(Unavailable):
     """A model service did not answer (down, restarting, draining, or too slow)."""
+
+
+class DeadlineMissed(ServiceDown):
+    """A call did not answer within its learned deadline (a draft's round goes on without it)."""
 
 
 class UpstreamError(SpecdecError):
@@ -135,6 +150,7 @@ class ModelClient:
         self.role = role
         self.timeout_s = timeout_s
         self._request_limit: int | None = None  # GetInfo max_request_tokens (0: no limit known)
+        self.max_batch = 0  # GetInfo max_batch, once asked (0: unknown)
         security = security or ServiceClientSecurity()
         self._metadata = security.metadata or None  # the service token, if any
         self.channel = aio_channel(address, security.credentials(), CHANNEL_OPTIONS)
@@ -257,9 +273,12 @@ class ModelClient:
         return response.released
 
     async def request_limit(self) -> int:
-        """The replica's max_request_tokens (GetInfo, asked once); 0 when it reports none."""
+        """The replica's max_request_tokens (GetInfo, asked once); 0 when it reports none.
+        Also keeps its max_batch (0: not reported), for admission (orchestrator.capacity)."""
         if self._request_limit is None:
-            self._request_limit = int((await self.get_info()).max_request_tokens)
+            info = await self.get_info()
+            self._request_limit = int(info.max_request_tokens)
+            self.max_batch = int(info.max_batch)
         return self._request_limit
 
     async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:
@@ -306,15 +325,17 @@ class ModelClient:
 
 # Sends one request to `client` with the session's KV cropped to `cache_position`.
 Send = Callable[[ModelClient, int], Awaitable[tuple[Any, Call]]]
+_BACKGROUND: set[asyncio.Task] = set()  # releases outliving the request that started them
 
 
 @dataclass(frozen=True)
 class Reply:
-    """A model-service response, its cost, and the cache misses recovered on the way."""
+    """A model-service response, its cost, and the cache misses and missed deadlines on the way."""
 
     response: Any
     call: Call
     cache_misses: int = 0
+    deadline_misses: int = 0
 
 
 class SessionReplica:
@@ -328,36 +349,69 @@ class SessionReplica:
         self.router, self.role, self.session_id = router, role, session_id
         self.client = client
         self.cached = cached
+        self.deadline_misses = 0  # this session's calls on this role that missed their deadline
 
     @property
     def address(self) -> str:
         return self.client.address
 
-    async def call(self, send: Send, committed: int, *, wait_s: float) -> Reply:
+    async def ready(self) -> bool:
+        """Before a call: off an ejected replica onto a usable one (resent from 0).
+
+        False when this replica is ejected and no other is usable: a draft
+        then sits out the round; a target is called anyway.
+        """
+        health = self.router.health
+        if not health.ejected(self.role, self.address):
+            return True
+        other = await self.router.pick(self.role, exclude={self.address}, healthy=True)
+        if other is None:
+            return False
+        log.info("session %s: %s replica %s is ejected (%s); moving to %s", self.session_id, self.role,
+                 self.address, health.ejection_reason(self.role, self.address), other.address)
+        self._move(other, "ejected")
+        return True
+
+    async def call(self, send: Send, committed: int, *, wait_s: float, extra: int = 0) -> Reply:
         """`send` from the cached length on; resend from 0 on a cache miss; move when the replica is down.
 
         The service must receive at least one committed token, so the request
-        starts at min(cached, committed - 1). A down replica is replaced by
-        another live one (which holds nothing: resent from 0); with none left
-        the call waits for one to come back, up to `wait_s`, then raises
-        ServiceDown. A draining replica (specdec.hosting.drain) counts as down.
-        On the draft, any other status that is not the request's own fault
-        (RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, ...) moves the session too, and
-        is raised (as UpstreamError) once no other replica is left. The text
+        starts at min(cached, committed - 1); `extra` is the work beyond the
+        committed tokens sent (a Score's drafted tokens, a Propose's k), for the
+        deadline. A down replica is replaced by another live one (which
+        holds nothing: resent from 0); with none left the call waits for one to
+        come back, up to `wait_s`, then raises ServiceDown. A draining replica
+        (specdec.hosting.drain) counts as down. On the draft, any other status
+        that is not the request's own fault (RESOURCE_EXHAUSTED, INTERNAL,
+        UNKNOWN, ...) moves the session too, and is raised (as UpstreamError)
+        once no other replica is left; a missed deadline raises DeadlineMissed.
+        A target attempt that misses its deadline moves the session, or with no
+        usable replica left waits on the same call, up to `wait_s`. The text
         cannot change: the tokens are the same.
         """
-        deadline = time.monotonic() + wait_s
+        bound = time.monotonic() + wait_s
+        await self.ready()
         position = min(self.cached, committed - 1)
         tried = {self.address}
+        misses = self.deadline_misses
         while True:
             try:
-                response, call, misses = await self._resend_on_miss(send, position)
-                return Reply(response, call, misses)
+                response, call, cache_misses = await self._attempt(send, position, committed - position + extra,
+                                                                   bound)
+                return Reply(response, call, cache_misses, self.deadline_misses - misses)
+            except DeadlineMissed as exc:
+                other = await self.router.pick(self.role, exclude=tried, healthy=True)
+                if self.role == "draft" or other is None:
+                    raise
+                log.warning("session %s: %s; moving to %s", self.session_id, exc, other.address)
+                self._move(other, "deadline")
+                position = 0
+                tried.add(other.address)
             except (ServiceDown, UpstreamError) as exc:
                 if isinstance(exc, UpstreamError) and not self._moves_on(exc.code):
                     raise
                 other = await self.router.pick(self.role, exclude=tried)
-                if other is None and time.monotonic() >= deadline:
+                if other is None and time.monotonic() >= bound:
                     raise
                 log.warning("session %s: %s; %s", self.session_id, exc,
                             f"moving to {other.address}" if other else "retrying")
@@ -368,6 +422,50 @@ class SessionReplica:
                     self.client.leave(self.session_id)
                     self.client, self.cached, position = other, 0, 0
                     tried.add(other.address)
+
+    def _move(self, other: ModelClient, reason: str) -> None:
+        """The session leaves this replica for `other` (which holds nothing of it)."""
+        SESSION_MOVES.labels(self.role, reason).inc()
+        self.client.leave(self.session_id)  # its batch calls stop counting on this session
+        release_in_background(self.session_id, self.client)  # best effort: it may be hung
+        self.client, self.cached = other, 0
+
+    async def _attempt(self, send: Send, position: int, size: int, bound: float) -> tuple[Any, Call, int]:
+        """One send (and its cache-miss resend) under the replica's learned deadline."""
+        health = self.router.health
+        role, address = self.role, self.address
+        limit = health.deadline_s(role, address, size)
+        started = time.monotonic()
+        task = asyncio.ensure_future(self._resend_on_miss(send, position))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=limit)
+            if not done:
+                self.deadline_misses += 1
+                health.missed(role, address, size, limit)
+                missed = DeadlineMissed(f"the {role} service missed its deadline",
+                                        detail=f"{address}: {size} tokens, no answer within {limit * 1e3:.0f} ms")
+                if role == "draft" or await self.router.pick(role, exclude={address}, healthy=True):
+                    raise missed
+                await self._wait_longer(task, bound, missed)
+                return task.result()  # late: not learned (a hang must not raise the deadline)
+            result = task.result()
+        finally:
+            if not task.done():
+                task.cancel()  # the RPC is cancelled; the replica drops it at its next step
+        if not result[2]:  # a clean answer, in time: what this size costs here
+            health.answered(role, address, size, (time.monotonic() - started) * 1e3)
+        return result
+
+    async def _wait_longer(self, task: asyncio.Task, bound: float, missed: DeadlineMissed) -> None:
+        """A late target call with no other replica usable: wait up to `bound`, moving if one appears."""
+        while not task.done():
+            left = bound - time.monotonic()
+            if left <= 0:
+                raise ServiceDown(f"the {self.role} service did not answer in time",
+                                  detail=f"{self.address}: still no answer at the bound ({missed.detail})")
+            await asyncio.wait({task}, timeout=min(0.25, left))
+            if not task.done() and await self.router.pick(self.role, exclude={self.address}, healthy=True):
+                raise missed
 
     def _moves_on(self, code: grpc.StatusCode) -> bool:
         """Whether an UpstreamError with `code` is a reason to try another replica of this role."""
@@ -386,17 +484,39 @@ class SessionReplica:
 
 
 async def place(
-    router: Router, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0
+    router: Router, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0,
+    room: Callable[[str], bool] | None = None,
 ) -> SessionReplica | None:
     """Route a session on `role`: to `preferred` (holding `held` of its tokens) while usable, else elsewhere from 0.
 
     With no replica of `role` to be found, waits up to `wait_s` for one to
     appear (a replica restarting, or Redis back empty before the replicas'
-    next heartbeat), then answers None.
+    next heartbeat), then answers None. `room` limits the choice (admission).
     """
     deadline = time.monotonic() + wait_s
-    while (client := await router.pick(role, preferred)) is None:
+    while (client := await router.pick(role, preferred, room=room)) is None:
         if time.monotonic() >= deadline:
             return None
         await asyncio.sleep(0.25)
     return SessionReplica(router, role, session_id, client, held if client.address == preferred else 0)
+
+
+async def release_kv(session_id: str, clients: Sequence[ModelClient | None]) -> None:
+    """Free a session's KV on the services (best effort: a service's own LRU/TTL is the backstop)."""
+    for client in clients:
+        if client is not None:
+            try:
+                await client.release(session_id)
+            except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
+                log.warning("release of %s on %s failed: %s", session_id, client.address, exc)
+
+
+def in_background(coro: Awaitable[None]) -> None:
+    """Run `coro` without waiting for it (kept referenced until it ends)."""
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+def release_in_background(session_id: str, *clients: ModelClient | None) -> None:
+    in_background(release_kv(session_id, clients))

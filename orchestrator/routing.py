@@ -8,14 +8,23 @@ least-loaded replica, counting sessions this process sent there since the
 replica's last heartbeat (so a burst does not pile onto one replica). While
 Redis is unreachable, the replicas it listed last are used (a dead one is
 then found by the call itself, which moves the session).
+
+Replicas that `health` (orchestrator.outliers) has ejected, hung or far slower
+than their peers, get no new sessions and lose the sessions on them, unless
+every replica of the role is ejected: then they are used anyway.
 """
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from collections.abc import Callable, Collection, Sequence
 
-from orchestrator.remote import ModelClient
+from orchestrator.outliers import ReplicaHealth
+from orchestrator.remote import ModelClient, release_in_background
+from specdec.core.fingerprint import EMPTY
 from specdec.store import ServiceRegistry, StoreUnavailable
+from specdec.v1 import model_pb2
 
 
 class Router:
@@ -27,6 +36,7 @@ class Router:
         fingerprint: str = "",
         timeout_s: float = 60.0,
         connect: Callable[[str, str], ModelClient] | None = None,
+        health: ReplicaHealth | None = None,
     ) -> None:
         self.registry = registry
         self.static = {role: list(addrs) for role, addrs in static.items()}
@@ -38,6 +48,8 @@ class Router:
         self._picks: dict[str, list[float]] = {}  # address -> times this process routed to it
         self._rr = 0
         self._last_live: dict[str, list[tuple[str, float, float]]] = {}  # role -> the registry's last answer
+        self.health = health or ReplicaHealth()
+        self.health.probe = self.probe
 
     def client(self, address: str, role: str) -> ModelClient:
         """One channel per (address); reused by every session."""
@@ -70,12 +82,19 @@ class Router:
                 return live
         return [(address, 0.0, 0.0) for address in self.static.get(role, [])]
 
-    async def pick(self, role: str, preferred: str = "", exclude: Collection[str] = ()) -> ModelClient | None:
+    async def pick(self, role: str, preferred: str = "", exclude: Collection[str] = (), *,
+                   healthy: bool = False, room: Callable[[str], bool] | None = None) -> ModelClient | None:
         """The replica for a session: `preferred` if still usable, else the least loaded.
 
-        Replicas in `exclude` (ones that just failed) are never picked.
+        Replicas in `exclude` (ones that just failed) are never picked; ejected
+        ones only when every other is ejected too, and never with `healthy`.
+        With `room`, only replicas for which room(address) holds (admission).
         """
         options = [o for o in await self.candidates(role) if o[0] not in exclude]
+        fine = [o for o in options if not self.health.ejected(role, o[0])]
+        options = fine if fine or healthy else options
+        if room is not None:
+            options = [o for o in options if room(o[0])]
         if not options:
             return None
         addresses = [a for a, _, _ in options]
@@ -97,7 +116,28 @@ class Router:
         self._picks.setdefault(address, []).append(now)
         return self.client(address, role)
 
+    async def probe(self, role: str, address: str, timeout_s: float) -> float:
+        """One tiny real call to a replica (ReplicaHealth's probe): wall milliseconds.
+
+        A 2-token Score (k = 0), or a 2-token Propose drafting one token, on a
+        throwaway session that is released right after.
+        """
+        client = self.client(address, role)
+        session = f"probe-{uuid.uuid4().hex}"
+        if role == "target":
+            call = client.score(model_pb2.ScoreRequest(session_id=session, prefix_hash=EMPTY, tokens=[0, 0]))
+        else:
+            call = client.propose(model_pb2.ProposeRequest(session_id=session, prefix_hash=EMPTY,
+                                                           tokens=[0, 0], k=1))
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(call, timeout_s)
+        finally:
+            release_in_background(session, client)
+        return (time.monotonic() - started) * 1e3
+
     async def close(self) -> None:
+        await self.health.close()
         for client in self._clients.values():
             await client.close()
 

@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import grpc
 
-from orchestrator.remote import ModelClient, SessionReplica, place
+from orchestrator.remote import ModelClient, SessionReplica, in_background, release_kv
 from orchestrator.spec import GenerateSpec, LoopConfig, RecordStore
 from orchestrator.stats import RoundTally, Tally, Timer
 from specdec import tracing
@@ -50,7 +50,6 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.05, 0.25  # backoff between attempts while Redis 
 OUTAGE_GRACE_S = 0.5
 _DELETE = object()  # a pending "delete the record" in place of a state
 _WRITERS: dict[str, RecordWriter] = {}  # per session id: this process's one writer
-_BACKGROUND: set[asyncio.Task] = set()  # releases outliving their request
 
 
 class SeedUnknown(SpecdecError):
@@ -258,7 +257,7 @@ class Session:
             return
         self.writer.submit_delete()
         await self.writer.wait(WRITE_WAIT_S)  # else it lands in the background
-        _in_background(release_kv(self.id, [self.target.client, draft.client if draft else None]))
+        in_background(release_kv(self.id, [self.target.client, draft.client if draft else None]))
 
     async def abandon(self, draft: SessionReplica | None) -> None:
         """After a failed or cancelled turn: keep the record (the writer lands the last state,
@@ -267,8 +266,8 @@ class Session:
         self._leave(draft)
         if self._unsaved:
             self._submit()  # the rounds since the last write
-        if not self.kept:
-            await release_kv(self.id, [self.target.client, draft.client if draft else None])
+        if not self.kept:  # in the background: a hung replica must not hold the error back
+            in_background(release_kv(self.id, [self.target.client, draft.client if draft else None]))
 
 
 async def retry_redis(fetch: Callable[[], Awaitable[T]], bound_s: float, what: str) -> T:
@@ -303,6 +302,9 @@ def _turn_seed(spec: GenerateSpec, record: SessionRecord | None) -> int:
 async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> Session:
     """Resume the Redis record (or start one) and route the target to the replica holding its KV.
 
+    The stream holds a slot on that replica (config.admission) until the
+    caller calls `config.admission.leave(session.target)`.
+
     The turn's start and seed go into the record first (the write overlaps
     routing and round 1, which waits for it): a resume after this
     orchestrator dies must draw the same numbers.
@@ -328,9 +330,9 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
                      keep=record.keep or spec.keep_session)
     tally.session_id = record.session_id
     reuse = common_prefix(record.tokens, spec.prompt_ids)
-    with Timer(tally, "redis_ms"):
-        target = await place(config.router, "target", record.session_id, record.target,
-                             min(reuse, record.target_len), wait_s=config.target_wait_s)
+    with Timer(tally, "redis_ms"):  # admission: a replica with room, else RESOURCE_EXHAUSTED
+        target = await config.admission.place(config.router, record.session_id, record.target,
+                                              min(reuse, record.target_len), wait_s=config.target_wait_s)
     if target is None:
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address
@@ -338,22 +340,6 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     session = Session(config, record, target, reuse, tally)
     session.writer.submit(record)
     return session
-
-
-def _in_background(coro: Awaitable[None]) -> None:
-    task = asyncio.ensure_future(coro)
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
-
-
-async def release_kv(session_id: str, clients: Sequence[ModelClient | None]) -> None:
-    """Free a session's KV on the services (best effort: a service's own LRU/TTL is the backstop)."""
-    for client in clients:
-        if client is not None:
-            try:
-                await client.release(session_id)
-            except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
-                log.warning("release of %s on %s failed: %s", session_id, client.address, exc)
 
 
 async def forget_session(session_id: str, store: RecordStore, clients: Sequence[ModelClient | None]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.capacity import TargetAdmission
 from orchestrator.costs import CostBook
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
@@ -81,6 +82,9 @@ class LoopConfig:
     default_k: int = 5
     adaptive_k: bool = False  # k = 0 in a request: pick k per round for goodput (loop._adaptive_k)
     costs: CostBook = field(default_factory=CostBook)  # per-replica forward costs, from every call
+    # New streams' target places, by measured capacity (orchestrator.capacity); None: the default
+    # policy over `costs`.
+    admission: TargetAdmission | None = None
     default_proposer: str = COMBINED
     parallel: bool = False  # requests that do not say: parallel speculation (orchestrator.parallel)
     max_new_tokens_limit: int = 4096
@@ -92,3 +96,7 @@ class LoopConfig:
     record_interval_s: float = 0.2
     # Requests without a k draft only where drafting measured faster on the target replica.
     speculation_gate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            self.admission = TargetAdmission(costs=self.costs)

@@ -37,6 +37,7 @@ class Costs:
     bytes_sent: int = 0
     bytes_received: int = 0
     cache_misses: int = 0
+    deadline_misses: int = 0  # model-service calls that missed their learned deadline
 
 
 @dataclass
@@ -62,7 +63,7 @@ class RoundTally(Costs):
         round still waited for it is draft_ms (on the critical path); the rest is
         draft_hidden_ms, outside total_ms. Its bytes did cross the wire.
         """
-        self.add_call(proposal.call, "draft", proposal.cache_misses)
+        self.add_call(proposal.call, "draft", proposal.cache_misses, proposal.deadline_misses)
         pre = getattr(proposal, "pre_draft", None)
         if pre is None:
             return
@@ -74,9 +75,10 @@ class RoundTally(Costs):
             self.bytes_sent += pre.call.bytes_sent
             self.bytes_received += pre.call.bytes_received
 
-    def add_call(self, call: Call | None, role: str, cache_misses: int = 0) -> None:
-        """Book one RPC (and the cache misses it recovered from) to the draft or the target."""
+    def add_call(self, call: Call | None, role: str, cache_misses: int = 0, deadline_misses: int = 0) -> None:
+        """Book one RPC (and the cache misses and missed deadlines on its way) to the draft or the target."""
         self.cache_misses += cache_misses
+        self.deadline_misses += deadline_misses
         if call is None:
             return
         if role == "target":
@@ -91,7 +93,7 @@ class RoundTally(Costs):
 
 # Tally totals that are sums over its rounds.
 _SUMMED = ("draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms",
-           "bytes_sent", "bytes_received", "cache_misses", "draft_hidden_ms")
+           "bytes_sent", "bytes_received", "cache_misses", "draft_hidden_ms", "deadline_misses")
 
 
 @dataclass

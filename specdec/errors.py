@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -67,9 +68,17 @@ class NotFound(SpecdecError):
 
 
 class ResourceExhausted(SpecdecError):
-    """Too big for this server (request size, memory budget)."""
+    """Too big for this server (request size, memory budget), or over a limit for now (load).
+
+    `retry_after_s` > 0: when retrying may succeed, sent back as `retry-after`
+    trailing metadata (whole seconds).
+    """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str = "", *, detail: str = "", retry_after_s: float = 0.0) -> None:
+        super().__init__(message, detail=detail)
+        self.retry_after_s = retry_after_s
 
 
 class Unavailable(SpecdecError):
@@ -91,6 +100,7 @@ class PermissionDenied(SpecdecError):
 
 
 REQUEST_ID_KEY = "x-request-id"
+RETRY_AFTER_KEY = "retry-after"  # trailing metadata of a RESOURCE_EXHAUSTED that may pass later
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -191,6 +201,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         async def fail(exc: BaseException, context: grpc.aio.ServicerContext,
                        request_id: str) -> None:
             code, details = status_for(exc, method, request_id)
+            retry_after = getattr(exc, "retry_after_s", 0.0)
+            if retry_after > 0:
+                context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),
+                                               (RETRY_AFTER_KEY, str(max(1, math.ceil(retry_after))))))
             observe(method, code.name)
             await context.abort(code, details)
 

@@ -40,9 +40,11 @@ def model_message_caps(vocab: int, max_k: int, max_request_tokens: int) -> tuple
     return receive, send
 
 
-def reject(limit: str, message: str) -> ResourceExhausted:
+def reject(limit: str, message: str, *, retry_after_s: float = 0.0) -> ResourceExhausted:
+    """The limit's RESOURCE_EXHAUSTED, counted; `retry_after_s` > 0 goes back to the caller as a
+    `retry-after` hint (trailing metadata; the gateway's HTTP 429 `Retry-After`)."""
     REJECTIONS.labels(limit=limit).inc()
-    return ResourceExhausted(f"{limit}: {message}")
+    return ResourceExhausted(f"{limit}: {message}", retry_after_s=retry_after_s)
 
 
 @dataclass
@@ -109,7 +111,8 @@ class Admission:
                                                          max(1.0, lim.burst_per_tenant))
         if not bucket.take():
             raise reject("rate_per_tenant",
-                         f"more than {lim.rate_per_tenant:g} calls a second; retry later")
+                         f"more than {lim.rate_per_tenant:g} calls a second; retry later",
+                         retry_after_s=1.0)
 
     @contextmanager
     def enter(self, tenant: str) -> Iterator[None]:
@@ -117,11 +120,12 @@ class Admission:
         lim = self.limits
         self.rate(tenant)
         if lim.max_in_flight and self.in_flight >= lim.max_in_flight:
-            raise reject("max_in_flight", f"{lim.max_in_flight} calls are in progress; retry later")
+            raise reject("max_in_flight", f"{lim.max_in_flight} calls are in progress; retry later",
+                         retry_after_s=1.0)
         held = self._streams.get(tenant, 0)
         if lim.max_streams_per_tenant and held >= lim.max_streams_per_tenant:
             raise reject("max_streams_per_tenant",
-                         f"{lim.max_streams_per_tenant} concurrent calls per tenant")
+                         f"{lim.max_streams_per_tenant} concurrent calls per tenant", retry_after_s=1.0)
         self._streams[tenant] = held + 1
         self.in_flight += 1
         try:

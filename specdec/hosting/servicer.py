@@ -92,6 +92,7 @@ class ModelServicerBase:
             max_k=self.host.limits.max_k,
             replica_id=self.host.replica_id,
             max_request_tokens=self.host.limits.max_request_tokens,
+            max_batch=self.host.max_batch,
         )
 
 

@@ -77,7 +77,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id", "max_request_tokens")
+    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id", "max_request_tokens", "max_batch")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ModelInfo(_message.Message):
     MAX_K_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     role: str
     vocab_size: int
@@ -102,4 +103,5 @@ class ModelInfo(_message.Message):
     max_k: int
     replica_id: str
     max_request_tokens: int
-    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ..., max_request_tokens: _Optional[int] = ...) -> None: ...
+    max_batch: int
+    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ..., max_request_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...

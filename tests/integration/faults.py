@@ -97,3 +97,54 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def freeze(pid: int, seconds: float) -> threading.Timer:
+    """SIGSTOP `pid` now and SIGCONT it after `seconds` (a gray failure: alive, answering nothing)."""
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+class Throttle:
+    """Starve `pid` of CPU: stopped `stop_ms` out of every `run_ms + stop_ms` (5x slower by default).
+
+    A duty cycle of SIGSTOP/SIGCONT from a thread; `stop()` (or leaving the
+    `with` block) lets the process run freely again.
+    """
+
+    def __init__(self, pid: int, *, run_ms: float = 20.0, stop_ms: float = 80.0) -> None:
+        self.pid, self.run_s, self.stop_s = pid, run_ms / 1e3, stop_ms / 1e3
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._cycle, daemon=True)
+
+    def _cycle(self) -> None:
+        try:
+            while not self._done.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                self._done.wait(self.stop_s)
+                os.kill(self.pid, signal.SIGCONT)
+                self._done.wait(self.run_s)
+        except ProcessLookupError:
+            pass
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def start(self) -> Throttle:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+    def __enter__(self) -> Throttle:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -37,13 +37,19 @@ class Stack:
         """Running processes by name."""
         return self.processes.running
 
-    def start_service(self, name: str, role: str, model: Path, *, register: bool = True,
-                      extra: tuple[str, ...] = (), port: int | None = None) -> str:
+    def start_service(self, name: str, role: str, model: Path | None, *, register: bool = True,
+                      extra: tuple[str, ...] = (), port: int | None = None, wait: bool = True) -> str:
+        """Start a model service (model None: the role's default); with wait=False, call
+        `wait_serving` later (services started together load their models in parallel)."""
         port = port or procs.free_port()
         registry = dict(redis_url=self.redis_url, redis_prefix=self.prefix) if register else {}
         argv = service_argv(role, port, model=model, threads=1, replica_id=name, extra=extra,
                             device=device_under_test(), **registry)
-        return self._serve(name, argv, port)
+        return self._serve(name, argv, port, wait=wait)
+
+    def wait_serving(self, *names: str) -> None:
+        for name in names:
+            procs.wait_healthy(self.addresses[name], self.procs[name], timeout=120)
 
     def start_orchestrator(self, name: str, tokenizer: Path, *, targets=(), drafts=(),
                            redis_url: str | None = None, extra: tuple[str, ...] = (),

@@ -14,6 +14,10 @@ them, checks every stream's tokens against the fault-free text, then repairs
   redis-freeze / redis-restart      Redis SIGSTOPped for 1 s / killed and back 1 s later
                                     (only where the orchestrator survives Redis outages)
   orchestrator-sigkill              one orchestrator (only with two and a failing-over client)
+  target-sigstop / draft-sigstop    gray failures: one replica frozen (SIGSTOP) for 3 s, then SIGCONT;
+                                    its streams move or, for the draft, go on without it
+  target-slow / draft-slow          one replica CPU-starved for the round (SIGSTOP/SIGCONT duty
+                                    cycle, 20 ms running out of every 100: five times slower)
 
 At least one replica of every role stays up, so every stream must finish with
 the fault-free text; a stream may only fail with UNAVAILABLE when the schedule
@@ -36,7 +40,7 @@ import pytest
 
 from client import Client
 from specdec import procs
-from tests.integration.faults import PROMPTS
+from tests.integration.faults import PROMPTS, Throttle, freeze
 from tests.integration.stack import Stack
 
 SEED = int(os.environ.get("SPECDEC_CHAOS_SEED", "13"))
@@ -64,6 +68,8 @@ if _redis_survives_outages():
     FAULTS += ["redis-freeze", "redis-restart"]
 if _client_fails_over():
     FAULTS += ["orchestrator-sigkill"]
+FAULTS += ["target-sigstop", "draft-sigstop", "target-slow", "draft-slow"]
+FREEZE_S = 3.0
 
 
 class Chaos:
@@ -74,6 +80,7 @@ class Chaos:
         self.redis_port = procs.free_port()
         self.stack = Stack(logs=logs, redis_url=f"redis://127.0.0.1:{self.redis_port}/0")
         self.down: list[tuple[str, str]] = []  # (name, role) to restart after the round
+        self.gray: list[threading.Timer | Throttle] = []  # freezes and throttles to end after it
 
     def start(self) -> None:
         self.start_redis()
@@ -108,7 +115,11 @@ class Chaos:
 
     def inject(self, fault: str, rng: random.Random) -> None:
         procs_ = self.stack.procs
-        if fault.startswith(("target-", "draft-", "orchestrator-")):
+        if fault.endswith(("-sigstop", "-slow")):
+            role, how = fault.split("-")
+            pid = procs_[rng.choice(sorted(n for n in procs_ if n.startswith(role)))].pid
+            self.gray.append(freeze(pid, FREEZE_S) if how == "sigstop" else Throttle(pid).start())
+        elif fault.startswith(("target-", "draft-", "orchestrator-")):
             role, how = fault.split("-")
             names = sorted(n for n in procs_ if n.startswith("orch" if role == "orchestrator" else role))
             name = rng.choice(names)
@@ -124,6 +135,9 @@ class Chaos:
             threading.Timer(1.0, self.start_redis).start()
 
     def repair(self) -> None:
+        for gray in self.gray:  # a frozen replica is resumed, a starved one runs freely again
+            gray.join() if isinstance(gray, threading.Timer) else gray.stop()
+        self.gray.clear()
         for name, role in self.down:
             proc = self.stack.procs.pop(name)
             assert proc.wait(timeout=30) in (0, -signal.SIGKILL), f"{name} exited with {proc.returncode}"

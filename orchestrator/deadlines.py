@@ -1,0 +1,132 @@
+"""Deadlines learned from what each replica's calls normally take, for the same size of work.
+
+A replica that hangs (SIGSTOP, a wedged device, a partition without resets)
+answers nothing, so no error ever comes; only a deadline tells the
+orchestrator to stop waiting. A fixed deadline is either too long for a
+one-token verify (a hang costs seconds) or too short for a prefill. So every
+attempt of a Score or Propose gets
+
+    deadline = max(floor, factor x the replica's usual wall time for this size)
+
+where the size is the tokens of work the call carries (tokens sent; for a
+Propose plus its k draft steps) and "usual" is an EWMA per size bucket
+(powers of two) of the wall time of the calls that answered. A size the
+replica has not served yet is estimated from its neighbours (a larger
+bucket's time bounds a smaller call's; a smaller one is scaled up by the
+ratio of sizes); a replica with no answer at all yet borrows its peers'
+(the same role's median); before anything of the role has answered, the
+deadline is `cold_s`. A call that missed its deadline teaches nothing (its
+time is unknown), so a hang never raises the deadline.
+
+The same table answers "is this replica far slower than its peers for the
+same work?" (orchestrator.outliers): `recent` is each bucket's EWMA from
+calls within a window.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeadlinePolicy:
+    """How deadlines follow measured latency (orchestrator flags --deadline-*)."""
+
+    factor: float = 4.0  # x the usual wall time for the same size; 0 = no learned deadlines
+    floor_ms: float = 300.0  # never shorter (scheduling hiccups, a GC pause)
+    cold_s: float = 10.0  # before any call of the role has answered
+    alpha: float = 0.3  # weight of a new sample in a bucket's EWMA
+
+    @property
+    def enabled(self) -> bool:
+        return self.factor > 0
+
+
+def bucket_of(size: int) -> int:
+    """Power-of-two size class: 1, 2-3, 4-7, ..."""
+    return max(1, int(size)).bit_length()
+
+
+@dataclass
+class _Bucket:
+    ms: float  # EWMA of the wall time
+    size: float  # EWMA of the sizes it holds
+    n: int = 1
+    seen: float = 0.0  # monotonic time of the last sample
+
+
+@dataclass
+class ReplicaLatency:
+    """One replica's wall times by size bucket."""
+
+    alpha: float = 0.3
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    fresh: int = 0  # samples since `reset_fresh` (readmission after an ejection)
+
+    def observe(self, size: int, ms: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        b = self.buckets.get(bucket_of(size))
+        if b is None:
+            self.buckets[bucket_of(size)] = _Bucket(ms, float(size), 1, now)
+        else:
+            b.ms += self.alpha * (ms - b.ms)
+            b.size += self.alpha * (size - b.size)
+            b.n += 1
+            b.seen = now
+        self.fresh += 1
+
+    def estimate_ms(self, size: int) -> float | None:
+        """The usual wall time for `size`; None before any sample."""
+        if not self.buckets:
+            return None
+        key = bucket_of(size)
+        if key in self.buckets:
+            return self.buckets[key].ms
+        above = [k for k in self.buckets if k > key]
+        if above:  # more work costs at least as much: a safe bound for less
+            return self.buckets[min(above)].ms
+        b = self.buckets[max(self.buckets)]
+        return b.ms * max(1.0, size / max(b.size, 1.0))  # at most linear in the size
+
+    def recent(self, window_s: float, now: float | None = None) -> dict[int, float]:
+        """bucket -> EWMA ms, for buckets sampled within `window_s`."""
+        now = time.monotonic() if now is None else now
+        return {k: b.ms for k, b in self.buckets.items() if now - b.seen <= window_s}
+
+
+class LatencyBook:
+    """Every replica's latency table in this orchestrator, by role and address."""
+
+    def __init__(self, policy: DeadlinePolicy | None = None) -> None:
+        self.policy = policy or DeadlinePolicy()
+        self.replicas: dict[tuple[str, str], ReplicaLatency] = {}
+
+    def replica(self, role: str, address: str) -> ReplicaLatency:
+        table = self.replicas.get((role, address))
+        if table is None:
+            table = self.replicas[(role, address)] = ReplicaLatency(alpha=self.policy.alpha)
+        return table
+
+    def observe(self, role: str, address: str, size: int, ms: float) -> None:
+        self.replica(role, address).observe(size, ms)
+
+    def usual_ms(self, role: str, address: str, size: int) -> float | None:
+        """The replica's own estimate, else its peers' median, else None."""
+        own = self.replicas.get((role, address))
+        estimate = own.estimate_ms(size) if own is not None else None
+        if estimate is not None:
+            return estimate
+        peers = [e for (r, a), t in self.replicas.items() if r == role and a != address
+                 if (e := t.estimate_ms(size)) is not None]
+        return statistics.median(peers) if peers else None
+
+    def deadline_s(self, role: str, address: str, size: int) -> float | None:
+        """The attempt's deadline in seconds; None when deadlines are off."""
+        p = self.policy
+        if not p.enabled:
+            return None
+        usual = self.usual_ms(role, address, size)
+        if usual is None:
+            return max(p.cold_s, p.floor_ms / 1e3)
+        return max(p.floor_ms, p.factor * usual) / 1e3

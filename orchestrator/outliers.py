@@ -1,0 +1,231 @@
+"""Outlier routing: a replica that misses deadlines or runs far slower than its peers is ejected.
+
+Envoy's outlier detection, for gray failures: a replica that is alive but
+hung or slow. `ReplicaHealth` (one per orchestrator process, on the Router)
+holds the learned latency tables (orchestrator.deadlines) and, per replica:
+
+  ejected    after a call missed its deadline (reason "deadline"), or once its
+             recent wall times for the same sizes of work are `slow_ratio` x
+             its peers' median (their latest figures, however old) (reason "slow", with `min_samples` answers since
+             it was last admitted). An ejected replica gets no new sessions
+             (Router.pick) and the sessions on it move at their next round
+             (SessionReplica.ready): a target session is resent from 0 on
+             another replica, a draft session moves to another draft or sits
+             out its rounds (target-only or lookup) until the draft is back.
+             Where every replica of a role is ejected, routing uses them
+             anyway: a suspect target beats none.
+  probed     while ejected, a background task sends the replica one tiny real
+             call (a 2-token Score, or a 2-token Propose drafting one) after
+             `eject_s`, doubling up to `max_eject_s` while it fails. It is
+             admitted again once the probe answers within its deadline and,
+             when a healthy peer exists, the mean of 5 probes spaced at random
+             is below `slow_ratio` x the mean of as many on that peer. A replica
+             whose probes have failed for `forget_s` is forgotten (it is
+             usually gone from the registry by then; if it is called again,
+             its calls decide anew).
+
+Every ejection and readmission is logged and counted:
+`specdec_replica_ejected{role,address}` (1 while ejected),
+`specdec_replica_ejections_total{role,reason}`, `specdec_deadline_misses_total{role}`,
+`specdec_session_moves_total{role,reason}`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge
+
+from orchestrator.deadlines import DeadlinePolicy, LatencyBook
+
+log = logging.getLogger(__name__)
+
+DEADLINE_MISSES = Counter("specdec_deadline_misses_total",
+                          "Model-service calls that missed their learned deadline", ["role"])
+EJECTIONS = Counter("specdec_replica_ejections_total",
+                    "Replicas ejected from routing (deadline: a call missed its deadline; "
+                    "slow: far slower than its peers for the same work)", ["role", "reason"])
+EJECTED = Gauge("specdec_replica_ejected", "1 while the replica is ejected from routing",
+                ["role", "address"])
+SESSION_MOVES = Counter("specdec_session_moves_total",
+                        "Sessions moved to another replica (ejected: off an ejected replica "
+                        "before a call; deadline: a call missed its deadline)", ["role", "reason"])
+
+# Probe(role, address, timeout_s) -> wall ms of one tiny real call; raises if it fails.
+Probe = Callable[[str, str, float], Awaitable[float]]
+PROBE_SIZE = {"target": 2, "draft": 3}  # tokens of work in a probe (Propose: 2 fed + 1 drafted)
+
+
+@dataclass(frozen=True)
+class OutlierPolicy:
+    """When a replica is ejected and how it comes back (orchestrator flags --outlier-*, --eject-*)."""
+
+    slow_ratio: float = 3.0  # x the peers' median wall time for the same work; 0 = off
+    min_samples: int = 5  # answers since its last admission before it can be judged slow
+    window_s: float = 30.0  # a replica is judged on its answers this recent
+    eject_s: float = 1.0  # first ejection; doubles while its probes fail
+    max_eject_s: float = 8.0
+    forget_s: float = 120.0  # probes failing this long: stop probing, forget the replica
+    probes: int = 5  # probe calls per check (and as many on a peer) when comparing with a peer
+
+
+@dataclass
+class _Ejection:
+    reason: str
+    since: float  # monotonic
+    period_s: float
+    task: asyncio.Task | None = None
+
+
+class ReplicaHealth:
+    """Deadlines and ejections for every replica this orchestrator calls (see the module docstring)."""
+
+    def __init__(self, deadlines: DeadlinePolicy | None = None, policy: OutlierPolicy | None = None,
+                 probe: Probe | None = None) -> None:
+        self.latency = LatencyBook(deadlines)
+        self.policy = policy or OutlierPolicy()
+        self.probe = probe  # set by the Router (it owns the clients)
+        self._ejected: dict[tuple[str, str], _Ejection] = {}
+
+    # ---- what callers ask -------------------------------------------------------
+
+    def deadline_s(self, role: str, address: str, size: int) -> float | None:
+        return self.latency.deadline_s(role, address, size)
+
+    def ejected(self, role: str, address: str) -> bool:
+        return (role, address) in self._ejected
+
+    def ejection_reason(self, role: str, address: str) -> str:
+        e = self._ejected.get((role, address))
+        return e.reason if e else ""
+
+    # ---- what callers report ----------------------------------------------------
+
+    def answered(self, role: str, address: str, size: int, ms: float) -> None:
+        """A call answered within its deadline in `ms`: learn it, then judge the replica's pace."""
+        table = self.latency.replica(role, address)
+        table.observe(size, ms)
+        if self.ejection_reason(role, address) == "deadline":
+            # Still in use where it is the only one of its role: an answer in time is better
+            # evidence than the next probe.
+            self.readmit(role, address, "a call answered within its deadline")
+        if self.ejected(role, address) or table.fresh < self.policy.min_samples:
+            return
+        ratio = self.slowness(role, address)
+        if ratio is not None and self.policy.slow_ratio > 0 and ratio >= self.policy.slow_ratio:
+            self.eject(role, address, "slow", f"{ratio:.1f}x its peers' wall time for the same work")
+
+    def missed(self, role: str, address: str, size: int, deadline_s: float) -> None:
+        """A call of `size` tokens did not answer within `deadline_s`."""
+        DEADLINE_MISSES.labels(role).inc()
+        usual = self.latency.usual_ms(role, address, size)
+        usual_text = f"usually {usual:.1f} ms" if usual is not None else "nothing measured yet"
+        self.eject(role, address, "deadline",
+                   f"no answer within {deadline_s * 1e3:.0f} ms for {size} tokens ({usual_text})")
+
+    def slowness(self, role: str, address: str) -> float | None:
+        """Median over size buckets of this replica's recent wall time / its peers' median.
+
+        The peers' figures may be older (routing may have sent every recent session here)."""
+        now = time.monotonic()
+        mine = self.latency.replica(role, address).recent(self.policy.window_s, now)
+        peers = [t.recent(float("inf"), now) for (r, a), t in self.latency.replicas.items()
+                 if r == role and a != address and not self.ejected(r, a)]
+        ratios = []
+        for bucket, ms in mine.items():
+            theirs = [p[bucket] for p in peers if bucket in p]
+            if theirs:
+                ratios.append(ms / max(statistics.median(theirs), 1e-3))
+        return statistics.median(ratios) if ratios else None
+
+    # ---- ejection and readmission -------------------------------------------------
+
+    def eject(self, role: str, address: str, reason: str, detail: str) -> None:
+        key = (role, address)
+        if key in self._ejected:
+            return
+        p = self.policy
+        ejection = self._ejected[key] = _Ejection(reason, time.monotonic(), p.eject_s)
+        EJECTIONS.labels(role, reason).inc()
+        EJECTED.labels(role, address).set(1)
+        log.warning("%s replica %s ejected from routing (%s: %s); probing it again in %.1f s",
+                    role, address, reason, detail, p.eject_s)
+        if self.probe is not None:
+            try:
+                ejection.task = asyncio.get_running_loop().create_task(self._probe_loop(role, address))
+            except RuntimeError:  # no running loop (a unit test): stays ejected until readmitted
+                pass
+
+    def readmit(self, role: str, address: str, why: str) -> None:
+        ejection = self._ejected.pop((role, address), None)
+        if ejection is None:
+            return
+        EJECTED.labels(role, address).set(0)
+        self.latency.replica(role, address).fresh = 0  # judged again on new answers only
+        log.info("%s replica %s back in rotation after %.1f s ejected (%s): %s", role, address,
+                 time.monotonic() - ejection.since, ejection.reason, why)
+
+    async def _probe_loop(self, role: str, address: str) -> None:
+        key = (role, address)
+        while (ejection := self._ejected.get(key)) is not None:
+            await asyncio.sleep(ejection.period_s)
+            verdict = await self._check(role, address)
+            if verdict is None:
+                self.readmit(role, address, "its probe answered in time")
+                return
+            if time.monotonic() - ejection.since > self.policy.forget_s:
+                self._ejected.pop(key, None)
+                EJECTED.remove(role, address)
+                self.latency.replicas.pop(key, None)
+                log.warning("%s replica %s: probes failing for %.0f s (%s); forgotten", role,
+                            address, self.policy.forget_s, verdict)
+                return
+            ejection.period_s = min(2 * ejection.period_s, self.policy.max_eject_s)
+            log.info("%s replica %s still ejected: %s; next probe in %.1f s", role, address,
+                     verdict, ejection.period_s)
+
+    async def _check(self, role: str, address: str) -> str | None:
+        """None when the replica answers a probe in time (and is not far slower than a healthy
+        peer on the same probes); else why not."""
+        size = PROBE_SIZE[role]
+        timeout = self.deadline_s(role, address, size) or self.latency.policy.cold_s
+        peer = self._healthy_peer(role, address)
+        try:
+            mine = [await self.probe(role, address, timeout)]
+            if peer is None or self.policy.slow_ratio <= 0:
+                return None
+            theirs = [await self.probe(role, peer, timeout)]
+            for _ in range(self.policy.probes - 1):
+                # Spaced at random: a CPU-starved replica runs in bursts (a cgroup quota, a
+                # duty cycle), and probes sent back to back would all land in one burst.
+                await asyncio.sleep(random.uniform(0.02, 0.12))
+                mine.append(await self.probe(role, address, timeout))
+                theirs.append(await self.probe(role, peer, timeout))
+        except Exception as exc:  # noqa: BLE001 - any failure: still not usable
+            return f"probe failed: {type(exc).__name__}: {exc}"
+        ratio = statistics.mean(mine) / max(statistics.mean(theirs), 1e-3)
+        if ratio >= self.policy.slow_ratio:
+            return f"probes {ratio:.1f}x a peer's"
+        return None
+
+    def _healthy_peer(self, role: str, address: str) -> str | None:
+        """The non-ejected peer that answered last, if any (probed side by side with the suspect)."""
+        peers = [(max((b.seen for b in t.buckets.values()), default=0.0), a)
+                 for (r, a), t in self.latency.replicas.items()
+                 if r == role and a != address and not self.ejected(r, a) and t.buckets]
+        return max(peers)[1] if peers else None
+
+    def snapshot(self) -> dict[str, str]:
+        """'role address' -> reason, for every replica ejected now."""
+        return {f"{r} {a}": e.reason for (r, a), e in self._ejected.items()}
+
+    async def close(self) -> None:
+        tasks = [e.task for e in self._ejected.values() if e.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
