@@ -148,8 +148,9 @@ def add_gray_args(p: argparse.ArgumentParser) -> None:
          "replica to answer when none other is usable; then UNAVAILABLE")
     flag("target-capacity", int, c.sessions, "streams per target replica (0 = measured from its "
          "batches and queues: orchestrator.capacity)")
-    flag("capacity-pace", float, c.pace, "measured capacity: the sessions whose shared forward costs "
-         "at most this x a lone session's")
+    flag("capacity-pace", float, c.pace, "measured capacity also caps a replica at the sessions whose "
+         "shared forward costs at most this x a lone session's, fed back from the admitted streams' "
+         "measured pace (0 = off: the batch size and queue saturation only)")
     flag("admission-queue", int, c.queue_depth, "streams that may wait for a target slot at once "
          "(more: RESOURCE_EXHAUSTED admission_queue)")
     flag("admission-wait-s", float, c.wait_s, "longest wait for a target slot (then "

@@ -11,14 +11,18 @@ limit, with a retry-after hint that the gateway turns into HTTP 429
 A replica's capacity in sessions, measured from its own batches and queues:
 
   * at most its batch size (GetInfo max_batch: sessions one forward holds);
+  * none at all while its calls wait in its queue for more than
+    `queue_factor` x a round (ServerTiming: server time minus forward time;
+    it is saturated, whoever is loading it);
+
+and with a pace (`--capacity-pace P`, off by default: it trades throughput for
+each admitted stream's pace) also
+
   * at most the sessions whose round (the RPC plus their shared forward, each
     row as many tokens as its Scores usually carry) costs `pace` x a lone
     session's round, from the replica's
     measured cost table v(T) (orchestrator.costs, learned from every reply's
     ServerTiming forward_ms by batch tokens) and its calls' RPC time;
-  * none at all while its calls wait in its queue for more than
-    `queue_factor` x a round (ServerTiming: server time minus forward time;
-    it is saturated, whoever is loading it);
   * at most a limit fed back from the pace its admitted streams actually get
     (the cost model cannot see everything: the draft's queue, speculation's
     extra tokens per row, a CPU shared with others). Each round's time (the
@@ -58,7 +62,7 @@ if TYPE_CHECKING:
     from orchestrator.routing import Router
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_BATCH = 16  # a service that does not report its batch size (the services' default)
+DEFAULT_MAX_BATCH = 64  # a service that does not report its batch size (the services' default)
 CAPACITY = Gauge("specdec_target_capacity_sessions",
                  "Streams a target replica can serve at pace (orchestrator.capacity; 0: saturated)",
                  ["address"])
@@ -71,7 +75,10 @@ class CapacityPolicy:
     """Orchestrator flags --target-capacity, --capacity-pace, --admission-queue, --admission-wait-s."""
 
     sessions: int = 0  # sessions per target replica; 0 = measured
-    pace: float = 1.5  # admitted sessions' shared forward: at most this x a lone session's
+    # Admitted sessions' shared forward: at most this x a lone session's; 0 = off (the default:
+    # continuous batching trades each stream's pace for throughput, and on a CPU a full batch
+    # costs a few lone forwards, so a pace rule would admit a handful of streams per replica).
+    pace: float = 0.0
     queue_factor: float = 4.0  # calls waiting longer than this x a round (RPC + forward): full
     queue_depth: int = 16  # streams waiting for a slot at once
     wait_s: float = 0.25  # the longest a stream waits for a slot
@@ -152,6 +159,8 @@ class TargetAdmission:
         rpc = max(0.0, costs.call_ms.value - costs.queue_ms.value)
         if costs.recent() and costs.queue_ms.value > self.policy.queue_factor * (rpc + costs.forward_ms.value):
             return 0  # its calls wait for several rounds' worth: saturated, whoever loads it
+        if not self.policy.pace:
+            return most
         row = max(1.0, costs.row_tokens.value)  # tokens a session's Score carries (k + 1)
         lone = rpc + costs.verify_ms(row)
         # The most sessions whose round keeps the pace (the cost table is not forced monotone:
@@ -163,7 +172,7 @@ class TargetAdmission:
 
     def observe_round(self, router: Router, address: str, ms: float) -> None:
         """A round of an admitted stream on `address` took `ms` (its chunk gap): the pace feedback."""
-        if self.policy.sessions:
+        if self.policy.sessions or not self.policy.pace:
             return
         pace = self._pace.setdefault(address, _Pace())
         pace.observe(ms, self.load(address))

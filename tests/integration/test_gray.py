@@ -23,7 +23,8 @@ from client import Client
 from specdec import procs
 from tests.integration.faults import PROMPTS, Throttle, freeze, stream_in_thread, streams_with_fault
 from tests.integration.stack import ENV, Stack
-from tests.integration.test_gateway import _wait_http, scrape
+from tests.integration.stack import wait_http
+from tests.integration.test_gateway import scrape
 
 MAX_NEW = 120
 OPTIONS = dict(max_new_tokens=MAX_NEW, proposer="draft", k=3)
@@ -166,7 +167,7 @@ def test_past_capacity_streams_are_refused_at_once_and_the_gateway_says_429_retr
                           env=ENV, log_path=gray.logs / "gateway.log")
     gray.procs["gateway"] = gateway
     base = f"http://127.0.0.1:{port}"
-    _wait_http(f"{base}/v1/models", gateway)
+    wait_http(f"{base}/v1/models", gateway)
     holders = [stream_in_thread(small, PROMPTS[i], max_new_tokens=400, proposer="none") for i in range(2)]
     _wait_for(lambda: all(len(r.tokens) >= 4 or r.done.is_set() for r, _ in holders), 30)
     assert not any(r.done.is_set() for r, _ in holders), [(len(r.tokens), r.error) for r, _ in holders]
