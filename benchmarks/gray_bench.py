@@ -129,8 +129,10 @@ class Bench:
                                      drafts=[self.addr[d] for d in drafts], redis_url=a.redis_url,
                                      redis_prefix=self.prefix, threads=1,
                                      metrics_port=self.metrics[name],
-                                     # one tenant drives 4x the capacity: its own limits off
-                                     extra=("--max-streams-per-tenant", "0", "--rate-per-tenant", "0"))
+                                     # one tenant drives 4x the capacity: its own limits off; the
+                                     # capacity is measured with the pace rule (off by default)
+                                     extra=("--max-streams-per-tenant", "0", "--rate-per-tenant", "0",
+                                            "--capacity-pace", "1.5"))
             self.addr[name] = self.group.serve(name, argv, port, timeout=300)
 
     def stop(self) -> None:
