@@ -157,15 +157,19 @@ class LoadStack:
 
         for address, proc in self._pending:
             procs.wait_healthy(address, proc, timeout=600)
+        # Every stream of a cell is admitted: this benchmark measures throughput, not
+        # shedding (benchmarks.gray_bench measures admission); the unbatched stack's target
+        # would otherwise hold one session (its batch size).
+        admit = ["--target-capacity", str(max(self.args.ns))]
         port = procs.free_port()
         argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
                                  drafts=[self.services["draft"]], redis_url=self.args.redis_url,
-                                 redis_prefix=self.prefix, default_k="auto", threads=1)
+                                 redis_prefix=self.prefix, default_k="auto", threads=1, extra=admit)
         self.address = self.group.serve("orchestrator", argv, port, timeout=300)
         port = procs.free_port()
         argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
                                  drafts=[self.services["draft"]], redis_url=self.args.redis_url,
-                                 redis_prefix=self.prefix, threads=1)
+                                 redis_prefix=self.prefix, threads=1, extra=admit)
         self.default_address = self.group.serve("orchestrator-default", argv, port, timeout=300)
 
     def address_for(self, config: LoadConfig) -> str:

@@ -137,6 +137,12 @@ class SessionStore:
                 continue  # the session just served stays, even alone over budget; running ones too
             total -= victim.nbytes
             self._drop(victim.session_id, "budget")
+        # A session admitted while every other one was running went over the count: back to it.
+        while len(self._sessions) > self.max_sessions:
+            victim = next((sid for sid, s in self._sessions.items() if s is not session and not s.pins), None)
+            if victim is None:
+                break
+            self._drop(victim, "max_sessions")
         self._publish()
 
     def pin(self, session: CachedSession) -> None:

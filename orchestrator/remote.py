@@ -164,7 +164,7 @@ class ModelClient:
         }
         batch = batch or BatchCalls()
         self._batcher: CallBatcher | None = None
-        if batch.enabled and not tracing.ENABLED:  # a traced call keeps its own trace context
+        if batch.enabled:
             self._batcher = CallBatcher(partial(self._send_batch, verb), max_items=batch.max_items,
                                         max_wait_s=batch.max_wait_s, wait_fraction=batch.wait_fraction)
 
@@ -244,7 +244,8 @@ class ModelClient:
         start = time.perf_counter()
         payload = request.SerializeToString()
         encoded = time.perf_counter()
-        if self._batcher is not None and name in _BATCH:
+        # A traced call keeps its own trace context (tracing is configured once serving starts).
+        if self._batcher is not None and name in _BATCH and not tracing.ENABLED:
             response, end, decode_s = await self._batcher.call(request.session_id, payload)
             # rpc_ms spans the wait for the batch to gather: it is part of the round's network time.
             return response, self._cost(request, response, start, end, len(payload), response.ByteSize(),

@@ -335,7 +335,7 @@ def test_services_and_budgets_select_existing_pods():
 
 def test_hpa_examples_scale_existing_deployments_on_an_exported_gauge():
     base = rendered("base")
-    source = (ROOT / "specdec/hosting/metrics.py").read_text()
+    source = (ROOT / "engine/metrics.py").read_text()
     for doc in _load(K8S / "examples/hpa.yaml"):
         _find(base, "Deployment", doc["spec"]["scaleTargetRef"]["name"])
         for metric in doc["spec"]["metrics"]:

@@ -38,10 +38,12 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
     assert ident["passed"] is True and ident["mismatches"] == []
     modes = result["settings"]["modes"]
     # Every service configuration at N = 1 and 4 on every stack, all compared.
-    assert ident["compared"] == len(modes) * 4 * (1 + 4)
+    configs = result["settings"]["configs"]
+    assert set(configs) >= {"target-only", "default", "adaptive", "draft-k4", "lookup-k4"}
+    assert ident["compared"] == len(modes) * len(configs) * (1 + 4)
     cells = {(s["mode"], s["config"], s["n"]) for s in result["summaries"]}
     for mode in modes:
-        for config in ("target-only", "adaptive", "draft-k4", "lookup-k4"):
+        for config in configs:
             assert {(mode, config, 1), (mode, config, 4)} <= cells
     assert {("peer", "hf-padded", 1), ("peer", "hf-padded", 4), ("peer", "hf-assisted-k4", 1)} <= cells
     for s in result["summaries"]:
