@@ -17,6 +17,14 @@ with no wait), otherwise after a bounded wait:
 replica's live set when its turn ends or it moves (`leave`), and in any case
 once it has not called for STALE_S.
 
+Sessions whose call is in flight count as coming: the replica runs one forward
+at a time, so a call sent now would only queue behind that forward and then run
+alone, and the sessions would settle into cohorts that alternate forwards
+(half-full batches, each session waiting out the other cohort's forward). So
+the waiting calls also wait for the in-flight batch to come back (its expected
+end from the measured RPC time, at most one RPC time from now) plus the usual
+bound, and its sessions join them in one batch: the cohorts merge.
+
 The wire: a batch request is the items' own serialized bytes, each framed as
 field 1 of the batch message (what protobuf writes for a repeated message
 field), so nothing is encoded twice.
@@ -67,7 +75,7 @@ class CallBatcher:
         self.wait_fraction = wait_fraction
         self._pending: list[_Item] = []
         self._live: dict[str, float] = {}  # session id -> when it last called
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[str, float] = {}  # session id -> when its call was sent
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._soon = False  # the scheduled flush is for the next turn of the loop
         self._rpc_s = 0.0  # moving average of a batch RPC's time
@@ -92,8 +100,15 @@ class CallBatcher:
                 del self._live[sid]
 
     def _ready(self) -> bool:
-        expected = len(self._live) - len(self._in_flight)
-        return len(self._pending) >= min(self.max_items, max(1, expected))
+        # Every live session: those in flight are coming back (see the module docstring).
+        return len(self._pending) >= min(self.max_items, max(1, len(self._live)))
+
+    def _delay(self) -> float:
+        """How long pending calls wait for the live sessions that have none pending."""
+        if not self._in_flight or not self._rpc_s:
+            return self.wait_s
+        back = max(self._in_flight.values()) + self._rpc_s - time.perf_counter()
+        return min(max(0.0, back), self._rpc_s) + self.wait_s
 
     async def call(self, session_id: str, payload: bytes) -> Any:
         """The item's response message (raises its error); sent in the next batch."""
@@ -105,7 +120,7 @@ class CallBatcher:
             # Soon, not now: calls made in the same turn of the event loop go together.
             self._schedule(loop, 0.0)
         else:
-            self._schedule(loop, self.wait_s)
+            self._schedule(loop, self._delay())
         return await item.future
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
@@ -124,7 +139,8 @@ class CallBatcher:
             self._timer = None
         while self._pending:
             items, self._pending = self._pending[:self.max_items], self._pending[self.max_items:]
-            self._in_flight.update(item.session_id for item in items)
+            sent = time.perf_counter()
+            self._in_flight.update((item.session_id, sent) for item in items)
             asyncio.get_running_loop().create_task(self._run(items))
 
     async def _run(self, items: list[_Item]) -> None:
@@ -133,7 +149,7 @@ class CallBatcher:
             outcomes = await self._send(items)
         except asyncio.CancelledError:  # shutting down: every caller is cancelled too
             for item in items:
-                self._in_flight.discard(item.session_id)
+                self._in_flight.pop(item.session_id, None)
                 item.future.cancel()
             raise
         except Exception as exc:  # the whole RPC failed: every item shares its error
@@ -142,7 +158,7 @@ class CallBatcher:
         self.batches += 1
         self.items += len(items)
         for item, outcome in zip(items, outcomes):
-            self._in_flight.discard(item.session_id)
+            self._in_flight.pop(item.session_id, None)
             if item.future.done():
                 continue  # its caller was cancelled
             if isinstance(outcome, BaseException):

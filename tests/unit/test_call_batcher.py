@@ -111,3 +111,41 @@ def test_a_cancelled_caller_leaves_the_others_served() -> None:
             await a
 
     asyncio.run(main())
+
+
+def test_sessions_in_flight_are_waited_for_so_cohorts_merge() -> None:
+    """b goes alone; a, calling while b's batch is in flight, waits for b to come back and the
+    two share every batch from then on (sent at once, a would alternate forwards with b)."""
+    async def main():
+        sender = Recorder(delay_s=0.1)
+        batcher = CallBatcher(sender, max_wait_s=0.02)
+        await asyncio.gather(batcher.call("a", b"1"), batcher.call("b", b"2"))  # both live
+        batcher._rpc_s = 0.1  # the measured batch RPC time
+
+        async def session(sid: str, rounds: int, start_s: float) -> None:
+            await asyncio.sleep(start_s)
+            for _ in range(rounds):
+                await batcher.call(sid, b"x")
+
+        await asyncio.gather(session("b", 4, 0.0), session("a", 3, 0.05))
+        assert sender.batches[1:] == [["b"], ["a", "b"], ["a", "b"], ["a", "b"]]
+
+    asyncio.run(main())
+
+
+def test_the_wait_for_an_in_flight_session_is_bounded() -> None:
+    async def main():
+        sender = Recorder(delay_s=0.05)
+        batcher = CallBatcher(sender, max_wait_s=0.02)
+        await asyncio.gather(batcher.call("a", b"1"), batcher.call("b", b"2"))
+        batcher._rpc_s = 0.05
+        b = asyncio.create_task(batcher.call("b", b"3"))  # goes alone after the wait
+        await asyncio.sleep(0.03)
+        t0 = time.perf_counter()
+        assert await batcher.call("a", b"4") == b"4"  # b comes back but never calls again
+        waited = time.perf_counter() - t0
+        assert await b == b"3"
+        assert 0.03 <= waited < 0.3  # b's expected return, plus the usual bound, then alone
+        assert sender.batches[1:] == [["b"], ["a"]]
+
+    asyncio.run(main())
