@@ -159,7 +159,10 @@ class CostBook:
         self.gates: dict[str, SpeculationGate] = {}  # per target replica: does drafting pay (measured)
 
     def gate(self, target: str) -> SpeculationGate:
-        return self.gates.setdefault(target, SpeculationGate())
+        gate = self.gates.get(target)
+        if gate is None:
+            gate = self.gates[target] = SpeculationGate(name=target)
+        return gate
 
     def acceptance(self, draft: str) -> PooledAcceptance:
         """Acceptance by position pooled over the sessions drafting on `draft` (a new session's prior)."""

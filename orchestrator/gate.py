@@ -23,8 +23,11 @@ Exactness is untouched: k = 0 is ordinary decoding through the same verifier.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 EPOCH_S = 1.0
 EXPLORE_EVERY = 8  # one epoch in this many measures the mode that is not chosen
@@ -43,12 +46,14 @@ class _Rates:
     spec: float | None = None  # tokens/s with drafting allowed
     plain: float | None = None  # tokens/s with k = 0
     epochs: int = 0
+    choice: bool | None = None  # the mode last chosen on the measurements (not an exploring epoch)
 
 
 @dataclass
 class SpeculationGate:
     """One target replica's: see the module docstring."""
 
+    name: str = ""  # the target replica's address, for the log
     epoch_s: float = EPOCH_S
     explore_every: int = EXPLORE_EVERY
     margin: float = MARGIN
@@ -98,15 +103,21 @@ class SpeculationGate:
             rate = self._epoch_tokens / duration
             setattr(rates, name, rate if old is None else (1 - EWMA) * old + EWMA * rate)
             rates.epochs += 1
-        self._start(now, self._next(self.levels.setdefault(level, _Rates())))
+        self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))
 
-    def _next(self, rates: _Rates) -> bool:
+    def _next(self, rates: _Rates, level: int = 1) -> bool:
         """The next epoch's mode at this load level."""
         if rates.spec is None:
             return True
         if rates.plain is None:
             return False
         best_spec = rates.spec > rates.plain * (1 + self.margin)
+        if best_spec != rates.choice:
+            rates.choice = best_spec
+            low = 1 if level == 1 else 2 ** (level - 2) + 1
+            log.info("target %s, %s live session(s): %s (measured %.1f tokens/s drafting, %.1f without)",
+                     self.name or "?", low if low == 2 ** (level - 1) else f"{low}-{2 ** (level - 1)}",
+                     "drafting" if best_spec else "no drafting (k = 0)", rates.spec, rates.plain)
         if rates.epochs % self.explore_every == self.explore_every - 1:
             return not best_spec
         return best_spec

@@ -168,9 +168,15 @@ def test_past_capacity_streams_are_refused_at_once_and_the_gateway_says_429_retr
     gray.procs["gateway"] = gateway
     base = f"http://127.0.0.1:{port}"
     wait_http(f"{base}/v1/models", gateway)
+    # Fill every target replica the orchestrator admits to (2, or 1 while an earlier test's
+    # ejected replica waits for its probe): a holder that finds no room is refused like any other.
     holders = [stream_in_thread(small, PROMPTS[i], max_new_tokens=400, proposer="none") for i in range(2)]
     _wait_for(lambda: all(len(r.tokens) >= 4 or r.done.is_set() for r, _ in holders), 30)
-    assert not any(r.done.is_set() for r, _ in holders), [(len(r.tokens), r.error) for r, _ in holders]
+    running = [(r, t) for r, t in holders if not r.done.is_set()]
+    assert running, [(len(r.tokens), r.error) for r, _ in holders]
+    for run, _ in holders:
+        if run.done.is_set():
+            assert run.error is not None and run.error.details().startswith("target_capacity:"), run.error
     request = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(
         {"model": "specdec", "prompt": "The cat", "max_tokens": 8, "temperature": 0}).encode(),
         headers={"Content-Type": "application/json"})
@@ -178,7 +184,7 @@ def test_past_capacity_streams_are_refused_at_once_and_the_gateway_says_429_retr
     with pytest.raises(urllib.error.HTTPError) as http:
         urllib.request.urlopen(request, timeout=30)
     answered_s = time.monotonic() - began
-    for run, thread in holders:
+    for run, thread in running:
         thread.join(120)
         assert run.error is None
     assert http.value.code == 429 and int(http.value.headers["Retry-After"]) >= 1

@@ -151,6 +151,9 @@ def _one(mix: Mix, rng: random.Random) -> None:
         mix.check("cancelled", True)
 
 
+# The suite's per-test timeout (600 s) would cut a long soak short: its own bound is the load's
+# length plus start-up and the final checks.
+@pytest.mark.timeout(int(MINUTES * 60) + 900)
 def test_a_soak_keeps_memory_flat_leaks_nothing_and_every_stream_is_right(soak):
     duration = MINUTES * 60.0
     warmup = min(60.0, duration / 3)

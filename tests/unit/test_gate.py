@@ -58,3 +58,16 @@ def test_each_load_level_has_its_own_verdict() -> None:
     for _ in range(15):
         gate.leave()
     assert _run(gate, 3, {True: 130.0, False: 100.0}, t0=5000.0)[1:] == [True, True]  # alone again
+
+
+def test_a_changed_verdict_is_logged_once_with_its_rates(caplog) -> None:
+    import logging
+
+    gate = SpeculationGate(name="10.0.0.7:50061")
+    for _ in range(6):
+        gate.enter()  # six live sessions: the 5-8 level
+    with caplog.at_level(logging.INFO, logger="orchestrator.gate"):
+        _run(gate, 20, {True: 80.0, False: 100.0})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["target 10.0.0.7:50061, 5-8 live session(s): no drafting (k = 0) "
+                     "(measured 80.0 tokens/s drafting, 100.0 without)"]
