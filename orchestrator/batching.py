@@ -23,11 +23,7 @@ alone, and the sessions would settle into cohorts that alternate forwards
 (half-full batches, each session waiting out the other cohort's forward). So
 the waiting calls also wait for the in-flight batch to come back (its expected
 end from the measured RPC time, at most one RPC time from now) plus the usual
-bound, and its sessions join them in one batch: the cohorts merge. The same
-holds for a session whose call is on its way through another replica first (a
-draft call before its Score: `expect`): the target batch waits for it up to
-that call's measured time, since sent without it, it would run alone in an
-extra forward that every other session then waits behind.
+bound, and its sessions join them in one batch: the cohorts merge.
 
 The wire: a batch request is the items' own serialized bytes, each framed as
 field 1 of the batch message (what protobuf writes for a repeated message
@@ -80,7 +76,6 @@ class CallBatcher:
         self._pending: list[_Item] = []
         self._live: dict[str, float] = {}  # session id -> when it last called
         self._in_flight: dict[str, float] = {}  # session id -> when its call was sent
-        self._coming: dict[str, float] = {}  # session id -> when its announced call is due (expect)
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._soon = False  # the scheduled flush is for the next turn of the loop
         self._rpc_s = 0.0  # moving average of a batch RPC's time
@@ -94,7 +89,6 @@ class CallBatcher:
     def leave(self, session_id: str) -> None:
         """The session has no more calls for this replica (its turn ended, or it moved)."""
         self._live.pop(session_id, None)
-        self._coming.pop(session_id, None)
         if self._pending and self._ready():
             self._schedule(asyncio.get_running_loop(), 0.0)
 
@@ -109,33 +103,18 @@ class CallBatcher:
         # Every live session: those in flight are coming back (see the module docstring).
         return len(self._pending) >= min(self.max_items, max(1, len(self._live)))
 
-    @property
-    def rpc_s(self) -> float:
-        """The measured time of a batch RPC (a moving average; 0 before the first)."""
-        return self._rpc_s
-
-    def expect(self, session_id: str, in_s: float) -> None:
-        """The session will call in about `in_s` (it is calling another replica first)."""
-        if session_id in self._live and in_s > 0:
-            self._coming[session_id] = time.perf_counter() + in_s
-
     def _delay(self) -> float:
         """How long pending calls wait for the live sessions that have none pending."""
-        if not self._rpc_s:
+        if not self._in_flight or not self._rpc_s:
             return self.wait_s
-        now = time.perf_counter()
-        due = [sent + self._rpc_s for sent in self._in_flight.values()]
-        due += [t for t in self._coming.values() if t > now]
-        if not due:
-            return self.wait_s
-        return min(max(0.0, max(due) - now), self._rpc_s) + self.wait_s
+        back = max(self._in_flight.values()) + self._rpc_s - time.perf_counter()
+        return min(max(0.0, back), self._rpc_s) + self.wait_s
 
     async def call(self, session_id: str, payload: bytes) -> Any:
         """The item's response message (raises its error); sent in the next batch."""
         loop = asyncio.get_running_loop()
         item = _Item(session_id, payload, time.perf_counter(), loop.create_future())
         self._live[session_id] = time.monotonic()
-        self._coming.pop(session_id, None)
         self._pending.append(item)
         if self._ready():
             # Soon, not now: calls made in the same turn of the event loop go together.

@@ -119,11 +119,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 rnd.k = max(0, min(k, remaining - 1))
             ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed)
 
-            # 1. Propose (the proposer recovers from its own failures). A draft call first: the
-            # target's batch of this round waits for this session's Score (orchestrator.batching).
-            draft = proposer.replica if rnd.k else None
-            if draft is not None:
-                session.target.client.expect(session.id, draft.client.call_s)
+            # 1. Propose (the proposer recovers from its own failures).
             with trace.step("propose"):
                 proposal = await proposer.propose(ctx)
             drafted = proposal.tokens[: rnd.k]

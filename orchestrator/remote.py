@@ -177,16 +177,6 @@ class ModelClient:
         if self._batcher is not None:
             self._batcher.leave(session_id)
 
-    @property
-    def call_s(self) -> float:
-        """What a batched call to this replica measures (0: unknown, or calls are not batched)."""
-        return self._batcher.rpc_s if self._batcher is not None else 0.0
-
-    def expect(self, session_id: str, in_s: float) -> None:
-        """The session's next call here comes in about `in_s` (orchestrator.batching)."""
-        if self._batcher is not None:
-            self._batcher.expect(session_id, in_s)
-
     def _error(self, code: grpc.StatusCode, details: str) -> SpecdecError:
         """The exception a status from this replica becomes (the same for a call and a batch item)."""
         if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(CACHE_MISS_PREFIX):

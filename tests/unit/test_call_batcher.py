@@ -149,27 +149,3 @@ def test_the_wait_for_an_in_flight_session_is_bounded() -> None:
         assert sender.batches[1:] == [["b"], ["a"]]
 
     asyncio.run(main())
-
-
-def test_a_session_announced_by_expect_is_waited_for_up_to_its_eta() -> None:
-    """b calls the draft first and announces its Score: a waits for it (not just the usual bound)."""
-    async def main():
-        sender = Recorder()
-        batcher = CallBatcher(sender, max_wait_s=0.02)
-        await asyncio.gather(batcher.call("a", b"1"), batcher.call("b", b"2"))
-        batcher._rpc_s = 0.1
-        batcher.expect("b", 0.08)
-        a = asyncio.create_task(batcher.call("a", b"3"))
-        await asyncio.sleep(0.05)  # past the usual bound (0.02): a is still waiting for b
-        assert not a.done()
-        assert await batcher.call("b", b"4") == b"4"
-        assert await a == b"3"
-        assert sender.batches[1:] == [["a", "b"]]
-        # Announced but never calling: the wait ends at the announced time plus the usual bound.
-        batcher.expect("b", 0.05)
-        t0 = time.perf_counter()
-        assert await batcher.call("a", b"5") == b"5"
-        assert 0.04 <= time.perf_counter() - t0 < 0.3
-        assert sender.batches[-1] == ["a"]
-
-    asyncio.run(main())

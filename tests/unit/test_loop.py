@@ -81,7 +81,6 @@ class FakeService:
         self.restart_at: int | None = None  # lose every cache (a restart) just before this call
         self.calls = 0
         self.left: list[str] = []  # sessions that said they make no more calls (leave)
-        self.expected: list[str] = []  # sessions announced before their draft call (expect)
         self.delay_s = 0.0  # per call, so a stream spans a store outage
 
     def restart(self) -> None:
@@ -146,11 +145,6 @@ class FakeService:
 
     def leave(self, session_id: str) -> None:  # ModelClient's: batch calls stop counting on it
         self.left.append(session_id)
-
-    call_s = 0.0  # ModelClient's: what a batched call measures (no batching here)
-
-    def expect(self, session_id: str, in_s: float) -> None:  # ModelClient's: a call is coming
-        self.expected.append(session_id)
 
     async def release(self, session_id: str) -> bool:
         if self.down:
