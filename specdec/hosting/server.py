@@ -208,8 +208,12 @@ async def serve(
     if drain is not None:
         drain.begin()  # new calls: UNAVAILABLE "draining: ..."
     if cleanup is not None:
+        # Bounded by the drain deadline: a clean-up that hangs (a wedged Redis connection, say)
+        # must not keep the process alive past it.
         try:
-            await cleanup()
+            await asyncio.wait_for(cleanup(), max(1.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            log.warning("on_serving cleanup still running at the drain deadline: going on without it")
         except Exception:  # noqa: BLE001 - shutdown goes on regardless
             log.exception("on_serving cleanup failed")
     if drain is not None:
