@@ -31,7 +31,7 @@ from orchestrator.spec import GUESS, KINDS, LoopConfig
 from orchestrator.text import load_tokenizer
 from engine.loader import tokenizer_fingerprint
 from specdec.hosting.server import (
-    add_server_args, configure_logging, env_default, options_from_args, serve,
+    add_server_args, configure_logging, env_default, env_flag, options_from_args, serve,
 )
 from specdec.limits import add_admission_args, admission_from_args
 from specdec.security import add_service_client_args, service_client_from_args
@@ -84,12 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "each round from the observed acceptance and draft/target costs "
                         "[SPECDEC_DEFAULT_K]")
     g.add_argument("--parallel", action=argparse.BooleanOptionalAction,
-                   default=env_default("parallel", "0").lower() in ("1", "true", "yes", "on"),
+                   default=env_flag("parallel", False),
                    help="parallel speculation by default: the draft drafts the next round while "
                         "the target verifies this one (requests may choose either; "
                         "orchestrator.parallel) [SPECDEC_PARALLEL]")
     g.add_argument("--speculation-gate", action=argparse.BooleanOptionalAction,
-                   default=str(env_default("speculation_gate", "1")).lower() not in ("0", "false", "no", "off"),
+                   default=env_flag("speculation_gate", True),
                    help="for requests that give no k: measure each target replica's tokens/s with and "
                         "without drafting, in alternating epochs per load level, and draft only where "
                         "it measured faster (orchestrator.gate) [SPECDEC_SPECULATION_GATE] (default on)")
@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch CPU threads (verification is light) [SPECDEC_THREADS]")
     b = p.add_argument_group("batch calls (orchestrator.batching): many sessions' calls to one replica in one RPC")
     b.add_argument("--batch-calls", action=argparse.BooleanOptionalAction,
-                   default=str(env_default("batch_calls", "1")).lower() not in ("0", "false", "no", "off"),
+                   default=env_flag("batch_calls", True),
                    help="gather this orchestrator's Score/Propose calls to a replica into ScoreBatch/"
                         "ProposeBatch RPCs; off (or with tracing on) every call is its own RPC "
                         "[SPECDEC_BATCH_CALLS] (default on)")

@@ -19,7 +19,7 @@ from specdec.hosting import hooks
 from specdec.hosting.drain import Drain
 from engine.host import HostLimits, ModelHost
 from specdec.hosting.role import Role
-from specdec.hosting.server import add_server_args, configure_logging, env_default, options_from_args, run_server
+from specdec.hosting.server import add_server_args, configure_logging, env_default, env_flag, options_from_args, run_server
 from specdec.limits import model_message_caps
 
 log = logging.getLogger(__name__)
@@ -75,13 +75,13 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
                    help="when idle, wait this long for more requests to batch with the first "
                         "[SPECDEC_MAX_WAIT_US] (default %(default)s)")
     b.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
-                   default=str(env_default("batch_invariant", "1")).lower() not in ("0", "false", "no", "off"),
+                   default=env_flag("batch_invariant", True),
                    help="keep a session's logits bitwise the same alone and batched: on a CPU each "
                         "matrix product pads its rows where its kernel needs it (calibrated at start-up; "
                         "costs a lone one-token decode a few percent), on a GPU every forward is padded "
                         "to a fixed token bucket [SPECDEC_BATCH_INVARIANT] (default on)")
     b.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                   default=str(env_default("compile", "0")).lower() in ("1", "true", "yes", "on"),
+                   default=env_flag("compile", False),
                    help="torch.compile the engine's norms and activation (CUDA graphs on a GPU); the "
                         "start-up checks run on the compiled forward; on a CPU it measured slower "
                         "[SPECDEC_COMPILE] (default off)")

@@ -87,6 +87,16 @@ def env_default(name: str, fallback: str | int | float | None) -> str | int | fl
     return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
 
 
+def env_flag(name: str, default: bool) -> bool:
+    """A switch's SPECDEC_<NAME>: a default-on switch is off only for 0/false/no/off, a
+    default-off one on only for 1/true/yes/on (flags override both)."""
+    value = os.environ.get(f"SPECDEC_{name.upper()}")
+    if value is None:
+        return default
+    value = value.strip().lower()
+    return value not in ("0", "false", "no", "off") if default else value in ("1", "true", "yes", "on")
+
+
 def add_server_args(parser: argparse.ArgumentParser, *, default_port: int,
                     auth: str = "service") -> None:
     """The flags every server takes; each has a SPECDEC_* environment equivalent.
