@@ -95,6 +95,22 @@ class Grammars:
         return TurnMatcher(llguidance.LLMatcher(self._tokenizer(), grammar), self.vocab_size, self._eos)
 
 
+def drafted_to_send(valid: int, drafted: int, keep_first_invalid: bool) -> int:
+    """How many drafted tokens to score when the grammar allows only the first `valid`.
+
+    A forbidden drafted token is certainly rejected (its masked p is 0), and
+    nothing after it can commit this round. Greedy, or a deterministic
+    proposal (one-hot q): cut it, the extra token at its place is the same.
+    A sampled draft with its q: keep it (`keep_first_invalid`), so that the
+    extra token is recovered from norm(max(0, p - q)) with the masked p. That
+    is what keeps the output's distribution exactly the constrained target's;
+    cutting it and drawing the bonus from p would not (the draft's mass on
+    forbidden tokens would then be resampled from p, over-weighting what q
+    and p share).
+    """
+    return valid + 1 if keep_first_invalid and valid < drafted else valid
+
+
 @dataclass(frozen=True)
 class RoundMasks:
     """The masks of one round's scored positions and how much of the draft to send."""
@@ -122,14 +138,9 @@ class TurnMatcher:
     def round_masks(self, drafted: list[int], keep_first_invalid: bool) -> RoundMasks:
         """Masks for the positions of drafted[0..] and the one after the last drafted token kept.
 
-        A drafted token the grammar forbids is certainly rejected, and nothing
-        after it can be committed this round. It is cut from the draft, unless
-        `keep_first_invalid` (a sampled draft with its q): then it is sent, so
-        rejection sampling recovers from norm(max(0, p - q)) with the masked p,
-        which is what keeps the output's distribution exactly the constrained
-        target's; resampling from p instead would bias it. The mask after a
-        kept invalid token is never used (that position cannot commit): it
-        allows every token.
+        The draft is cut after its valid prefix as `drafted_to_send` says. The
+        mask after a kept invalid token is never used (that position cannot
+        commit): it allows every token.
         """
         rows = np.full((len(drafted) + 1, self._words), -1, dtype=np.int32)
         valid = 0
@@ -149,7 +160,7 @@ class TurnMatcher:
             self._fill(rows, valid)
         self._m.rollback(consumed)
         self._check()
-        keep = valid + 1 if keep_first_invalid and valid < len(drafted) else valid
+        keep = drafted_to_send(valid, len(drafted), keep_first_invalid)
         return RoundMasks(keep=keep, valid=valid, words=rows[: keep + 1])
 
     def _fill(self, rows: np.ndarray, i: int) -> None:
