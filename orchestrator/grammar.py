@@ -117,7 +117,12 @@ class RoundMasks:
 
     keep: int  # drafted tokens to send: the valid prefix (+ the first invalid one, see round_masks)
     valid: int  # drafted tokens the grammar allows in a row from the start
-    words: np.ndarray  # [keep + 1, words] int32: row i = the tokens allowed at scored position i
+    words: np.ndarray  # [keep + len(forced) + 1, words] int32: row i = tokens allowed at scored position i
+    forced: tuple[int, ...] = ()  # grammar-forced tokens proposed after the first `keep` drafted ones
+
+    def proposal(self, drafted: list[int]) -> list[int]:
+        """The tokens the round scores: the kept drafted ones, then the forced ones."""
+        return list(drafted[: self.keep]) + list(self.forced)
 
 
 class TurnMatcher:
@@ -135,33 +140,47 @@ class TurnMatcher:
         if self._m.is_error():
             raise RuntimeError(f"grammar matcher error: {self._m.get_error()}")
 
-    def round_masks(self, drafted: list[int], keep_first_invalid: bool) -> RoundMasks:
+    def round_masks(self, drafted: list[int], keep_first_invalid: bool, k: int | None = None) -> RoundMasks:
         """Masks for the positions of drafted[0..] and the one after the last drafted token kept.
 
-        The draft is cut after its valid prefix as `drafted_to_send` says. The
-        mask after a kept invalid token is never used (that position cannot
-        commit): it allows every token.
+        The draft is cut after its valid prefix as `drafted_to_send` says. Where
+        it was cut (or came back shorter than `k`) and the grammar forces what
+        follows (the bytes of a JSON key, a closing bracket: llguidance's
+        fast-forward tokens), those tokens fill the draft up to k: proposals
+        with a one-hot q, verified by the target like any other, so the output
+        is unchanged and fewer target passes make it. The mask after a kept
+        invalid token is never used (that position cannot commit): it allows
+        every token.
         """
-        rows = np.full((len(drafted) + 1, self._words), -1, dtype=np.int32)
-        valid = 0
-        consumed = 0
+        k = len(drafted) if k is None else k
+        rows = np.full((max(k, len(drafted)) + 1, self._words), -1, dtype=np.int32)
+        valid, consumed, ended = 0, 0, False
         for token in drafted:
             self._fill(rows, valid)
             if not masks.allows(rows[valid], token):
                 break
             if token in self._eos:  # allowed: the turn ends here; the row after it is never used
-                valid += 1
+                valid, ended = valid + 1, True
                 break
             if not self._m.consume_token(token):
                 break
             valid += 1
             consumed += 1
-        else:
-            self._fill(rows, valid)
+        keep = drafted_to_send(valid, len(drafted), keep_first_invalid)
+        forced: list[int] = []
+        if keep == valid and not ended and valid < k:
+            for token in self._m.compute_ff_tokens()[: k - valid]:
+                self._fill(rows, valid + len(forced))
+                if token in self._eos or not masks.allows(rows[valid + len(forced)], token) \
+                        or not self._m.consume_token(token):
+                    break
+                forced.append(token)
+                consumed += 1
+        if not ended and keep == valid:
+            self._fill(rows, valid + len(forced))
         self._m.rollback(consumed)
         self._check()
-        keep = drafted_to_send(valid, len(drafted), keep_first_invalid)
-        return RoundMasks(keep=keep, valid=valid, words=rows[: keep + 1])
+        return RoundMasks(keep=keep, valid=valid, words=rows[: keep + len(forced) + 1], forced=tuple(forced))
 
     def _fill(self, rows: np.ndarray, i: int) -> None:
         view = rows[i]

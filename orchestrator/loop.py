@@ -52,6 +52,8 @@ from specdec.wire import decode_probs
 
 # finish_reason of a turn stopped by GenerateSpec.max_target_passes.
 PASSES = "passes"
+# RoundTokens.source of a round whose drafts are all grammar-forced (orchestrator.grammar).
+GRAMMAR = "grammar"
 
 
 @dataclass(frozen=True)
@@ -143,12 +145,13 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             with trace.step("propose"):
                 proposal = await proposer.propose(ctx)
             drafted = proposal.tokens[: rnd.k]
+            own = len(drafted)  # the proposer's own tokens in `drafted` (the rest: grammar-forced)
             masks = None
             if matcher is not None:  # drafted tokens the grammar forbids cannot commit: cut them
                 keep_invalid = not ctx.sampling.params.greedy and proposal.probs is not None
-                masks = matcher.round_masks(drafted, keep_first_invalid=keep_invalid)
-                drafted = drafted[: masks.keep]
-            rnd.source = (proposal.source or proposer.name) if drafted else ""
+                masks = matcher.round_masks(drafted, keep_first_invalid=keep_invalid, k=rnd.k)
+                drafted, own = masks.proposal(drafted), masks.keep
+            rnd.source = ((proposal.source or proposer.name) if own else GRAMMAR) if drafted else ""
             tally.draft_calls += proposal.call is not None
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
@@ -162,12 +165,13 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             # 3. Verify.
             with trace.step("verify"):
                 p = None if ctx.sampling.params.greedy else decode_probs(reply.response.probs)
-                verdict = _verify(ctx, drafted, proposal, reply.response, p)
+                verdict = _verify(ctx, drafted, _draft_q(proposal, own, masks, p), reply.response, p)
             tally.add_verdict(len(drafted), verdict)
             rnd.drafted, rnd.accepted = len(drafted), verdict.accepted
+            own_accepted = min(verdict.accepted, own)  # what the proposer itself got right
             if adaptive is not None and proposer.proposes:
-                adaptive.observe(len(drafted), verdict.accepted)
-            proposer.observe(len(drafted), verdict.accepted)
+                adaptive.observe(own, own_accepted)
+            proposer.observe(own, own_accepted)
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
             kept, finish = clip_to_stop(verdict.tokens, eos_ids=config.eos_ids, remaining=remaining)
@@ -180,7 +184,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
             session.target.cached, draft_keep = keep_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
-                draft_held=proposal.cache_length, n_committed=len(kept),
+                # The draft's own cache holds its tokens, not grammar-forced ones after them.
+                draft_held=min(proposal.cache_length, len(tokens) + own) if own < len(drafted)
+                else proposal.cache_length, n_committed=len(kept),
             )
             proposer.crop(draft_keep)
             for token in kept:
@@ -253,12 +259,24 @@ async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], 
     return reply
 
 
-def _verify(ctx: DraftContext, drafted: list[int], proposal: Proposal,
+def _draft_q(proposal: Proposal, own: int, masks: RoundMasks | None,
+             p: torch.Tensor | None) -> torch.Tensor | None:
+    """q of the scored drafts: the proposer's rows, then one-hot rows for grammar-forced tokens."""
+    if p is None or proposal.probs is None:
+        return None  # greedy, or a deterministic proposal: one-hot q throughout
+    q = proposal.probs[:own]
+    if masks is not None and masks.forced:
+        onehot = torch.zeros(len(masks.forced), q.shape[-1], dtype=q.dtype)
+        onehot[torch.arange(len(masks.forced)), torch.tensor(masks.forced)] = 1.0
+        q = torch.cat([q, onehot])
+    return q
+
+
+def _verify(ctx: DraftContext, drafted: list[int], q: torch.Tensor | None,
             response: model_pb2.ScoreResponse, p: torch.Tensor | None) -> Verdict:
     """Step 3: greedy on the target's argmax ids, else exact rejection sampling on p and q."""
     if ctx.sampling.params.greedy:
         return verify_greedy(drafted, list(response.argmax_ids))
-    q = proposal.probs[: len(drafted)] if proposal.probs is not None else None  # [n, vocab]
     return verify_sampled(drafted, q, p, seed=ctx.seed, position=len(ctx.tokens))
 
 
