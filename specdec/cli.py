@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         from specdec.credentials import main as secrets_main
 
         return secrets_main(argv[1:])
-    if argv[:1] == ["distill"]:  # its own parser: python -m specdec.distill
-        from specdec.distill.cli import main as distill_main
+    if argv[:1] == ["distill"]:  # its own parser: python -m distill
+        from distill.cli import main as distill_main
 
         return distill_main(argv[1:])
     if argv[:1] == ["trace"]:  # its own parser: python -m specdec.tracing.plot

@@ -1,4 +1,4 @@
-"""specdec.distill in-process: prompt set, reduced-vocabulary head, draft folder, training helps."""
+"""distill in-process: prompt set, reduced-vocabulary head, draft folder, training helps."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.core.sampling import SamplingParams, probs_from_logits
-from specdec.distill import data, evaluate, heldout, prompts, train
+from distill import data, evaluate, heldout, prompts, train
 from engine import drafts
 
 
@@ -246,7 +246,7 @@ def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tm
     """data -> train -> eval through the CLI: both held-out sets reported; --draft leaves its folder alone."""
     import shutil
 
-    from specdec.distill import cli
+    from distill import cli
 
     v2 = tmp_path / "v2.jsonl"
     v2.write_text("".join(p.to_json() + "\n" for p in heldout.build()[::11]), encoding="utf-8")
@@ -277,7 +277,7 @@ def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tm
     assert again["draft"]["by_set"]["heldout_v2"]["agreement"] == by_set["heldout_v2"]["agreement"]
     assert (other / "specdec-draft.json").read_text() == before
     # The card shows both sets and the side-by-side with the other draft.
-    from specdec.distill import card
+    from distill import card
 
     page = card.render(run, "d", "licence", run / "eval-other.json", "old draft")
     assert "separate held-out v2 (hand-written)" in page and "old draft: agreement" in page

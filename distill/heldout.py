@@ -11,8 +11,8 @@ writing and math. Its purpose is to measure how a draft holds up on prompts
 unlike the ones it was built from. It is not the benchmark suite
 (benchmarks/prompts/suite-v1.jsonl), which stays unseen by the distillation.
 
-Written to specdec/data/distill_heldout_v2.jsonl by
-`python -m specdec.distill.prompts` (with the prompt set); the data stage
+Written to distill/prompt_sets/distill_heldout_v2.jsonl by
+`python -m distill.prompts` (with the prompt set); the data stage
 generates the target's responses to it (`--heldout-file`), the eval stage
 reports agreement on it next to the templated held-out set.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.distill.prompts import DATA_DIR, Messages, Prompt, load, write_jsonl
+from distill.prompts import DATA_DIR, Messages, Prompt, load, write_jsonl
 
 HELDOUT_V2_FILE = DATA_DIR / "distill_heldout_v2.jsonl"
 

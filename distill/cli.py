@@ -1,10 +1,10 @@
-"""python -m specdec.distill [data|train|eval|all] --target ... --out DIR
+"""python -m distill [data|train|eval|all] --target ... --out DIR
 
 Stages (each resumable, each reads what the previous one wrote under --out):
   prompts  (not part of `all`; run once, output checked in) the target writes
          self-instruct requests and answers a selection of them
-         -> specdec/data/distill_generated.jsonl, then rebuilds the prompt set
-         specdec/data/distill_prompts.jsonl from it
+         -> distill/prompt_sets/distill_generated.jsonl, then rebuilds the prompt set
+         distill/prompt_sets/distill_prompts.jsonl from it
   data   target greedy responses + top-k log-probs for the training prompts
          (in --gen-dtype) and both held-out sets (in float32, the dtype the
          target is served in, so held-out labels are its true greedy tokens):
@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from specdec.distill.heldout import HELDOUT_V2_FILE
+from distill.heldout import HELDOUT_V2_FILE
 
-log = logging.getLogger("specdec.distill")
+log = logging.getLogger("distill")
 STAGES = ("prompts", "data", "train", "eval", "all")
 
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="templated held-out prompts, from the prompt file (default %(default)s)")
     p.add_argument("--heldout-file", default=str(HELDOUT_V2_FILE),
                    help="JSONL of the separately built held-out set, evaluated next to the templated one; "
-                        "'' = none (default: the shipped specdec/data/distill_heldout_v2.jsonl)")
+                        "'' = none (default: the shipped distill/prompt_sets/distill_heldout_v2.jsonl)")
     p.add_argument("--draft", type=Path, default=None,
                    help="eval stage: evaluate this draft folder instead of OUT/draft, without touching its "
                         "manifest (results in OUT/eval-NAME.json)")
@@ -116,7 +116,7 @@ def load_target(args: argparse.Namespace, dtype: str) -> Any:
 
 def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
     """The model step of the prompt set (self-instruct requests and answers), in the generation dtype."""
-    from specdec.distill import selfinstruct
+    from distill import selfinstruct
 
     summary = selfinstruct.run(load_target(args, args.gen_dtype), batch_size=args.gen_batch)
     log.info("prompt set rebuilt: %s", summary)
@@ -126,7 +126,7 @@ def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
 def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
                  deadline: float | None = None) -> dict[str, Any]:
     """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
-    from specdec.distill import data
+    from distill import data
 
     config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
                             shard_prompts=args.shard_prompts)
@@ -144,13 +144,13 @@ def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
 
 def heldout_v2_prompts(args: argparse.Namespace) -> list:
     """The separately built held-out set of --heldout-file (empty when disabled)."""
-    from specdec.distill import heldout
+    from distill import heldout
 
     return heldout.load_v2(Path(args.heldout_file)) if args.heldout_file else []
 
 
 def stage_data(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import prompts
+    from distill import prompts
 
     prompt_set = prompts.load(args.prompt_file) if args.prompt_file else prompts.load()
     train_prompts, heldout_prompts = prompts.split(prompt_set, args.prompts or None, args.heldout)
@@ -176,7 +176,7 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
 
 def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dict[str, int]:
     """Training prompts that made it into the data (the budget may cut the file short), per route/category."""
-    from specdec.distill import data
+    from distill import data
 
     counts: dict[str, int] = {}
     for record in data.load_records(args.out / "data" / "train"):
@@ -186,7 +186,7 @@ def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dic
 
 
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, train
+    from distill import data, train
     from engine import drafts
 
     records = data.load_records(args.out / "data" / "train")
@@ -224,7 +224,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
             "init": init,
             "data": {k: info[k] for k in ("train", "heldout", "heldout_v2", "heldout_file", "max_new_tokens",
                                           "top_k") if k in info},
-            "prompts": "specdec/data/distill_prompts.jsonl" if args.prompt_file is None else str(args.prompt_file),
+            "prompts": "distill/prompt_sets/distill_prompts.jsonl" if args.prompt_file is None else str(args.prompt_file),
             "train": {**{k: v for k, v in config.__dict__.items()}, "epochs": summary["epochs"],
                       "seconds": summary["seconds"], "final": summary["history"][-1] if summary["history"] else {}},
         },
@@ -254,7 +254,7 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
 
     Timed on untrained drafts of the same shape (cost does not depend on the weights).
     """
-    from specdec.distill import evaluate
+    from distill import evaluate
     from engine import drafts
 
     out: dict[str, Any] = {}
@@ -272,7 +272,7 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
 
 def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Held-out records per set: the templated one, and the separate one (generated here if missing)."""
-    from specdec.distill import data
+    from distill import data
 
     sets = {"heldout": data.load_records(args.out / "data" / "heldout")}
     if args.heldout_file:
@@ -286,7 +286,7 @@ def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]
 def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]], target_model: Any,
                    context: list[int]) -> dict[str, Any]:
     """Quality on every held-out set (the templated one at top level, as before), cost, speed-ups."""
-    from specdec.distill import evaluate
+    from distill import evaluate
 
     cost = evaluate.cost(model, target_model, context)
     by_set = {}
@@ -299,7 +299,7 @@ def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]],
 
 
 def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, evaluate
+    from distill import data, evaluate
     from engine import drafts
     from engine import loader
 
