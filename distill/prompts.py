@@ -18,7 +18,7 @@ The new routes are interleaved with the templated training prompts (half of
 every prefix of the file until they run out), so a data stage cut short by its
 time budget still sees them in proportion.
 
-Regenerate with `python -m distill.prompts` (the test suite checks
+Regenerate with `python -m distill.heldout` (the test suite checks
 that the file matches this module).
 """
 from __future__ import annotations
@@ -600,15 +600,3 @@ def split(prompts: list[Prompt], n_train: int | None, n_heldout: int | None) -> 
     train = [p for p in prompts if not p.heldout]
     heldout = [p for p in prompts if p.heldout]
     return train[:n_train], heldout[:n_heldout]
-
-
-def main() -> None:
-    """Rewrite the shipped prompt set and the separately built held-out set from their modules."""
-    from distill import heldout
-
-    print(f"wrote {write()} prompts to {PROMPTS_FILE}")
-    print(f"wrote {heldout.write()} held-out prompts to {heldout.HELDOUT_V2_FILE}")
-
-
-if __name__ == "__main__":
-    main()

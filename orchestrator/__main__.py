@@ -20,23 +20,29 @@ import sys
 import time
 from functools import partial
 
+from typing import TYPE_CHECKING
+
+# The bootstrap imports no torch and no model hosting: the loop's modules (torch, through
+# the core's sampling) load in build_config, after the flags are parsed.
 from orchestrator.capacity import CapacityPolicy, TargetAdmission
 from orchestrator.costs import CostBook
 from orchestrator.deadlines import DeadlinePolicy
+from orchestrator.kinds import GUESS, KINDS
 from orchestrator.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.routing import Router
-from orchestrator.servicer import OrchestratorServicer
-from orchestrator.spec import GUESS, KINDS, LoopConfig
 from orchestrator.text import load_tokenizer
-from engine.loader import tokenizer_fingerprint
-from specdec.hosting.server import (
+from specdec.core.fingerprint import tokenizer_fingerprint
+from specdec.server import (
     add_server_args, configure_logging, env_default, env_flag, options_from_args, serve,
 )
 from specdec.limits import add_admission_args, admission_from_args
 from specdec.security import add_service_client_args, service_client_from_args
 from specdec.store import SESSION_TTL_S, ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
+
+if TYPE_CHECKING:
+    from orchestrator.spec import LoopConfig
 
 log = logging.getLogger("orchestrator")
 DEFAULT_PORT = 50050
@@ -169,6 +175,8 @@ def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHe
 
 async def build_config(args: argparse.Namespace) -> LoopConfig:
     """Load the tokenizer, reach Redis and the services, check they all agree."""
+    from orchestrator.spec import LoopConfig
+
     tokenizer, folder = load_tokenizer(args.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
     client = connect(args.redis_url)
@@ -257,6 +265,8 @@ async def _first_info(router: Router, role: str, timeout_s: float):
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    from orchestrator.servicer import OrchestratorServicer
+
     config = await build_config(args)
     limits = admission_from_args(args)
     servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)

@@ -28,7 +28,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from orchestrator.proposers import DraftContext, Proposal, Proposer, open_proposer
+from orchestrator.proposer_factory import open_proposer
+from orchestrator.proposers import DraftContext, Proposal, Proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
 from orchestrator.sessions import Session, open_session
 from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling

@@ -8,7 +8,7 @@ here, around a bytes-in/bytes-out channel call, so the encode and decode can
 be timed per call without copying the payload again. A cache-miss status
 becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
 service, one that cancelled the call, or a draining one (UNAVAILABLE
-"draining: ...", specdec.hosting.drain) becomes `ServiceDown`.
+"draining: ...", specdec.drain) becomes `ServiceDown`.
 
 Chunked prefill: a Score or Propose carrying more tokens than the replica's
 per-request limit (GetInfo max_request_tokens, asked once per replica) is
@@ -36,23 +36,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from orchestrator.batching import CallBatcher, frame
-from orchestrator.outliers import SESSION_MOVES
+from orchestrator.outliers import SESSION_MOVES, ReplicaHealth
 from specdec import tracing
 from specdec.core.fingerprint import EMPTY, extend
 from specdec.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
 from specdec.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
 
-if TYPE_CHECKING:
-    from orchestrator.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +337,16 @@ class Reply:
     deadline_misses: int = 0
 
 
+class ReplicaPicker(Protocol):
+    """What a session's replica needs of the router (orchestrator.routing.Router implements it):
+    its replicas' health and the pick of another replica."""
+
+    health: ReplicaHealth
+
+    async def pick(self, role: str, preferred: str = "", exclude: Collection[str] = (), *,
+                   healthy: bool = False, room: Callable[[str], bool] | None = None) -> ModelClient | None: ...
+
+
 class SessionReplica:
     """Where one session's KV lives on one role: the replica, and the committed tokens it holds.
 
@@ -346,7 +354,7 @@ class SessionReplica:
     round (absolute, so a retried request is idempotent).
     """
 
-    def __init__(self, router: Router, role: str, session_id: str, client: ModelClient, cached: int = 0) -> None:
+    def __init__(self, router: ReplicaPicker, role: str, session_id: str, client: ModelClient, cached: int = 0) -> None:
         self.router, self.role, self.session_id = router, role, session_id
         self.client = client
         self.cached = cached
@@ -382,7 +390,7 @@ class SessionReplica:
         deadline. A down replica is replaced by another live one (which
         holds nothing: resent from 0); with none left the call waits for one to
         come back, up to `wait_s`, then raises ServiceDown. A draining replica
-        (specdec.hosting.drain) counts as down. On the draft, any other status
+        (specdec.drain) counts as down. On the draft, any other status
         that is not the request's own fault (RESOURCE_EXHAUSTED, INTERNAL,
         UNKNOWN, ...) moves the session too, and is raised (as UpstreamError)
         once no other replica is left; a missed deadline raises DeadlineMissed.
@@ -485,7 +493,7 @@ class SessionReplica:
 
 
 async def place(
-    router: Router, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0,
+    router: ReplicaPicker, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0,
     room: Callable[[str], bool] | None = None,
 ) -> SessionReplica | None:
     """Route a session on `role`: to `preferred` (holding `held` of its tokens) while usable, else elsewhere from 0.

@@ -56,6 +56,10 @@ class RoundTally(Costs):
     pre_draft_discarded: bool = False  # parallel: a pre-draft was discarded, drafted anew
     source: str = ""  # what proposed the round's drafts ("draft", "lookup", "guess"; "" = none)
 
+    def as_dict(self) -> dict[str, int | float | bool | str]:
+        """Every field by name: the Stats.Round message's fields, and the round span's attributes."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def add_proposal(self, proposal) -> None:
         """Book the round's proposal: its draft call, or the pre-draft it used (parallel mode).
 
@@ -131,6 +135,12 @@ class Tally(Costs):
     _redis_before: float = field(default=0.0, repr=False)
 
     @property
+    def round_started(self) -> float:
+        """When the open round started (perf_counter seconds): the request's start, then the last
+        close_round. A round's spans (specdec.tracing) start and end on these readings."""
+        return self._round_start or self.started
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
@@ -172,7 +182,7 @@ class Tally(Costs):
     def close_round(self, r: RoundTally) -> None:
         """End a round once its chunk is on the stream (the next starts now); totals are sums over rounds."""
         now = time.perf_counter()
-        r.total_ms = (now - (self._round_start or self.started)) * 1e3
+        r.total_ms = (now - self.round_started) * 1e3
         r.redis_ms = self.redis_ms - self._redis_before
         r.orchestrator_ms = max(0.0, r.total_ms - r.draft_ms - r.target_ms
                                 - r.serialize_ms - r.network_ms - r.redis_ms)
@@ -202,13 +212,7 @@ class Timer:
         tracing.interval("redis wait" if self.attr == "redis_ms" else self.attr, self.start, end)
 
 
-_ROUND_FIELDS: tuple[str, ...] = ()
-
-
 def stats_to_proto(t: Tally) -> pb.Stats:
     """The final Stats: every proto field read by name from the Tally, rounds field for field."""
-    global _ROUND_FIELDS
-    if not _ROUND_FIELDS:
-        _ROUND_FIELDS = tuple(f.name for f in fields(RoundTally))
     values = {name: getattr(t, name) for name in pb.Stats.DESCRIPTOR.fields_by_name if name != "rounds"}
-    return pb.Stats(**values, rounds=[pb.Round(**{n: getattr(r, n) for n in _ROUND_FIELDS}) for r in t.rounds])
+    return pb.Stats(**values, rounds=[pb.Round(**r.as_dict()) for r in t.rounds])

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from engine.host import ModelHost
-from specdec.hosting.server import OnServing, ServerOptions
+from specdec.server import OnServing, ServerOptions
 
 log = logging.getLogger(__name__)
 

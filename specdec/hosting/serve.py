@@ -16,10 +16,10 @@ import torch
 
 from engine import loader
 from specdec.hosting import hooks
-from specdec.hosting.drain import Drain
+from specdec.drain import Drain
 from engine.host import HostLimits, ModelHost
 from specdec.hosting.role import Role
-from specdec.hosting.server import add_server_args, configure_logging, env_default, env_flag, options_from_args, run_server
+from specdec.server import add_server_args, configure_logging, env_default, env_flag, options_from_args, run_server
 from specdec.limits import model_message_caps
 
 log = logging.getLogger(__name__)

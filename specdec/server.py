@@ -12,7 +12,7 @@ It adds the error-mapping interceptor, grpc.health.v1 (SERVING once `serve`
 runs, i.e. after the caller loaded its model; NOT_SERVING while draining),
 server reflection, a Prometheus HTTP endpoint (--metrics-port), and a graceful
 SIGTERM/SIGINT: health NOT_SERVING, the on_serving cleanup (deregistration)
-at once, then -- with a `drain` (specdec.hosting.drain, the model services) --
+at once, then -- with a `drain` (specdec.drain, the model services) --
 new calls refused as "draining" while in-flight ones finish and live sessions
 move away, all within the drain deadline (--grace seconds); exit 0.
 """
@@ -37,7 +37,7 @@ from prometheus_client import Counter
 from specdec import tracing
 from specdec.errors import ErrorInterceptor
 from specdec.security import ServerSecurity, add_security_args, security_from_args
-from specdec.hosting.drain import Drain
+from specdec.drain import Drain
 from specdec.procs import watch_parent
 
 log = logging.getLogger(__name__)
@@ -172,11 +172,13 @@ async def serve(
         interceptors = [*interceptors, drain.interceptor()]
     options.security.check_bind(options.host)
     # service.name: specdec-target, specdec-draft, specdec-orchestrator
-    tracing.configure(options.trace_file, "specdec-" + service_names[0].rsplit(".", 1)[-1]
-                      .removesuffix("Service").lower())
+    if tracing.configure(options.trace_file, "specdec-" + service_names[0].rsplit(".", 1)[-1]
+                         .removesuffix("Service").lower()):
+        from specdec.tracing.grpc_server import TracingInterceptor  # the OpenTelemetry API: only when on
+
+        interceptors = [*interceptors, TracingInterceptor(options.public_address)]
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors,
-                      *tracing.server_interceptors(options.public_address)],
+        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
         options=[("grpc.max_send_message_length", options.max_send_bytes),
                  ("grpc.max_receive_message_length", options.max_receive_bytes)],
     )
