@@ -2,7 +2,7 @@
 
 Everything in the card is read from the run folder (data/info.json, the draft
 manifest, eval.json, and with --baseline another draft's eval-NAME.json from
-`python -m distill eval --draft DIR --out OUT`), so the numbers are the
+`python -m distill eval --draft-model DIR --out OUT`), so the numbers are the
 measured ones.
 """
 from __future__ import annotations
@@ -223,8 +223,8 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         "## Reproduce",
         "```",
         "python -m distill prompts --out OUT   # optional: the checked-in self-instruct step",
-        f"python -m distill all --target default --out OUT --threads {result['threads']}",
-        "python -m distill eval --out OUT --draft PREVIOUS_DRAFT   # the side-by-side",
+        f"python -m distill all --target-model default --out OUT --threads {result['threads']}",
+        "python -m distill eval --out OUT --draft-model PREVIOUS_DRAFT   # the side-by-side",
         "python -m distill.card OUT --baseline OUT/eval-NAME.json > docs/draft-card.md   # this page",
         "```",
     ]

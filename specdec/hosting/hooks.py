@@ -52,7 +52,7 @@ def registration(host: ModelHost, options: ServerOptions, role: str) -> OnServin
 
 
 def sweeper(host: ModelHost) -> OnServing:
-    """Free sessions idle beyond --session-ttl."""
+    """Free sessions idle beyond --kv-idle-ttl."""
 
     async def on_serving(address: str) -> Callable[[], Awaitable[None]]:
         period = max(0.5, min(host.limits.session_ttl_s / 4, 30.0))

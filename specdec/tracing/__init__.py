@@ -54,18 +54,6 @@ _metadata: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("specde
 ROLE_SERVICE = {"target": "TargetService", "draft": "DraftService"}
 
 
-def env_trace_file() -> str:
-    return os.environ.get("SPECDEC_TRACE_FILE", "")
-
-
-def add_args(group) -> None:
-    """--trace-file on an argparse group (every specdec server and the gateway)."""
-    group.add_argument("--trace-file", default=env_trace_file(),
-                       help="append OpenTelemetry spans to this JSON-lines file (one span per "
-                            "line); OTLP export instead: OTEL_TRACES_EXPORTER=otlp and "
-                            "OTEL_EXPORTER_OTLP_ENDPOINT; default off [SPECDEC_TRACE_FILE]")
-
-
 def wanted(trace_file: str | None) -> bool:
     """Whether tracing is asked for: a trace file, or OTEL_TRACES_EXPORTER naming an exporter."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":

@@ -243,7 +243,7 @@ def test_vocabulary_subset_is_the_most_frequent_response_tokens() -> None:
 
 
 def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tmp_path: Path) -> None:
-    """data -> train -> eval through the CLI: both held-out sets reported; --draft leaves its folder alone."""
+    """data -> train -> eval through the CLI: both held-out sets reported; --draft-model leaves its folder alone."""
     import shutil
 
     from distill import cli
@@ -251,7 +251,7 @@ def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tm
     v2 = tmp_path / "v2.jsonl"
     v2.write_text("".join(p.to_json() + "\n" for p in heldout.build()[::11]), encoding="utf-8")
     run = tmp_path / "run"
-    common = ["--target", str(deep_target), "--out", str(run), "--threads", "1", "--heldout-file", str(v2),
+    common = ["--target-model", str(deep_target), "--out", str(run), "--threads", "1", "--heldout-file", str(v2),
               "--max-new-tokens", "8", "--top-k", "4", "--vocab", "0", "--layers", "1"]
     assert cli.main(["data", "--prompts", "24", "--heldout", "4", "--gen-batch", "16", "--shard-prompts", "12",
                      *common]) == 0
@@ -272,7 +272,7 @@ def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tm
     # Another draft folder on the same held-out data: same numbers, its manifest untouched.
     other = Path(shutil.copytree(run / "draft", tmp_path / "other"))
     before = (other / "specdec-draft.json").read_text()
-    assert cli.main(["eval", "--draft", str(other), *common]) == 0
+    assert cli.main(["eval", "--draft-model", str(other), *common]) == 0
     again = json.loads((run / "eval-other.json").read_text())
     assert again["draft"]["by_set"]["heldout_v2"]["agreement"] == by_set["heldout_v2"]["agreement"]
     assert (other / "specdec-draft.json").read_text() == before
