@@ -15,29 +15,11 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
+from orchestrator.costs import Costs
 from orchestrator.remote import Call
 from specdec import tracing
 from specdec.core.verify import Verdict
 from specdec.v1 import orchestrator_pb2 as pb
-
-
-@dataclass
-class Costs:
-    """Where time and bytes went: the fields a round and a whole generation share
-    (Stats and Stats.Round carry them under the same names)."""
-
-    total_ms: float = 0.0
-    draft_ms: float = 0.0  # draft service compute (server-side), on the critical path
-    target_ms: float = 0.0  # target service compute (server-side)
-    serialize_ms: float = 0.0
-    network_ms: float = 0.0
-    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
-    redis_ms: float = 0.0  # waited on Redis (not hidden behind RPCs)
-    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    cache_misses: int = 0
-    deadline_misses: int = 0  # model-service calls that missed their learned deadline
 
 
 @dataclass
