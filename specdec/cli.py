@@ -431,9 +431,15 @@ def main(argv: list[str] | None = None) -> int:
         from specdec.credentials import main as secrets_main
 
         return secrets_main(argv[1:])
-    if argv[:1] == ["distill"]:  # its own parser: python -m distill
-        from distill.cli import main as distill_main
-
+    if argv[:1] == ["distill"]:  # its own parser: python -m distill (training, not in every install)
+        try:
+            from distill.cli import main as distill_main
+        except ModuleNotFoundError as exc:
+            if exc.name != "distill":
+                raise
+            print("specdec distill: this install has no training package (distill/); run it from a "
+                  "source checkout (pip install -e .)", file=sys.stderr)
+            return 2
         return distill_main(argv[1:])
     if argv[:1] == ["trace"]:  # its own parser: python -m specdec.tracing.plot
         from specdec.tracing.plot import main as trace_main

@@ -71,7 +71,7 @@ class Flag:
     default_doc: str = ""
     metavar: str | None = None
     nargs: str | None = None  # POSITIONAL only: "?" makes it optional
-    aliases: tuple[str, ...] = ()  # deprecated flag names (without dashes)
+    aliases: tuple[str, ...] = ()  # deprecated flag names (without dashes; not for switches)
     env_aliases: tuple[str, ...] = ()  # deprecated environment names (full)
 
     @property
@@ -182,9 +182,6 @@ class Group:
     title: str
     flags: tuple[Flag, ...]
     description: str | None = None
-
-    def without(self, *names: str) -> Group:
-        return replace(self, flags=tuple(f for f in self.flags if f.name not in names))
 
     def with_defaults(self, **defaults: Any) -> Group:
         """The same group with other defaults (by dest name), e.g. a process's own port."""

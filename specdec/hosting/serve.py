@@ -52,7 +52,8 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     args = build_parser(role).parse_args(argv)
     options = options_from_args(args)
     configure_logging(options.log_level)
-    torch.set_num_threads(max(1, int(args.threads or os.cpu_count() or 1)))
+    threads = (os.cpu_count() or 1) if args.threads is None else int(args.threads)
+    torch.set_num_threads(max(1, threads))
     model, num_layers = role.model_defaults(args.model, args.num_layers)
     try:
         loaded = loader.load(model, device=args.device, dtype=args.dtype,

@@ -159,3 +159,22 @@ def test_no_environment_name_means_two_things(processes) -> None:
     assert owners["SPECDEC_KV_IDLE_TTL"] in ("Target service", "Draft service")
     client_cert = [t for t, _, s in processes for f in s.flags if f.name == "tls-cert"]
     assert client_cert and all("service" in t or t == "Orchestrator" for t in client_cert), client_cert
+
+
+def test_the_old_names_keep_their_meaning_on_each_process(monkeypatch) -> None:
+    from gateway.__main__ import parse_args as gateway_args
+    from orchestrator.__main__ import parse_args as orchestrator_args
+    from specdec.hosting.settings import service_settings
+    from target_service.role import ROLE
+
+    monkeypatch.delenv("SPECDEC_SESSION_TTL", raising=False)
+    with pytest.warns(FutureWarning, match="--session-ttl is deprecated; use --record-ttl"):
+        assert orchestrator_args(["--session-ttl", "7"]).record_ttl == 7
+    with pytest.warns(FutureWarning, match="SPECDEC_SESSION_TTL is deprecated; use SPECDEC_KV_IDLE_TTL"):
+        assert service_settings(ROLE).parser({"SPECDEC_SESSION_TTL": "9"}).parse_args([]).kv_idle_ttl == 9
+    with pytest.warns(FutureWarning, match="--tls-cert is deprecated; use --client-cert"):
+        assert gateway_args(["--tls-cert", "c.pem"]).client_cert == "c.pem"
+    with pytest.warns(FutureWarning, match="SPECDEC_GATEWAY_PORT is deprecated; use SPECDEC_PORT"):
+        monkeypatch.delenv("SPECDEC_PORT", raising=False)
+        monkeypatch.setenv("SPECDEC_GATEWAY_PORT", "8123")
+        assert gateway_args([]).port == 8123
