@@ -151,7 +151,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             finish = STOP if hit else finish
             if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
-            session.target.cached, draft_keep = keep_lengths(
+            session.target.held, draft_keep = keep_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
                 draft_held=proposal.cache_length, n_committed=len(kept),
             )

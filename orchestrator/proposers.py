@@ -196,9 +196,9 @@ class DraftServiceProposer:
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         if self.replica is None or ctx.k == 0:  # nothing asked: the draft's cache is untouched
-            return Proposal(tokens=[], cache_length=self.replica.cached if self.replica else 0)
+            return Proposal(tokens=[], cache_length=self.replica.held if self.replica else 0)
         if not self.strict and not await self.replica.ready():
-            return Proposal(tokens=[], cache_length=self.replica.cached)  # ejected: sit this round out
+            return Proposal(tokens=[], cache_length=self.replica.held)  # ejected: sit this round out
 
         def send(client: ModelClient, position: int):
             return client.propose(model_pb2.ProposeRequest(
@@ -213,7 +213,7 @@ class DraftServiceProposer:
             if isinstance(exc, DeadlineMissed) and not self.strict:
                 log.info("session %s: %s (%s); this round goes on without the draft",
                          ctx.session_id, exc, exc.detail)
-                return Proposal(tokens=[], cache_length=self.replica.cached, deadline_misses=1)
+                return Proposal(tokens=[], cache_length=self.replica.held, deadline_misses=1)
             reason = "unavailable" if isinstance(exc, ServiceDown) else "failed"
             if self.strict:
                 raise Unavailable(f"draft service {reason} and strict is set: {exc}") from None
@@ -237,7 +237,7 @@ class DraftServiceProposer:
 
     def crop(self, length: int) -> None:
         if self.replica is not None:
-            self.replica.cached = length
+            self.replica.held = length
 
     def close(self) -> None:
         pass

@@ -350,14 +350,17 @@ class ReplicaPicker(Protocol):
 class SessionReplica:
     """Where one session's KV lives on one role: the replica, and the committed tokens it holds.
 
-    `cached` is the caller's bookkeeping: set it to the kept length after each
-    round (absolute, so a retried request is idempotent).
+    `held` is the caller's bookkeeping: set it to the kept length after each
+    round (absolute, so a retried request is idempotent). One word for one
+    length: the tokens a replica holds are `held` here, a request's
+    cache_position and a reply's cache_length on the wire, and the session
+    record's target_len / draft_len in Redis.
     """
 
-    def __init__(self, router: ReplicaPicker, role: str, session_id: str, client: ModelClient, cached: int = 0) -> None:
+    def __init__(self, router: ReplicaPicker, role: str, session_id: str, client: ModelClient, held: int = 0) -> None:
         self.router, self.role, self.session_id = router, role, session_id
         self.client = client
-        self.cached = cached
+        self.held = held
         self.deadline_misses = 0  # this session's calls on this role that missed their deadline
 
     @property
@@ -382,10 +385,10 @@ class SessionReplica:
         return True
 
     async def call(self, send: Send, committed: int, *, wait_s: float, extra: int = 0) -> Reply:
-        """`send` from the cached length on; resend from 0 on a cache miss; move when the replica is down.
+        """`send` from the held length on; resend from 0 on a cache miss; move when the replica is down.
 
         The service must receive at least one committed token, so the request
-        starts at min(cached, committed - 1); `extra` is the work beyond the
+        starts at min(held, committed - 1); `extra` is the work beyond the
         committed tokens sent (a Score's drafted tokens, a Propose's k), for the
         deadline. A down replica is replaced by another live one (which
         holds nothing: resent from 0); with none left the call waits for one to
@@ -400,7 +403,7 @@ class SessionReplica:
         """
         bound = time.monotonic() + wait_s
         await self.ready()
-        position = min(self.cached, committed - 1)
+        position = min(self.held, committed - 1)
         tried = {self.address}
         misses = self.deadline_misses
         while True:
@@ -429,7 +432,7 @@ class SessionReplica:
                     tried = {self.address}  # a restarted replica may be back: any but this one next
                 else:
                     self.client.leave(self.session_id)
-                    self.client, self.cached, position = other, 0, 0
+                    self.client, self.held, position = other, 0, 0
                     tried.add(other.address)
 
     def _move(self, other: ModelClient, reason: str) -> None:
@@ -437,7 +440,7 @@ class SessionReplica:
         SESSION_MOVES.labels(self.role, reason).inc()
         self.client.leave(self.session_id)  # its batch calls stop counting on this session
         release_in_background(self.session_id, self.client)  # best effort: it may be hung
-        self.client, self.cached = other, 0
+        self.client, self.held = other, 0
 
     async def _attempt(self, send: Send, position: int, size: int, bound: float) -> tuple[Any, Call, int]:
         """One send (and its cache-miss resend) under the replica's learned deadline."""
