@@ -31,6 +31,7 @@ stream (`retries` bounds the attempts). A request is single-turn unless
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -63,6 +64,7 @@ class Chunk:
     token_ids: tuple[int, ...]
     start_index: int = 0  # index of token_ids[0] in the session's tokens (the prompt's come first)
     round: pb.RoundTokens | None = None  # with round_tokens=True: what the round drafted and kept
+    logprobs: tuple[pb.TokenLogprob, ...] = ()  # with logprobs=True: one per token id
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]
     stats: pb.Stats
+    logprobs: tuple[pb.TokenLogprob, ...] = ()  # with logprobs=True: one per token id
 
     @property
     def tokens_per_second(self) -> float:
@@ -96,6 +99,12 @@ def build_request(
     parallel: bool | None = None,
     round_tokens: bool = False,
     max_target_passes: int = 0,
+    json_schema: str | Mapping[str, Any] | None = None,
+    json_object: bool = False,
+    regex: str | None = None,
+    lark: str | None = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
@@ -108,6 +117,10 @@ def build_request(
     round_tokens=True makes every chunk carry its round (`Chunk.round`: drafted
     tokens, accepted count, the extra token's kind, the source); max_target_passes
     stops the turn after that many target passes (finish_reason "passes").
+    Structured output: at most one of json_schema (a dict or its JSON text),
+    json_object, regex or lark; every generated token then follows the grammar.
+    logprobs=True makes every chunk carry its tokens' log-probabilities
+    (`Chunk.logprobs`), with top_logprobs alternatives each (0..20).
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -131,7 +144,28 @@ def build_request(
                      True: pb.SPECULATION_PARALLEL}[parallel],
         round_tokens=round_tokens,
         max_target_passes=max_target_passes,
+        constraint=_constraint(json_schema, json_object, regex, lark),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
+
+
+def _constraint(json_schema, json_object: bool, regex: str | None, lark: str | None) -> pb.Constraint | None:
+    given = [name for name, value in (("json_schema", json_schema), ("json_object", json_object),
+                                      ("regex", regex), ("lark", lark)) if value]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of json_schema, json_object, regex, lark; got {given}")
+    if json_schema is not None and not isinstance(json_schema, str):
+        json_schema = json.dumps(json_schema)
+    if json_schema:
+        return pb.Constraint(json_schema=json_schema)
+    if json_object:
+        return pb.Constraint(json_object=True)
+    if regex:
+        return pb.Constraint(regex=regex)
+    if lark:
+        return pb.Constraint(lark=lark)
+    return None
 
 
 def predict_request(text: str, top_k: int = 0, temperature: float | None = None,
@@ -166,7 +200,7 @@ class _Resume:
         self.session_id = c.session_id or self.session_id
         self.next_index = c.start_index + len(c.token_ids)
         return Chunk(c.text, tuple(c.token_ids), c.start_index,
-                     c.round if c.HasField("round") else None)
+                     c.round if c.HasField("round") else None, tuple(c.logprobs))
 
     def again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
         """The request resuming the stream after `error`, or None when it is not to be retried."""
@@ -270,6 +304,7 @@ def _collect(chunks: Sequence[Chunk], stats: pb.Stats | None) -> Completion:
         text="".join(c.text for c in chunks),
         token_ids=tuple(t for c in chunks for t in c.token_ids),
         stats=stats,
+        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
     )
 
 

@@ -8,18 +8,21 @@ padded to the group's query count and key length, the keys and values of all
 its rows are gathered from the pool in one index_select each, and ONE
 `scaled_dot_product_attention` call with a boolean mask does the rest.
 
-Batch invariance (measured on this CPU, fp32, GQA): SDPA's result for a row
-does not depend on the other rows of its call. It does depend on the padded
-shapes: one-query rows keep their bits for any key length that is a multiple
-of 16 (so their group pads to the longest row, rounded up to 16), while rows
-of several queries keep them only for the same padded key length (so they are
-grouped by a power-of-two key bucket of their own, at least 64), and for query
-paddings that leave no block of one or two queries (the kernel cuts queries in
-blocks of 32 and treats a block of 1 or 2 like a different shape), so a row of
-n queries counts as query_rows(n). A row's group and padded shape therefore depend only
-on its own length and query count, never on its neighbours. The number of
-attention operations per layer is the number of groups (one for a batch of
-decode steps), not the number of sessions.
+Batch invariance (measured on two CPUs, fp32, GQA): SDPA's result for a row
+does not depend on the other rows of its call, but it does depend on the
+padded shapes. One-query rows keep their bits for any key length that is a
+multiple of 16, so their group pads to the longest row, rounded up to 16.
+Rows of several queries keep them only for the same padded key length and
+the same padded query count: on one CPU (Intel, AMX) any query padding that
+leaves no block of one or two queries gave the same bits, on another (AMD
+EPYC, AVX-512) every query padding changed them. So such a row is grouped by
+a power-of-two key bucket of its own (at least 64) AND by a query count of
+its own (`query_rows(n)`: n up to 16 tokens, a Score of k + 1; longer rows,
+prefill chunks, rounded up to a multiple of 32, the kernel's query block). A
+row's group and padded shape therefore depend only on its own length and
+query count, never on its neighbours. The number of attention operations per
+layer is the number of groups (one for a batch of decode steps, one more for
+the Scores of one k), not the number of sessions.
 """
 from __future__ import annotations
 
@@ -41,9 +44,10 @@ QUERY_BLOCK = 32  # SDPA's CPU kernel splits queries in blocks of this (for fewe
 
 
 def query_rows(n: int) -> int:
-    """Queries a row of n > 1 new tokens is padded to: no trailing block of 1 or 2 queries."""
-    tail = n % QUERY_BLOCK
-    return n + 3 - tail if tail in (1, 2) else n
+    """Queries a row of n > 1 new tokens is padded to, a function of n alone (see the module doc)."""
+    if n <= GROUP_BOUNDS[1]:
+        return n
+    return -(-n // QUERY_BLOCK) * QUERY_BLOCK
 
 
 def key_bucket(length: int) -> int:
@@ -91,12 +95,11 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], pad
         at += n
         query_class = next(i for i, bound in enumerate(GROUP_BOUNDS) if n <= bound)
         bucket = 0 if n == 1 else key_bucket(past + n)
-        members.setdefault((query_class, bucket), []).append(r)
+        members.setdefault((query_class, bucket, 1 if n == 1 else query_rows(n)), []).append(r)
     write.extend([0] * (padded_tokens - at))
     groups = []
     bs = pool.block_size
-    for (_, bucket), member in sorted(members.items()):
-        tq = max(rows[r][2] if bucket == 0 else query_rows(rows[r][2]) for r in member)
+    for (_, bucket, tq), member in sorted(members.items()):
         longest = max(rows[r][1] + rows[r][2] for r in member)
         length = bucket or -(-longest // ONE_QUERY_ALIGN) * ONE_QUERY_ALIGN
         size = len(member)

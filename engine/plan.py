@@ -26,6 +26,11 @@ class OutputSpec:
     probs: bool = False  # the sampling distributions of every kept position
     uniforms: tuple[float, ...] = ()  # one draw per kept position from those distributions
     top_prob: bool = False  # the top probability of the plain softmax (a draft's confidence)
+    # Structured output: packed little-endian int32 bitmasks, one row of words per
+    # kept position (bit j of word w allows token 32 w + j); b"" = no mask. The
+    # logits of disallowed tokens become -inf before the argmax and the distributions.
+    allowed: bytes = b""
+    logprobs: int = 0  # top-n log-probabilities per kept position (engine.sampler); 0 = none
 
 
 @dataclass(frozen=True)
@@ -56,3 +61,14 @@ class RowOutput:
     probs: torch.Tensor | None = None  # [keep, vocab] float32 on the CPU (OutputSpec.probs)
     sampled: list[int] | None = None  # OutputSpec.uniforms
     top_prob: list[float] | None = None  # OutputSpec.top_prob
+    logprobs: "RowLogprobs | None" = None  # OutputSpec.logprobs
+
+
+@dataclass(frozen=True)
+class RowLogprobs:
+    """Log-probabilities of a row's kept positions (the distribution: engine.sampler.logprobs)."""
+
+    next_fed: list[float]  # [keep - 1]: of the token fed after each kept position but the last
+    argmax: list[float]  # [keep]: of RowOutput.argmax[i]
+    top_ids: list[list[int]]  # [keep][n], most likely first
+    top_logprobs: list[list[float]]  # [keep][n]

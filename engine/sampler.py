@@ -9,6 +9,12 @@ rows that asked for it. Everything small comes to the host in one transfer, the
 distributions in another (through pinned memory on a GPU), so a forward syncs
 the device once however many rows it holds.
 
+A row with a grammar mask (structured output) has its disallowed logits set to
+-inf first, so its argmax, distributions and log-probabilities are the masked,
+renormalised model's. A row asking for log-probabilities gets them from the
+distribution it samples from, or, greedy, from the plain softmax (the greedy
+distribution itself is one-hot).
+
 Every transform works row by row, so a row's outputs do not depend on who else
 is in the forward.
 """
@@ -18,7 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.plan import RowOutput, RowPlan
+from engine.plan import RowLogprobs, RowOutput, RowPlan
+from specdec.core import masks
 from specdec.core.sampling import SamplingParams, probs_from_logits, sample
 
 
@@ -42,9 +49,11 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
     for row in rows:
         spans.append((at, at + row.keep))
         at += row.keep
+    _apply_masks(rows, spans, logits)
     argmax = logits.argmax(dim=-1)  # [K]
     # 1. Distributions, one call per distinct sampling parameters.
-    wanted = [i for i, row in enumerate(rows) if row.keep and (row.output.probs or row.output.uniforms)]
+    wanted = [i for i, row in enumerate(rows) if row.keep and (
+        row.output.probs or row.output.uniforms or (row.output.logprobs and not row.output.sampling.greedy))]
     by_params: dict[SamplingParams, list[int]] = {}
     for i in wanted:
         by_params.setdefault(rows[i].output.sampling, []).append(i)
@@ -82,6 +91,7 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
                 n = rows[i].keep
                 host_probs[i] = block[at:at + n]
                 at += n
+    logprobs = _logprobs(rows, spans, logits, argmax, probs_of)
     small = [argmax]
     if sampled is not None:
         small.append(sampled.to(argmax.device, torch.long))
@@ -101,5 +111,55 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
             probs=host_probs.get(i) if row.output.probs else None,
             sampled=out_sampled,
             top_prob=out_top,
+            logprobs=logprobs.get(i),
         ))
+    return result
+
+
+def _apply_masks(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor) -> None:
+    """Disallowed tokens' logits -> -inf, in place, for the rows with a grammar mask."""
+    for row, (lo, hi) in zip(rows, spans):
+        if row.output.allowed and hi > lo:
+            words = torch.from_numpy(masks.from_bytes(row.output.allowed, hi - lo).copy())
+            allowed = masks.unpack(words.to(logits.device, non_blocking=True), logits.shape[-1])
+            logits[lo:hi].masked_fill_(~allowed, float("-inf"))
+
+
+def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor,
+              argmax: torch.Tensor, probs_of: dict[int, torch.Tensor]) -> dict[int, RowLogprobs]:
+    """Each asking row's log-probabilities: of the next fed token, of the argmax, and the top n.
+
+    Two transfers for all rows together (floats, then ids).
+    """
+    asking = [i for i, row in enumerate(rows) if row.keep and row.output.logprobs]
+    if not asking:
+        return {}
+    floats, ids = [], []
+    for i in asking:
+        row, (lo, hi) = rows[i], spans[i]
+        keep, n = row.keep, row.output.logprobs
+        if row.output.sampling.greedy:
+            lp = torch.log_softmax(logits[lo:hi].float(), dim=-1)
+        else:
+            lp = torch.log(probs_of[i])  # exactly 0 -> -inf: excluded by truncation or the mask
+        fed = torch.tensor(list(row.tokens[len(row.tokens) - keep + 1:]), dtype=torch.long).to(lp.device)
+        top = torch.topk(lp, min(n, lp.shape[-1]), dim=-1)  # sorted, most likely first
+        floats += [lp[:-1].gather(1, fed.unsqueeze(1)).squeeze(1),
+                   lp.gather(1, argmax[lo:hi].unsqueeze(1)).squeeze(1), top.values.reshape(-1)]
+        ids.append(top.indices.reshape(-1))
+    values = torch.cat(floats).tolist()
+    top_ids = torch.cat(ids).tolist()
+    result, at, at_ids = {}, 0, 0
+    for i in asking:
+        keep, n = rows[i].keep, min(rows[i].output.logprobs, logits.shape[-1])
+        next_fed = values[at:at + keep - 1]
+        at += keep - 1
+        arg = values[at:at + keep]
+        at += keep
+        tv = values[at:at + keep * n]
+        at += keep * n
+        ti = top_ids[at_ids:at_ids + keep * n]
+        at_ids += keep * n
+        result[i] = RowLogprobs(next_fed, arg, [ti[j * n:(j + 1) * n] for j in range(keep)],
+                                [tv[j * n:(j + 1) * n] for j in range(keep)])
     return result

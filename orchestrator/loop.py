@@ -28,6 +28,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import math
+
+import torch
+
+from orchestrator.grammar import RoundMasks
 from orchestrator.proposer_factory import open_proposer
 from orchestrator.proposers import DraftContext, Proposal, Proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
@@ -41,7 +46,8 @@ from specdec.core.kv import keep_lengths
 from specdec.core.speedup import GoodputPolicy
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
-from specdec.v1 import model_pb2
+from specdec.errors import FailedPrecondition
+from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
 
 
@@ -68,6 +74,17 @@ class ChunkEvent:
     start_index: int = 0  # index of token_ids[0] in the session's tokens (prompt included)
     session_id: str = ""  # on the stream's first chunk (what a resume names)
     round: RoundDetail | None = None  # spec.round_tokens only
+    logprobs: list[TokenLogprob] | None = None  # spec.logprobs only: one per token_ids entry
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of a committed token (model.proto Logprobs says which p)."""
+
+    token_id: int
+    logprob: float
+    top_ids: list[int]  # spec.top_logprobs alternatives, most likely first
+    top_logprobs: list[float]
 
 
 async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
@@ -101,6 +118,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     gate = None
     decoder = IncrementalDecoder(config.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
+    # Structured output: the turn's grammar state (orchestrator.grammar), advanced along commits.
+    matcher = config.grammars.matcher(spec.constraint) if spec.constraint is not None else None
+    n_logprobs = max(spec.top_logprobs, 1) if spec.logprobs else 0  # the argmax's comes with the top 1
     finish = None
     sent = 0  # chunks streamed
     try:
@@ -124,20 +144,26 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             with trace.step("propose"):
                 proposal = await proposer.propose(ctx)
             drafted = proposal.tokens[: rnd.k]
+            masks = None
+            if matcher is not None:  # drafted tokens the grammar forbids cannot commit: cut them
+                keep_invalid = not ctx.sampling.params.greedy and proposal.probs is not None
+                masks = matcher.round_masks(drafted, keep_first_invalid=keep_invalid)
+                drafted = drafted[: masks.keep]
             rnd.source = (proposal.source or proposer.name) if drafted else ""
             tally.draft_calls += proposal.call is not None
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
             with trace.step("score"):
-                reply = await _score(session.target, ctx, drafted, config.target_wait_s)
+                reply = await _score(session.target, ctx, drafted, config.target_wait_s, masks, n_logprobs)
             tally.target_passes += 1
             rnd.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
             _observe_costs(config, session.target, proposer, proposal, reply, len(drafted))
 
             # 3. Verify.
             with trace.step("verify"):
-                verdict = _verify(ctx, drafted, proposal, reply.response)
+                p = None if ctx.sampling.params.greedy else decode_probs(reply.response.probs)
+                verdict = _verify(ctx, drafted, proposal, reply.response, p)
             tally.add_verdict(len(drafted), verdict)
             rnd.drafted, rnd.accepted = len(drafted), verdict.accepted
             if adaptive is not None and proposer.proposes:
@@ -149,6 +175,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             skip = max(0, spec.resume_from - len(tokens))  # already streamed before a resume
             text, kept, hit = _detokenize(kept, decoder, holdback, skip)
             finish = STOP if hit else finish
+            if matcher is not None:
+                matcher.commit(kept)
             if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
             session.target.held, draft_keep = keep_lengths(
@@ -171,8 +199,10 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 tally.chunk_sent()
                 detail = RoundDetail(tally.target_passes, rnd.source, drafted, verdict.accepted,
                                      verdict.extra_kind, kept) if spec.round_tokens else None
+                logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)[len(kept) - len(fresh):len(kept)]
+                            if n_logprobs else None)
                 yield ChunkEvent(text=text, token_ids=fresh, start_index=len(tokens) - len(fresh),
-                                 session_id="" if sent else session.id, round=detail)
+                                 session_id="" if sent else session.id, round=detail, logprobs=logprobs)
                 sent += 1
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
             if len(tally.rounds) > 1:  # a chunk gap (the first round is the time to first token)
@@ -199,26 +229,63 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     yield tally
 
 
-async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], wait_s: float) -> Reply:
-    """Step 2: one target pass over the committed tokens it lacks, then the drafted ones."""
+async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], wait_s: float,
+                 masks: RoundMasks | None = None, logprobs: int = 0) -> Reply:
+    """Step 2: one target pass over the committed tokens it lacks, then the drafted ones.
+
+    With a grammar, the masks of the k + 1 scored positions go along; with
+    logprobs, the target returns the log-probabilities of those positions.
+    """
+    allowed = (common_pb2.TokenMasks(rows=len(masks.words), bits=masks.words.astype("<i4").tobytes())
+               if masks is not None else None)
 
     def send(client: ModelClient, position: int):
         return client.score(model_pb2.ScoreRequest(
             session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
             tokens=[*ctx.tokens[position:], *drafted], k=len(drafted),
             sampling=ctx.sampling.message, output_mode=ctx.sampling.output_mode,
+            allowed=allowed, logprobs=logprobs,
         ))
 
-    return await target.call(send, len(ctx.tokens), wait_s=wait_s, extra=len(drafted))
+    reply = await target.call(send, len(ctx.tokens), wait_s=wait_s, extra=len(drafted))
+    if logprobs and not reply.response.HasField("logprobs"):
+        raise FailedPrecondition(f"logprobs: target replica {target.address} does not return "
+                                 "log-probabilities (an older service)")
+    return reply
 
 
 def _verify(ctx: DraftContext, drafted: list[int], proposal: Proposal,
-            response: model_pb2.ScoreResponse) -> Verdict:
+            response: model_pb2.ScoreResponse, p: torch.Tensor | None) -> Verdict:
     """Step 3: greedy on the target's argmax ids, else exact rejection sampling on p and q."""
     if ctx.sampling.params.greedy:
         return verify_greedy(drafted, list(response.argmax_ids))
     q = proposal.probs[: len(drafted)] if proposal.probs is not None else None  # [n, vocab]
-    return verify_sampled(drafted, q, decode_probs(response.probs), seed=ctx.seed, position=len(ctx.tokens))
+    return verify_sampled(drafted, q, p, seed=ctx.seed, position=len(ctx.tokens))
+
+
+def _token_logprobs(verdict: Verdict, response: model_pb2.ScoreResponse, p: torch.Tensor | None,
+                    top: int) -> list[TokenLogprob]:
+    """The log-probability of each of the round's tokens, from the target's own Logprobs.
+
+    Accepted drafts have theirs in Logprobs.drafted. The extra token is the
+    argmax when greedy (Logprobs.argmax); when sampled it was drawn by the
+    verifier from p (or the residual), so it is read from p itself, the very
+    distribution the target's log-probabilities are taken from.
+    """
+    lp = response.logprobs
+    n = lp.top_n
+    out = []
+    for j, token in enumerate(verdict.tokens):
+        if j < verdict.accepted:
+            value = lp.drafted[j]
+        elif p is None:
+            value = lp.argmax[j]
+        else:
+            mass = float(p[j, token])
+            value = math.log(mass) if mass > 0 else float("-inf")
+        out.append(TokenLogprob(token, value, list(lp.top_ids[j * n:j * n + top]),
+                                list(lp.top_logprobs[j * n:j * n + top])))
+    return out
 
 
 def _adaptive_k(policy: GoodputPolicy, config: LoopConfig, target: SessionReplica,

@@ -18,6 +18,7 @@ import grpc
 from orchestrator import check as checking
 from orchestrator import predict as predicting
 from orchestrator import metrics
+from orchestrator.grammar import Constraint
 from orchestrator.loop import ChunkEvent, RoundDetail, generate
 from orchestrator.sessions import forget_session
 from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
@@ -102,9 +103,44 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         resume_from=int(request.resume_from),
         round_tokens=request.round_tokens,
         max_target_passes=int(request.max_target_passes),
+        constraint=_constraint(config, request),
+        logprobs=request.logprobs,
+        top_logprobs=_top_logprobs(request),
         tenant=tenant,
         parallel=_SPECULATION.get(request.speculation, None),
     )
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _constraint(config: LoopConfig, request: pb.GenerateRequest) -> Constraint | None:
+    """GenerateRequest.constraint, compiled once here so a bad grammar fails before the stream."""
+    if not request.HasField("constraint"):
+        return None
+    kind = request.constraint.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument("constraint: set one of json_schema, json_object, regex, lark")
+    value = getattr(request.constraint, kind)
+    if kind == "json_object":
+        if not value:
+            return None  # json_object = false: free text
+        constraint = Constraint(kind)
+    else:
+        if not value:
+            raise InvalidArgument(f"constraint.{kind}: must not be empty")
+        constraint = Constraint(kind, value)
+    config.grammars.matcher(constraint)  # raises INVALID_ARGUMENT naming the field
+    return constraint
+
+
+def _top_logprobs(request: pb.GenerateRequest) -> int:
+    n = int(request.top_logprobs)
+    if n > MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"top_logprobs: {n} is above the limit of {MAX_TOP_LOGPROBS}")
+    if n and not request.logprobs:
+        raise InvalidArgument("top_logprobs: requires logprobs")
+    return n
 
 
 # Request.speculation -> GenerateSpec.parallel (None: the orchestrator's default); an
@@ -138,7 +174,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                 yield pb.GenerateResponse(chunk=pb.Chunk(
                     text=event.text, token_ids=event.token_ids, start_index=event.start_index,
                     session_id=event.session_id,
-                    round=self._round_tokens(event.round) if event.round else None))
+                    round=self._round_tokens(event.round) if event.round else None,
+                    logprobs=[pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_ids=lp.top_ids,
+                                              top_logprobs=lp.top_logprobs) for lp in event.logprobs or ()]))
             else:
                 metrics.observe(event)
                 yield pb.GenerateResponse(stats=stats_to_proto(event))

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from orchestrator.capacity import TargetAdmission
 from orchestrator.costs import CostBook
+from orchestrator.grammar import Constraint, Grammars
 from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE  # noqa: F401 - re-exported
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
@@ -39,6 +40,9 @@ class GenerateSpec:
     resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
     round_tokens: bool = False  # each chunk carries its round's drafted/accepted tokens
     max_target_passes: int = 0  # > 0: finish ("passes") after this many target passes
+    constraint: Constraint | None = None  # structured output: the grammar every token follows
+    logprobs: bool = False  # each chunk carries its tokens' log-probabilities
+    top_logprobs: int = 0  # ... and this many alternatives each (0..20)
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,11 @@ class LoopConfig:
     record_interval_s: float = 0.2
     # Requests without a k draft only where drafting measured faster on the target replica.
     speculation_gate: bool = True
+    vocab_size: int = 0  # the target's (ModelInfo.vocab_size): the width of grammar masks
+    grammars: Grammars | None = None  # built from the tokenizer when None
 
     def __post_init__(self) -> None:
         if self.admission is None:
             self.admission = TargetAdmission(costs=self.costs)
+        if self.grammars is None:
+            self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)

@@ -63,6 +63,12 @@ class CacheMiss(SpecdecError):
         super().__init__(f"{CACHE_MISS_PREFIX} {reason}", detail=detail)
 
 
+class FailedPrecondition(SpecdecError):
+    """The system is not in a state the request needs (and retrying alone will not help)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class NotFound(SpecdecError):
     code = grpc.StatusCode.NOT_FOUND
 

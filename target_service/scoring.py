@@ -9,24 +9,62 @@ rejected ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from prometheus_client import Counter
 
 from engine.host import ModelHost, SessionWork, Work
-from engine.plan import OutputSpec, RowOutput
+from engine.plan import OutputSpec, RowLogprobs, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
+from specdec.core import masks
 from specdec.errors import InvalidArgument
 from specdec.hosting.requests import ModelRequest
 
 TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score forwards")
+
+MAX_LOGPROBS = 20  # ScoreRequest.logprobs (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True)
 class Scores:
     argmax_ids: list[int]  # [k + 1]: entry i is the target's choice after tokens[len - k - 1 + i]
     probs: torch.Tensor | None  # [k + 1, vocab] float32 on the CPU, PROBS mode only
+    logprobs: RowLogprobs | None = None  # ScoreRequest.logprobs > 0 only
+
+
+@dataclass(frozen=True)
+class ScoreExtras:
+    """Score's own optional inputs: a grammar mask per scored position, top-n log-probabilities."""
+
+    allowed: bytes = b""  # packed words, k + 1 rows (specdec.core.masks); b"" = none
+    logprobs: int = 0
+
+
+def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
+    """ScoreRequest.allowed and .logprobs, checked (each error names its field)."""
+    logprobs = int(request.logprobs)
+    if logprobs > MAX_LOGPROBS:
+        raise InvalidArgument(f"logprobs must be at most {MAX_LOGPROBS}, got {logprobs}")
+    if not request.HasField("allowed") or request.allowed.rows == 0:
+        if request.HasField("allowed") and request.allowed.bits:
+            raise InvalidArgument("allowed.bits must be empty when allowed.rows is 0")
+        return ScoreExtras(logprobs=logprobs)
+    rows = int(request.allowed.rows)
+    if rows != k + 1:
+        raise InvalidArgument(f"allowed.rows must be 0 or k + 1 = {k + 1}, got {rows}")
+    words = masks.words_per_row(vocab_size)
+    bits = bytes(request.allowed.bits)
+    if len(bits) != rows * words * 4:
+        raise InvalidArgument(f"allowed.bits must hold rows * ceil(vocab_size / 32) * 4 = "
+                              f"{rows * words * 4} bytes, got {len(bits)}")
+    packed = masks.from_bytes(bits, rows)
+    empty = ~packed.any(axis=1)
+    if empty.any():
+        raise InvalidArgument(f"allowed: row {int(np.argmax(empty))} allows no token")
+    return ScoreExtras(bits, logprobs)
 
 
 def check_score(request: ModelRequest) -> None:
@@ -43,8 +81,9 @@ class ScoreWork(Work[Scores]):
 
     verb = "score"
 
-    def __init__(self, request: ModelRequest):
+    def __init__(self, request: ModelRequest, extras: ScoreExtras = ScoreExtras()):
         self.request = request
+        self.extras = extras
         self.session_id = request.session_id
         self.cache_position = request.cache_position
         self.prefix_hash = request.prefix_hash
@@ -52,10 +91,12 @@ class ScoreWork(Work[Scores]):
 
     def begin(self) -> Step:
         request = self.request
-        return Step(request.tokens, request.k + 1, OutputSpec(request.sampling, probs=request.want_probs))
+        return Step(request.tokens, request.k + 1, OutputSpec(
+            request.sampling, probs=request.want_probs,
+            allowed=self.extras.allowed, logprobs=self.extras.logprobs))
 
     def advance(self, session: CachedSession, out: RowOutput) -> None:
-        self.scores = Scores(out.argmax, out.probs)
+        self.scores = Scores(out.argmax, out.probs, out.logprobs)
         return None
 
     def result(self) -> Scores:

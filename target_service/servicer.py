@@ -5,8 +5,8 @@ from typing import Any
 
 from engine.host import SessionWork
 from specdec.hosting.servicer import ModelServicerBase, fill_response
-from specdec.v1 import model_pb2, model_pb2_grpc
-from target_service.scoring import TOKENS_SCORED, ScoreWork, check_score
+from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
+from target_service.scoring import TOKENS_SCORED, ScoreWork, check_score, decode_extras
 
 
 class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
@@ -15,12 +15,19 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     def prepare(self, request: model_pb2.ScoreRequest) -> ScoreWork:
         req = self.decode(request)
         check_score(req)
-        return ScoreWork(req)
+        return ScoreWork(req, decode_extras(request, req.k, self.host.loaded.vocab_size))
 
     def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float) -> model_pb2.ScoreResponse:
         TOKENS_SCORED.inc(len(request.tokens))
         scores = done.value
-        return fill_response(model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids), done, started, scores.probs)
+        response = model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids)
+        if scores.logprobs is not None:
+            lp = scores.logprobs
+            response.logprobs.CopyFrom(common_pb2.Logprobs(
+                drafted=lp.next_fed, argmax=lp.argmax, top_n=len(lp.top_ids[0]) if lp.top_ids else 0,
+                top_ids=[t for row in lp.top_ids for t in row],
+                top_logprobs=[v for row in lp.top_logprobs for v in row]))
+        return fill_response(response, done, started, scores.probs)
 
     async def Score(self, request: model_pb2.ScoreRequest, context: Any) -> model_pb2.ScoreResponse:
         return await self._single(request)

@@ -24,27 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"a\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x42\x08\n\x06_top_p\"r\n\rDistributions\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\r\n\x05\x64\x65nse\x18\x03 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x04 \x01(\x0c\x12\x0b\n\x03ids\x18\x05 \x01(\x0c\x12\x0e\n\x06values\x18\x06 \x01(\x0c\"\x82\x01\n\x0cServerTiming\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nforward_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_rows\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x10\n\x08\x66orwards\x18\x06 \x01(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\x99\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x16\n\x0e\x63ontext_length\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x17\n\x0fparameter_count\x18\t \x01(\x04\x12\r\n\x05max_k\x18\n \x01(\r\x12\x12\n\nreplica_id\x18\x0b \x01(\t\x12\x1a\n\x12max_request_tokens\x18\x0c \x01(\r\x12\x11\n\tmax_batch\x18\r \x01(\r*X\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12OUTPUT_MODE_TOKENS\x10\x01\x12\x15\n\x11OUTPUT_MODE_PROBS\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"a\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x42\x08\n\x06_top_p\"r\n\rDistributions\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\r\n\x05\x64\x65nse\x18\x03 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x04 \x01(\x0c\x12\x0b\n\x03ids\x18\x05 \x01(\x0c\x12\x0e\n\x06values\x18\x06 \x01(\x0c\"(\n\nTokenMasks\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\"a\n\x08Logprobs\x12\x0f\n\x07\x64rafted\x18\x01 \x03(\x02\x12\x0e\n\x06\x61rgmax\x18\x02 \x03(\x02\x12\r\n\x05top_n\x18\x03 \x01(\r\x12\x0f\n\x07top_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\x82\x01\n\x0cServerTiming\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nforward_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_rows\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x10\n\x08\x66orwards\x18\x06 \x01(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\x99\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x16\n\x0e\x63ontext_length\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x17\n\x0fparameter_count\x18\t \x01(\x04\x12\r\n\x05max_k\x18\n \x01(\r\x12\x12\n\nreplica_id\x18\x0b \x01(\t\x12\x1a\n\x12max_request_tokens\x18\x0c \x01(\r\x12\x11\n\tmax_batch\x18\r \x01(\r*X\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12OUTPUT_MODE_TOKENS\x10\x01\x12\x15\n\x11OUTPUT_MODE_PROBS\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTPUTMODE']._serialized_start=764
-  _globals['_OUTPUTMODE']._serialized_end=852
+  _globals['_OUTPUTMODE']._serialized_start=905
+  _globals['_OUTPUTMODE']._serialized_end=993
   _globals['_SAMPLINGPARAMS']._serialized_start=39
   _globals['_SAMPLINGPARAMS']._serialized_end=136
   _globals['_DISTRIBUTIONS']._serialized_start=138
   _globals['_DISTRIBUTIONS']._serialized_end=252
-  _globals['_SERVERTIMING']._serialized_start=255
-  _globals['_SERVERTIMING']._serialized_end=385
-  _globals['_RELEASEREQUEST']._serialized_start=387
-  _globals['_RELEASEREQUEST']._serialized_end=423
-  _globals['_RELEASERESPONSE']._serialized_start=425
-  _globals['_RELEASERESPONSE']._serialized_end=460
-  _globals['_GETINFOREQUEST']._serialized_start=462
-  _globals['_GETINFOREQUEST']._serialized_end=478
-  _globals['_MODELINFO']._serialized_start=481
-  _globals['_MODELINFO']._serialized_end=762
+  _globals['_TOKENMASKS']._serialized_start=254
+  _globals['_TOKENMASKS']._serialized_end=294
+  _globals['_LOGPROBS']._serialized_start=296
+  _globals['_LOGPROBS']._serialized_end=393
+  _globals['_SERVERTIMING']._serialized_start=396
+  _globals['_SERVERTIMING']._serialized_end=526
+  _globals['_RELEASEREQUEST']._serialized_start=528
+  _globals['_RELEASEREQUEST']._serialized_end=564
+  _globals['_RELEASERESPONSE']._serialized_start=566
+  _globals['_RELEASERESPONSE']._serialized_end=601
+  _globals['_GETINFOREQUEST']._serialized_start=603
+  _globals['_GETINFOREQUEST']._serialized_end=619
+  _globals['_MODELINFO']._serialized_start=622
+  _globals['_MODELINFO']._serialized_end=903
 # @@protoc_insertion_point(module_scope)

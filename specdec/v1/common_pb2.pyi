@@ -44,6 +44,28 @@ class Distributions(_message.Message):
     values: bytes
     def __init__(self, rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dense: _Optional[bytes] = ..., row_offsets: _Optional[bytes] = ..., ids: _Optional[bytes] = ..., values: _Optional[bytes] = ...) -> None: ...
 
+class TokenMasks(_message.Message):
+    __slots__ = ("rows", "bits")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    bits: bytes
+    def __init__(self, rows: _Optional[int] = ..., bits: _Optional[bytes] = ...) -> None: ...
+
+class Logprobs(_message.Message):
+    __slots__ = ("drafted", "argmax", "top_n", "top_ids", "top_logprobs")
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    ARGMAX_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    drafted: _containers.RepeatedScalarFieldContainer[float]
+    argmax: _containers.RepeatedScalarFieldContainer[float]
+    top_n: int
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, drafted: _Optional[_Iterable[float]] = ..., argmax: _Optional[_Iterable[float]] = ..., top_n: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class ServerTiming(_message.Message):
     __slots__ = ("queue_ms", "forward_ms", "total_ms", "batch_rows", "batch_tokens", "forwards")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]

@@ -115,3 +115,64 @@ def test_first_two_tokens_follow_the_target_distribution(mismatched):
     p_draft = chi2_pvalue(counts, draft_p, SEEDS)
     assert p_target > 1e-3, f"sampled pairs do not follow the target (p={p_target:.2e}): {counts}"
     assert p_draft < 1e-3, f"test has no power: cannot tell the draft apart (p={p_draft:.2e})"
+
+
+GRAMMAR = "[a-h ]{1,16}"  # a regex: tokens of these characters only
+
+
+def constrained_joint(model_dir, prompt_ids: list[int]) -> tuple[dict, dict]:
+    """P(t1, t2) under the grammar (mask, then top-k, renormalised), and without the mask."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from orchestrator.grammar import Constraint, Grammars
+    from specdec.core import masks
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    grammars = Grammars(tok, vocab, [tok.eos_token_id])
+
+    def dist(ids: list[int], prefix: list[int]) -> dict[int, float]:
+        matcher = grammars.matcher(Constraint("regex", GRAMMAR))
+        matcher.commit(prefix)
+        allowed = masks.unpack(torch.from_numpy(matcher.round_masks([], False).words), vocab)[0]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1].masked_fill(~allowed, float("-inf"))
+        top = torch.topk(logits, TOP_K)
+        probs = torch.softmax(top.values.double(), dim=-1)
+        return {t: p for t, p in zip(top.indices.tolist(), probs.tolist()) if p > 0}
+
+    out = {}
+    for t1, p1 in dist(prompt_ids, []).items():
+        for t2, p2 in dist(prompt_ids + [t1], [t1]).items():
+            out[(t1, t2)] = p1 * p2
+    return out
+
+
+def test_constrained_sampling_follows_the_masked_target(mismatched):
+    """Under a grammar the draft (which does not know it) proposes forbidden tokens too; the
+    first two tokens must still follow the masked, renormalised target. Power check: the
+    unconstrained target's joint is rejected on the same counts."""
+    from transformers import AutoTokenizer
+
+    from client import Client
+
+    stack, target_dir, _ = mismatched
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    with Client(stack.addresses["orch"]) as c:
+        for seed in range(1, SEEDS + 1):
+            out = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
+                             proposer="draft", k=2, regex=GRAMMAR)
+            pair = tuple(out.token_ids[:2])
+            counts[pair] = counts.get(pair, 0) + 1
+            drafted += out.stats.drafted_tokens
+            accepted += out.stats.accepted_tokens
+    want = constrained_joint(target_dir, prompt_ids)
+    assert 0.05 < accepted / drafted < 0.9, accepted / drafted
+    p_masked = chi2_pvalue(counts, want, SEEDS)
+    p_free = chi2_pvalue(counts, joint(target_dir, prompt_ids), SEEDS)
+    assert p_masked > 1e-3, f"constrained pairs do not follow the masked target (p={p_masked:.2e}): {counts}"
+    assert p_free < 1e-3, f"test has no power: cannot tell the mask apart (p={p_free:.2e})"

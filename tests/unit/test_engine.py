@@ -164,19 +164,20 @@ def test_pool_blocks_grow_crop_and_free() -> None:
 
 
 def test_attention_groups_depend_on_a_rows_own_shape() -> None:
-    assert [query_rows(n) for n in (2, 3, 5, 32, 33, 34, 35, 64, 65)] == [3, 3, 5, 32, 35, 35, 35, 64, 67]
+    assert [query_rows(n) for n in (2, 3, 5, 16, 17, 32, 33, 64, 65)] == [2, 3, 5, 16, 32, 32, 64, 64, 96]
     assert [key_bucket(n) for n in (1, 64, 65, 200, 700)] == [64, 64, 128, 256, 1024]
     pool = KVPool(1, 1, 8, torch.float32, torch.device("cpu"), budget_bytes=1 << 20)
     rows = []
-    for past, n in [(10, 1)] * 16 + [(30, 5), (100, 5), (0, 64)]:
+    for past, n in [(10, 1)] * 16 + [(30, 5), (30, 4), (100, 5), (0, 64), (0, 40)]:
         kv = pool.new_session()
         kv.reserve(past + n)
         kv.length = past
         rows.append((kv, past, n))
     plan = plan_attention(pool, rows, sum(n for _, _, n in rows), torch.device("cpu"))
     shapes = sorted((g.size, g.tq, g.length) for g in plan.groups)
-    # 16 decode rows in one group; the 5-token rows by their key bucket; the prefill chunk alone.
-    assert shapes == [(1, 5, 64), (1, 5, 128), (1, 64, 64), (16, 1, 16)]
+    # 16 decode rows in one group; the Score rows by their key bucket and query count; the
+    # prefill chunks of 64 and 40 tokens both padded to 64 queries (their own rounding), together.
+    assert shapes == [(1, 4, 64), (1, 5, 64), (1, 5, 128), (2, 64, 64), (16, 1, 16)]
 
 
 def _ops_per_forward(runner, sessions: int) -> int:

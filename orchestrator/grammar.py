@@ -1,0 +1,180 @@
+"""Structured output: the grammar a turn's tokens must follow, and its masks for a round.
+
+The matcher is llguidance's (`LLMatcher`): a Rust Earley parser over token
+bytes, no torch, that computes a whole-vocabulary mask in tens of
+microseconds, rolls back consumed tokens, and compiles JSON Schema, regular
+expressions and Lark grammars. It is what the orchestrator needs in a
+speculative round: masks for every drafted position (advance along the draft,
+then roll back) before the target scores them.
+
+A round (orchestrator.loop):
+  1. `round_masks(drafted)`: the allowed tokens at each of the k + 1 scored
+     positions, advancing along the drafted tokens and rolling back; where a
+     drafted token is disallowed the draft is cut (see `RoundMasks.keep`);
+  2. the target applies the masks to its logits (model.proto TokenMasks), so
+     greedy takes the masked argmax and sampling the masked, renormalised p;
+  3. `commit(tokens)` advances the matcher along what the round committed.
+
+The matcher lives for one turn in the orchestrator's memory: a resume or a
+retried turn regenerates the turn from its start, so it is rebuilt from the
+request, never stored.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+import llguidance
+import llguidance.hf
+import numpy as np
+
+from specdec.core import masks
+from specdec.errors import InvalidArgument
+
+JSON_OBJECT_SCHEMA = {"type": "object"}
+# Compact JSON without free whitespace: a free-whitespace grammar lets a weak model
+# fill its budget with blanks.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A request's grammar: `kind` is "json_schema", "json_object", "regex" or "lark"."""
+
+    kind: str
+    text: str = ""
+
+
+def to_grammar(constraint: Constraint) -> str:
+    """The llguidance grammar of a constraint (not yet checked: `Grammars.compile` does)."""
+    if constraint.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(JSON_OBJECT_SCHEMA, overrides=_JSON_OPTIONS)
+    if constraint.kind == "json_schema":
+        try:
+            schema = json.loads(constraint.text)
+        except ValueError as exc:
+            raise InvalidArgument(f"constraint.json_schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise InvalidArgument("constraint.json_schema must be a JSON object (a schema)")
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
+    if constraint.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(constraint.text)
+    if constraint.kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(constraint.text)
+    raise InvalidArgument(f"constraint: unknown kind {constraint.kind!r}")
+
+
+class Grammars:
+    """The orchestrator's grammar compiler: the tokenizer's byte table, built once (about 1 s)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids):
+        self._vocab_size = vocab_size  # 0: the tokenizer's own size (resolved on first use)
+        self._hf = tokenizer
+        self._eos = sorted(eos_ids)
+        self._ll = None
+        self._lock = threading.Lock()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size or len(self._hf)
+
+    def _tokenizer(self):
+        with self._lock:
+            if self._ll is None:
+                self._ll = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
+                                                        eos_token=self._eos or None)
+            return self._ll
+
+    def matcher(self, constraint: Constraint) -> TurnMatcher:
+        """A fresh matcher for one turn; INVALID_ARGUMENT naming the field if the grammar is bad."""
+        grammar = to_grammar(constraint)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
+        if is_error:
+            raise InvalidArgument(f"constraint.{constraint.kind}: {messages[0] if messages else 'invalid'}")
+        return TurnMatcher(llguidance.LLMatcher(self._tokenizer(), grammar), self.vocab_size, self._eos)
+
+
+def drafted_to_send(valid: int, drafted: int, keep_first_invalid: bool) -> int:
+    """How many drafted tokens to score when the grammar allows only the first `valid`.
+
+    A forbidden drafted token is certainly rejected (its masked p is 0), and
+    nothing after it can commit this round. Greedy, or a deterministic
+    proposal (one-hot q): cut it, the extra token at its place is the same.
+    A sampled draft with its q: keep it (`keep_first_invalid`), so that the
+    extra token is recovered from norm(max(0, p - q)) with the masked p. That
+    is what keeps the output's distribution exactly the constrained target's;
+    cutting it and drawing the bonus from p would not (the draft's mass on
+    forbidden tokens would then be resampled from p, over-weighting what q
+    and p share).
+    """
+    return valid + 1 if keep_first_invalid and valid < drafted else valid
+
+
+@dataclass(frozen=True)
+class RoundMasks:
+    """The masks of one round's scored positions and how much of the draft to send."""
+
+    keep: int  # drafted tokens to send: the valid prefix (+ the first invalid one, see round_masks)
+    valid: int  # drafted tokens the grammar allows in a row from the start
+    words: np.ndarray  # [keep + 1, words] int32: row i = the tokens allowed at scored position i
+
+
+class TurnMatcher:
+    """One turn's grammar state, advanced along committed tokens only."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids=()):
+        self._m = matcher
+        self._words = masks.words_per_row(vocab_size)
+        # An end of sequence ends the turn: it is checked against the mask but never fed to
+        # the matcher (nothing follows it, and a consumed EOS does not roll back cleanly).
+        self._eos = frozenset(eos_ids)
+        self._check()
+
+    def _check(self) -> None:
+        if self._m.is_error():
+            raise RuntimeError(f"grammar matcher error: {self._m.get_error()}")
+
+    def round_masks(self, drafted: list[int], keep_first_invalid: bool) -> RoundMasks:
+        """Masks for the positions of drafted[0..] and the one after the last drafted token kept.
+
+        The draft is cut after its valid prefix as `drafted_to_send` says. The
+        mask after a kept invalid token is never used (that position cannot
+        commit): it allows every token.
+        """
+        rows = np.full((len(drafted) + 1, self._words), -1, dtype=np.int32)
+        valid = 0
+        consumed = 0
+        for token in drafted:
+            self._fill(rows, valid)
+            if not masks.allows(rows[valid], token):
+                break
+            if token in self._eos:  # allowed: the turn ends here; the row after it is never used
+                valid += 1
+                break
+            if not self._m.consume_token(token):
+                break
+            valid += 1
+            consumed += 1
+        else:
+            self._fill(rows, valid)
+        self._m.rollback(consumed)
+        self._check()
+        keep = drafted_to_send(valid, len(drafted), keep_first_invalid)
+        return RoundMasks(keep=keep, valid=valid, words=rows[: keep + 1])
+
+    def _fill(self, rows: np.ndarray, i: int) -> None:
+        view = rows[i]
+        self._m.unsafe_compute_mask_ptr(view.ctypes.data, view.size * view.itemsize)
+
+    def commit(self, tokens: list[int]) -> None:
+        """Advance along a round's committed tokens (each one the target took under the mask)."""
+        if tokens and tokens[-1] in self._eos:
+            tokens = tokens[:-1]  # a committed EOS is the last token (the turn ends)
+        if tokens and not self._m.consume_tokens(tokens):
+            raise RuntimeError(f"grammar matcher refused a committed token: {self._m.get_error()}")
+
+    @property
+    def done(self) -> bool:
+        """The grammar accepts nothing more but an end of sequence."""
+        return self._m.is_stopped()
