@@ -1,4 +1,5 @@
 # One image for every specdec process: target_service, draft_service, orchestrator, gateway.
+# Training (distill/) stays out of it: `specdec distill` runs from a source checkout.
 #   docker build -t specdec .                                   # CPU torch
 #   docker build -t specdec --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
 FROM python:3.11-slim
@@ -17,6 +18,7 @@ WORKDIR /app
 RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY specdec ./specdec
+COPY engine ./engine
 COPY target_service ./target_service
 COPY draft_service ./draft_service
 COPY orchestrator ./orchestrator

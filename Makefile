@@ -11,7 +11,7 @@ OLDEST_TRANSFORMERS ?= 5.17.0
 OLDEST_HUB ?= 1.33.0
 OLDEST_DIR := $(VENV)/oldest-transformers
 
-.PHONY: install demo playground test test-oldest-transformers bench-quick proto clean
+.PHONY: install demo playground test test-oldest-transformers bench-quick proto config-docs clean
 
 install: $(VENV)/.installed
 
@@ -54,6 +54,10 @@ bench-quick: install
 
 proto: install
 	$(PY) scripts/gen_proto.py
+
+# docs/configuration.md from the settings definitions (tests/unit/test_settings.py checks it).
+config-docs: install
+	$(PY) scripts/gen_config_docs.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

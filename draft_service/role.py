@@ -1,7 +1,7 @@
 """The draft role for the shared bootstrap: its verb, port, servicer and the shipped-draft default.
 
 Without --model the draft service serves the draft distilled from the embedded
-target (python -m specdec.distill), shipped as package data in
+target (python -m distill), shipped as package data in
 specdec/drafts/smollm2-135m; if that folder is absent, or --num-layers is
 given, it serves an early exit of the embedded model (first 2 layers by default).
 """

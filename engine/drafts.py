@@ -1,6 +1,6 @@
 """Drafts made from a target: early exit (its first N layers) and the
 distilled-draft folder format, shared by serving (the loader) and training
-(specdec.distill), so serving never imports training.
+(distill), so serving never imports training.
 
 The distilled draft: the target's embedding, its first L decoder layers
 (trained), its final norm (trained) and its tied head (frozen), optionally

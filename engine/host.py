@@ -53,9 +53,10 @@ class HostLimits:
     session_ttl_s: float = 600.0
     max_k: int = 16  # largest k (drafted tokens) in one Propose or Score
     max_request_tokens: int = 8192  # tokens in one request; more is RESOURCE_EXHAUSTED
-    max_batch: int = 64  # requests (sessions) per forward; 1 = batching off
-    max_batch_tokens: int = 256  # tokens per forward (a lone larger step still runs)
-    max_wait_us: int = 0  # wait for company this long, only when nothing is running
+    # The scheduler's own defaults (one place; the services' flags read them from here).
+    max_batch: int = BatchLimits.max_batch  # requests (sessions) per forward; 1 = batching off
+    max_batch_tokens: int = BatchLimits.max_tokens  # tokens per forward (a lone larger step still runs)
+    max_wait_us: int = BatchLimits.max_wait_us  # wait for company this long, only when nothing is running
     # A session's logits must not depend on who shares its forward (engine.runner).
     batch_invariant: bool = True
     stall_timeout_s: float = 120.0  # a forward running longer than this is a wedged worker

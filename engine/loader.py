@@ -25,6 +25,7 @@ import torch
 
 from engine import drafts
 from engine.dtypes import DTYPES
+from specdec.core.fingerprint import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +125,6 @@ def convert_gguf(gguf: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted in %.1f s; model cache: %s", time.monotonic() - started, out)
     return out
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 over the sorted (token, id) pairs: equal iff the vocabularies match."""
-    items = sorted(tokenizer.get_vocab().items())
-    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:

@@ -15,49 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
-
-def _env(name: str, fallback):
-    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
+from gateway.settings import gateway_settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gateway", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--orchestrator", default=_env("orchestrator", "127.0.0.1:50050"),
-                   help="orchestrator gRPC address [SPECDEC_ORCHESTRATOR] (default %(default)s)")
-    p.add_argument("--host", default=_env("host", "127.0.0.1"),
-                   help="address to bind (0.0.0.0 for all interfaces) [SPECDEC_HOST]")
-    p.add_argument("--port", type=int, default=_env("gateway_port", 8000),
-                   help="HTTP port [SPECDEC_GATEWAY_PORT] (default %(default)s)")
-    p.add_argument("--model-name", default=_env("model_name", "specdec"),
-                   help="model id listed by /v1/models; requests must name it "
-                        "[SPECDEC_MODEL_NAME] (default %(default)s)")
-    p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 256),
-                   help="max_tokens when a request gives none [SPECDEC_DEFAULT_MAX_TOKENS]")
-    p.add_argument("--request-timeout", type=float, default=_env("request_timeout", 600.0),
-                   help="seconds one generation may take [SPECDEC_REQUEST_TIMEOUT]")
-    p.add_argument("--grace", type=float, default=_env("grace", 10.0),
-                   help="seconds open streams get to finish on SIGTERM [SPECDEC_GRACE]")
-    p.add_argument("--tls-ca", default=_env("tls_ca", None),
-                   help="CA of the orchestrator's certificate; enables TLS to it [SPECDEC_TLS_CA]")
-    p.add_argument("--tls-cert", default=_env("client_cert", None),
-                   help="client certificate for mutual TLS to the orchestrator [SPECDEC_CLIENT_CERT]")
-    p.add_argument("--tls-key", default=_env("client_key", None),
-                   help="its private key [SPECDEC_CLIENT_KEY]")
-    p.add_argument("--no-playground", action="store_true",
-                   default=_env("no_playground", "") not in ("", "0", "false"),
-                   help="do not serve the playground page at /playground [SPECDEC_NO_PLAYGROUND=1]")
-    p.add_argument("--playground-passes-per-minute", type=int,
-                   default=_env("playground_passes_per_minute", 30),
-                   help="pass quota: target passes per visitor (client address) per minute on "
-                        "the playground, 0 = none [SPECDEC_PLAYGROUND_PASSES_PER_MINUTE] "
-                        "(default %(default)s)")
-    p.add_argument("--log-level", default=_env("log_level", "INFO"),
-                   help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
-    return p.parse_args(argv)
+    return gateway_settings(__doc__).parse(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(Settings(orchestrator=args.orchestrator, model_name=args.model_name,
                               default_max_tokens=int(args.default_max_tokens),
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),
-                              tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                              tls_ca=args.tls_ca, tls_cert=args.client_cert, tls_key=args.client_key,
                               playground=playground))
     log = logging.getLogger("gateway")
     log.info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",

@@ -19,27 +19,29 @@ import logging
 import sys
 import time
 from functools import partial
+from typing import TYPE_CHECKING
 
+# The bootstrap imports no torch and no model hosting: the loop's modules (torch, through
+# the core's sampling) load in build_config, after the flags are parsed.
 from orchestrator.capacity import CapacityPolicy, TargetAdmission
 from orchestrator.costs import CostBook
 from orchestrator.deadlines import DeadlinePolicy
 from orchestrator.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.routing import Router
-from orchestrator.servicer import OrchestratorServicer
-from orchestrator.spec import GUESS, KINDS, LoopConfig
+from orchestrator.settings import orchestrator_settings
 from orchestrator.text import load_tokenizer
-from engine.loader import tokenizer_fingerprint
-from specdec.hosting.server import (
-    add_server_args, configure_logging, env_default, env_flag, options_from_args, serve,
-)
-from specdec.limits import add_admission_args, admission_from_args
-from specdec.security import add_service_client_args, service_client_from_args
-from specdec.store import SESSION_TTL_S, ServiceRegistry, SessionStore, connect
+from specdec.core.fingerprint import tokenizer_fingerprint
+from specdec.limits import admission_from_args
+from specdec.security import service_client_from_args
+from specdec.server import configure_logging, options_from_args, serve
+from specdec.store import ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
 
+if TYPE_CHECKING:
+    from orchestrator.spec import LoopConfig
+
 log = logging.getLogger("orchestrator")
-DEFAULT_PORT = 50050
 
 
 class StartupError(RuntimeError):
@@ -51,110 +53,11 @@ def _addresses(values: list[str]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_args(p, default_port=DEFAULT_PORT, auth="tenants")
-    add_service_client_args(p)
-    add_admission_args(p)
-    g = p.add_argument_group("orchestrator")
-    g.add_argument("--target", action="append", default=[env_default("target", "")],
-                   help="static target address(es), comma-separated or repeated [SPECDEC_TARGET]")
-    g.add_argument("--draft", action="append", default=[env_default("draft", "")],
-                   help="static draft address(es) [SPECDEC_DRAFT]")
-    g.add_argument("--tokenizer", default=env_default("tokenizer", None),
-                   help="the target's model folder or .gguf (for its tokenizer and chat template); "
-                        "default: the embedded default target [SPECDEC_TOKENIZER]")
-    g.add_argument("--session-ttl", type=int, default=env_default("session_ttl", SESSION_TTL_S),
-                   help="seconds an idle session is kept [SPECDEC_SESSION_TTL]")
-    g.add_argument("--redis-outage-s", type=float, default=env_default("redis_outage_s", 5.0),
-                   help="a Redis outage up to this many seconds is invisible to streams (writes "
-                        "are retried, reads at session start too); past it a stream ends with "
-                        "UNAVAILABLE and its committed tokens are saved once Redis answers "
-                        "[SPECDEC_REDIS_OUTAGE_S]")
-    g.add_argument("--record-interval-ms", type=float, default=env_default("record_interval_ms", 200.0),
-                   help="write a session's record after a round only if the last write began at least "
-                        "this long ago (a turn's last state, and a failed turn's, are always written; a "
-                        "record behind by a few rounds only costs a resumed turn some KV reuse) "
-                        "[SPECDEC_RECORD_INTERVAL_MS] (default %(default)s)")
-    g.add_argument("--default-proposer", choices=[k for k in KINDS if k != GUESS],
-                   default=env_default("default_proposer", "combined"),
-                   help="proposer when a request leaves it unspecified [SPECDEC_DEFAULT_PROPOSER]")
-    g.add_argument("--default-k", default=env_default("default_k", "5"),
-                   help="drafted tokens per round when a request sends k = 0, or 'auto': pick k "
-                        "each round from the observed acceptance and draft/target costs "
-                        "[SPECDEC_DEFAULT_K]")
-    g.add_argument("--parallel", action=argparse.BooleanOptionalAction,
-                   default=env_flag("parallel", False),
-                   help="parallel speculation by default: the draft drafts the next round while "
-                        "the target verifies this one (requests may choose either; "
-                        "orchestrator.parallel) [SPECDEC_PARALLEL]")
-    g.add_argument("--speculation-gate", action=argparse.BooleanOptionalAction,
-                   default=env_flag("speculation_gate", True),
-                   help="for requests that give no k: measure each target replica's tokens/s with and "
-                        "without drafting, in alternating epochs per load level, and draft only where "
-                        "it measured faster (orchestrator.gate) [SPECDEC_SPECULATION_GATE] (default on)")
-    g.add_argument("--max-new-tokens-limit", type=int,
-                   default=env_default("max_new_tokens_limit", 4096),
-                   help="largest max_new_tokens a request may ask for")
-    g.add_argument("--rpc-timeout", type=float, default=env_default("rpc_timeout", 60.0),
-                   help="seconds before a model-service call counts as down")
-    g.add_argument("--startup-timeout", type=float, default=env_default("startup_timeout", 60.0),
-                   help="seconds to wait for a target replica at start-up")
-    g.add_argument("--threads", type=int, default=env_default("threads", 1),
-                   help="torch CPU threads (verification is light) [SPECDEC_THREADS]")
-    b = p.add_argument_group("batch calls (orchestrator.batching): many sessions' calls to one replica in one RPC")
-    b.add_argument("--batch-calls", action=argparse.BooleanOptionalAction,
-                   default=env_flag("batch_calls", True),
-                   help="gather this orchestrator's Score/Propose calls to a replica into ScoreBatch/"
-                        "ProposeBatch RPCs; off (or with tracing on) every call is its own RPC "
-                        "[SPECDEC_BATCH_CALLS] (default on)")
-    b.add_argument("--batch-max-wait-ms", type=float, default=env_default("batch_max_wait_ms", 20.0),
-                   help="longest a gathered call waits for this orchestrator's other live sessions "
-                        "on the same replica (never when they are all there; at most half a batch "
-                        "RPC's measured time) [SPECDEC_BATCH_MAX_WAIT_MS] (default %(default)s)")
-    b.add_argument("--batch-max-items", type=int, default=env_default("batch_max_items", 64),
-                   help="calls in one batch RPC [SPECDEC_BATCH_MAX_ITEMS] (default %(default)s)")
-    g.add_argument("--text-threads", type=int, default=env_default("text_threads", 2),
-                   help="threads tokenising, templating and decoding off the event loop "
-                        "[SPECDEC_TEXT_THREADS]")
-    add_gray_args(p)
-    args = p.parse_args(argv)
+    args = orchestrator_settings(__doc__).parse(argv)
     args.redis_url = args.redis_url or "redis://127.0.0.1:6379/0"
     args.target = _addresses(args.target)
     args.draft = _addresses(args.draft)
     return args
-
-
-def add_gray_args(p: argparse.ArgumentParser) -> None:
-    """Deadlines, outlier routing and overload shedding (orchestrator.deadlines, .outliers, .capacity)."""
-    d, o, c = DeadlinePolicy(), OutlierPolicy(), CapacityPolicy()
-    g = p.add_argument_group("gray failures and overload")
-
-    def flag(name: str, kind: type, default, text: str) -> None:
-        env = name.replace("-", "_")
-        g.add_argument(f"--{name}", type=kind, default=env_default(env, default),
-                       help=f"{text} [SPECDEC_{env.upper()}] (default %(default)s)")
-
-    flag("deadline-factor", float, d.factor, "a model-service call's deadline, x that replica's usual "
-         "wall time for the same size of work (0 = no learned deadlines: --rpc-timeout only)")
-    flag("deadline-floor-ms", float, d.floor_ms, "shortest learned deadline")
-    flag("deadline-cold-s", float, d.cold_s, "deadline before any call of a role has answered")
-    flag("outlier-ratio", float, o.slow_ratio, "eject a replica whose wall time for the same work is "
-         "this x its peers' median (0 = off)")
-    flag("eject-s", float, o.eject_s, "an ejected replica is probed after this long, doubling while "
-         "its probes fail")
-    flag("max-eject-s", float, o.max_eject_s, "longest time between probes of an ejected replica")
-    flag("target-wait-s", float, 10.0, "how long a round (or a new session) waits for some target "
-         "replica to answer when none other is usable; then UNAVAILABLE")
-    flag("target-capacity", int, c.sessions, "streams per target replica (0 = measured from its "
-         "batches and queues: orchestrator.capacity)")
-    flag("capacity-pace", float, c.pace, "measured capacity also caps a replica at the sessions whose "
-         "shared forward costs at most this x a lone session's, fed back from the admitted streams' "
-         "measured pace (0 = off: the batch size and queue saturation only)")
-    flag("admission-queue", int, c.queue_depth, "streams that may wait for a target slot at once "
-         "(more: RESOURCE_EXHAUSTED admission_queue)")
-    flag("admission-wait-s", float, c.wait_s, "longest wait for a target slot (then "
-         "RESOURCE_EXHAUSTED target_capacity, with retry-after)")
 
 
 def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHealth, TargetAdmission]:
@@ -169,10 +72,12 @@ def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHe
 
 async def build_config(args: argparse.Namespace) -> LoopConfig:
     """Load the tokenizer, reach Redis and the services, check they all agree."""
+    from orchestrator.spec import LoopConfig
+
     tokenizer, folder = load_tokenizer(args.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
     client = connect(args.redis_url)
-    store = SessionStore(client, url=args.redis_url, prefix=args.redis_prefix, ttl_s=args.session_ttl)
+    store = SessionStore(client, url=args.redis_url, prefix=args.redis_prefix, ttl_s=args.record_ttl)
     registry = ServiceRegistry(client, url=args.redis_url, prefix=args.redis_prefix)
     try:
         await store.ping()
@@ -258,6 +163,8 @@ async def _first_info(router: Router, role: str, timeout_s: float):
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    from orchestrator.servicer import OrchestratorServicer
+
     config = await build_config(args)
     limits = admission_from_args(args)
     servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)

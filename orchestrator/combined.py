@@ -86,7 +86,7 @@ class CombinedProposer:
         return replace(proposal, source=DRAFT if proposal.tokens else "")
 
     def _lookup_round(self, tokens: list[int]) -> Proposal:
-        held = self.draft.replica.cached if self.draft.replica is not None else 0
+        held = self.draft.replica.held if self.draft.replica is not None else 0
         return Proposal(tokens=tokens, cache_length=held, source=LOOKUP)
 
     def choose(self, k_max: int, guess: list[int], draft_usable: bool = True) -> tuple[str, int]:

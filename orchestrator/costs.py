@@ -38,6 +38,9 @@ needs the session's acceptance by position (only the orchestrator verifies)
 and both services' costs (each service sees only its own batch). The
 services report their batch; the orchestrator, which holds one CostBook per
 process, decides each session's k per round.
+
+`Costs` is the other side: where a round's (and a whole generation's) time
+and bytes went, as measured; orchestrator.stats builds the Stats message on it.
 """
 from __future__ import annotations
 
@@ -47,6 +50,25 @@ from dataclasses import dataclass, field
 from orchestrator.gate import SpeculationGate
 from orchestrator.remote import Call
 from specdec.core.speedup import PooledAcceptance, RoundCosts, interpolate_cost
+
+
+@dataclass
+class Costs:
+    """Where time and bytes went: the fields a round and a whole generation share
+    (Stats and Stats.Round carry them under the same names)."""
+
+    total_ms: float = 0.0
+    draft_ms: float = 0.0  # draft service compute (server-side), on the critical path
+    target_ms: float = 0.0  # target service compute (server-side)
+    serialize_ms: float = 0.0
+    network_ms: float = 0.0
+    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
+    redis_ms: float = 0.0  # waited on Redis (not hidden behind RPCs)
+    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    cache_misses: int = 0
+    deadline_misses: int = 0  # model-service calls that missed their learned deadline
 
 
 @dataclass

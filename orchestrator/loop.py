@@ -33,7 +33,8 @@ import math
 import torch
 
 from orchestrator.grammar import RoundMasks
-from orchestrator.proposers import DraftContext, Proposal, Proposer, open_proposer
+from orchestrator.proposer_factory import open_proposer
+from orchestrator.proposers import DraftContext, Proposal, Proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
 from orchestrator.sessions import Session, open_session
 from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling
@@ -182,7 +183,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 matcher.commit(kept)
             if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
-            session.target.cached, draft_keep = keep_lengths(
+            session.target.held, draft_keep = keep_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
                 # The draft's own cache holds its tokens, not grammar-forced ones after them.
                 draft_held=min(proposal.cache_length, len(tokens) + own) if own < len(drafted)

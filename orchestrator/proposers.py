@@ -1,7 +1,8 @@
 """Proposers: where a round's drafted tokens come from.
 
-One protocol, one input dataclass, one factory. The loop sees only
-`Proposer.propose(DraftContext) -> Proposal` and `Proposer.crop(length)`. A
+One protocol, one input dataclass (the one factory: orchestrator.proposer_factory).
+The loop sees only `Proposer.propose(DraftContext) -> Proposal` and
+`Proposer.crop(length)`. A
 deterministic proposer (prompt lookup, the caller's guess, none) returns
 `probs=None`; the verifier then treats its q as one-hot, which keeps sampling
 exact. The draft-service proposer owns everything about the draft replica: its
@@ -17,7 +18,7 @@ verifies this one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,11 +26,11 @@ import grpc
 import torch
 
 from orchestrator.remote import (
-    Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError, place,
+    Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError,
 )
-from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
+from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, WireSampling
 from specdec.core.lookup import PromptLookup
-from specdec.errors import InvalidArgument, SpecdecError, Unavailable
+from specdec.errors import SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
 
@@ -195,9 +196,9 @@ class DraftServiceProposer:
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         if self.replica is None or ctx.k == 0:  # nothing asked: the draft's cache is untouched
-            return Proposal(tokens=[], cache_length=self.replica.cached if self.replica else 0)
+            return Proposal(tokens=[], cache_length=self.replica.held if self.replica else 0)
         if not self.strict and not await self.replica.ready():
-            return Proposal(tokens=[], cache_length=self.replica.cached)  # ejected: sit this round out
+            return Proposal(tokens=[], cache_length=self.replica.held)  # ejected: sit this round out
 
         def send(client: ModelClient, position: int):
             return client.propose(model_pb2.ProposeRequest(
@@ -212,7 +213,7 @@ class DraftServiceProposer:
             if isinstance(exc, DeadlineMissed) and not self.strict:
                 log.info("session %s: %s (%s); this round goes on without the draft",
                          ctx.session_id, exc, exc.detail)
-                return Proposal(tokens=[], cache_length=self.replica.cached, deadline_misses=1)
+                return Proposal(tokens=[], cache_length=self.replica.held, deadline_misses=1)
             reason = "unavailable" if isinstance(exc, ServiceDown) else "failed"
             if self.strict:
                 raise Unavailable(f"draft service {reason} and strict is set: {exc}") from None
@@ -236,41 +237,8 @@ class DraftServiceProposer:
 
     def crop(self, length: int) -> None:
         if self.replica is not None:
-            self.replica.cached = length
+            self.replica.held = length
 
     def close(self) -> None:
         pass
 
-
-async def open_proposer(
-    spec: GenerateSpec, config: LoopConfig, session_id: str, draft_home: tuple[str, int],
-    target: Callable[[], str] = str,
-) -> Proposer:
-    """The one factory: the request's proposer. A draft one is placed on the replica that holds
-    the session (`draft_home`: address, tokens held) if still live, else on the least loaded.
-    `target` says the session's target replica's address (the combined proposer's costs)."""
-    if spec.proposer in (COMBINED, DRAFT):
-        replica = await place(config.router, "draft", session_id, *draft_home)
-        if replica is None and spec.strict:
-            raise Unavailable("proposer: no draft service replica is available (strict)")
-        parallel = config.parallel if spec.parallel is None else spec.parallel
-        if spec.proposer == DRAFT and replica is not None and parallel:
-            from orchestrator.parallel import ParallelDraftProposer
-
-            return ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k)
-        draft = DraftServiceProposer(replica, strict=spec.strict,
-                                     fallback_reason="" if replica else "no draft service replica available")
-        if spec.proposer == DRAFT:
-            return draft
-        from orchestrator.combined import CombinedProposer
-
-        return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)
-    if spec.proposer == LOOKUP:
-        return PromptLookupProposer(max_k=config.max_k)
-    if spec.proposer == GUESS:
-        if not spec.guess_ids:
-            raise InvalidArgument("guess: required (non-empty) when proposer is PROPOSER_GUESS")
-        return GuessProposer(spec.guess_ids)
-    if spec.proposer == NONE:
-        return NoProposer()
-    raise InvalidArgument(f"proposer: unknown kind {spec.proposer!r}; expected one of {', '.join(KINDS)}")

@@ -8,7 +8,7 @@ here, around a bytes-in/bytes-out channel call, so the encode and decode can
 be timed per call without copying the payload again. A cache-miss status
 becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
 service, one that cancelled the call, or a draining one (UNAVAILABLE
-"draining: ...", specdec.hosting.drain) becomes `ServiceDown`.
+"draining: ...", specdec.drain) becomes `ServiceDown`.
 
 Chunked prefill: a Score or Propose carrying more tokens than the replica's
 per-request limit (GetInfo max_request_tokens, asked once per replica) is
@@ -36,23 +36,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from orchestrator.batching import CallBatcher, frame
-from orchestrator.outliers import SESSION_MOVES
+from orchestrator.outliers import SESSION_MOVES, ReplicaHealth
 from specdec import tracing
 from specdec.core.fingerprint import EMPTY, extend
 from specdec.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
 from specdec.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
 
-if TYPE_CHECKING:
-    from orchestrator.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -339,17 +337,30 @@ class Reply:
     deadline_misses: int = 0
 
 
+class ReplicaPicker(Protocol):
+    """What a session's replica needs of the router (orchestrator.routing.Router implements it):
+    its replicas' health and the pick of another replica."""
+
+    health: ReplicaHealth
+
+    async def pick(self, role: str, preferred: str = "", exclude: Collection[str] = (), *,
+                   healthy: bool = False, room: Callable[[str], bool] | None = None) -> ModelClient | None: ...
+
+
 class SessionReplica:
     """Where one session's KV lives on one role: the replica, and the committed tokens it holds.
 
-    `cached` is the caller's bookkeeping: set it to the kept length after each
-    round (absolute, so a retried request is idempotent).
+    `held` is the caller's bookkeeping: set it to the kept length after each
+    round (absolute, so a retried request is idempotent). One word for one
+    length: the tokens a replica holds are `held` here, a request's
+    cache_position and a reply's cache_length on the wire, and the session
+    record's target_len / draft_len in Redis.
     """
 
-    def __init__(self, router: Router, role: str, session_id: str, client: ModelClient, cached: int = 0) -> None:
+    def __init__(self, router: ReplicaPicker, role: str, session_id: str, client: ModelClient, held: int = 0) -> None:
         self.router, self.role, self.session_id = router, role, session_id
         self.client = client
-        self.cached = cached
+        self.held = held
         self.deadline_misses = 0  # this session's calls on this role that missed their deadline
 
     @property
@@ -374,15 +385,15 @@ class SessionReplica:
         return True
 
     async def call(self, send: Send, committed: int, *, wait_s: float, extra: int = 0) -> Reply:
-        """`send` from the cached length on; resend from 0 on a cache miss; move when the replica is down.
+        """`send` from the held length on; resend from 0 on a cache miss; move when the replica is down.
 
         The service must receive at least one committed token, so the request
-        starts at min(cached, committed - 1); `extra` is the work beyond the
+        starts at min(held, committed - 1); `extra` is the work beyond the
         committed tokens sent (a Score's drafted tokens, a Propose's k), for the
         deadline. A down replica is replaced by another live one (which
         holds nothing: resent from 0); with none left the call waits for one to
         come back, up to `wait_s`, then raises ServiceDown. A draining replica
-        (specdec.hosting.drain) counts as down. On the draft, any other status
+        (specdec.drain) counts as down. On the draft, any other status
         that is not the request's own fault (RESOURCE_EXHAUSTED, INTERNAL,
         UNKNOWN, ...) moves the session too, and is raised (as UpstreamError)
         once no other replica is left; a missed deadline raises DeadlineMissed.
@@ -392,7 +403,7 @@ class SessionReplica:
         """
         bound = time.monotonic() + wait_s
         await self.ready()
-        position = min(self.cached, committed - 1)
+        position = min(self.held, committed - 1)
         tried = {self.address}
         misses = self.deadline_misses
         while True:
@@ -421,7 +432,7 @@ class SessionReplica:
                     tried = {self.address}  # a restarted replica may be back: any but this one next
                 else:
                     self.client.leave(self.session_id)
-                    self.client, self.cached, position = other, 0, 0
+                    self.client, self.held, position = other, 0, 0
                     tried.add(other.address)
 
     def _move(self, other: ModelClient, reason: str) -> None:
@@ -429,7 +440,7 @@ class SessionReplica:
         SESSION_MOVES.labels(self.role, reason).inc()
         self.client.leave(self.session_id)  # its batch calls stop counting on this session
         release_in_background(self.session_id, self.client)  # best effort: it may be hung
-        self.client, self.cached = other, 0
+        self.client, self.held = other, 0
 
     async def _attempt(self, send: Send, position: int, size: int, bound: float) -> tuple[Any, Call, int]:
         """One send (and its cache-miss resend) under the replica's learned deadline."""
@@ -485,7 +496,7 @@ class SessionReplica:
 
 
 async def place(
-    router: Router, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0,
+    router: ReplicaPicker, role: str, session_id: str, preferred: str, held: int, *, wait_s: float = 0.0,
     room: Callable[[str], bool] | None = None,
 ) -> SessionReplica | None:
     """Route a session on `role`: to `preferred` (holding `held` of its tokens) while usable, else elsewhere from 0.

@@ -25,13 +25,12 @@ from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec
 from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
 from specdec.errors import InvalidArgument, OutOfRange
-from specdec.limits import Admission, AdmissionLimits
+from specdec.limits import MAX_SESSION_ID, Admission, AdmissionLimits
 from specdec.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from specdec.wire import sampling_from_proto
 
-MAX_SESSION_ID = 256
 _PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_GUESS: GUESS,
               pb.PROPOSER_NONE: NONE, pb.PROPOSER_COMBINED: COMBINED}
 

@@ -222,9 +222,9 @@ class Session:
                     await self.writer.wait(WRITE_WAIT_S - self.writer.outage_s)
         self._check_outage("session save")
         self.record = replace(
-            self.record, tokens=tuple(tokens), target=self.target.address, target_len=self.target.cached,
+            self.record, tokens=tuple(tokens), target=self.target.address, target_len=self.target.held,
             draft=draft.address if draft else self.record.draft,
-            draft_len=draft.cached if draft else self.record.draft_len,
+            draft_len=draft.held if draft else self.record.draft_len,
         )
         self.tally.target_replica = self.target.address
         if draft is not None:
@@ -336,7 +336,7 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     if target is None:
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address
-    tally.reused_prompt_tokens = min(target.cached, len(spec.prompt_ids) - 1)
+    tally.reused_prompt_tokens = min(target.held, len(spec.prompt_ids) - 1)
     session = Session(config, record, target, reuse, tally)
     session.writer.submit(record)
     return session

@@ -12,15 +12,12 @@ from typing import Any, Protocol
 from orchestrator.capacity import TargetAdmission
 from orchestrator.costs import CostBook
 from orchestrator.grammar import Constraint, Grammars
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE  # noqa: F401 - re-exported
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
 from specdec.store import SessionRecord
 from specdec.v1 import common_pb2
 from specdec.wire import sampling_to_proto
-
-# Proposer kinds, as requests name them.
-DRAFT, LOOKUP, GUESS, NONE, COMBINED = "draft", "lookup", "guess", "none", "combined"
-KINDS = (DRAFT, LOOKUP, GUESS, NONE, COMBINED)
 
 
 @dataclass(frozen=True)

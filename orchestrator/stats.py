@@ -15,29 +15,11 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
+from orchestrator.costs import Costs
 from orchestrator.remote import Call
 from specdec import tracing
 from specdec.core.verify import Verdict
 from specdec.v1 import orchestrator_pb2 as pb
-
-
-@dataclass
-class Costs:
-    """Where time and bytes went: the fields a round and a whole generation share
-    (Stats and Stats.Round carry them under the same names)."""
-
-    total_ms: float = 0.0
-    draft_ms: float = 0.0  # draft service compute (server-side), on the critical path
-    target_ms: float = 0.0  # target service compute (server-side)
-    serialize_ms: float = 0.0
-    network_ms: float = 0.0
-    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
-    redis_ms: float = 0.0  # waited on Redis (not hidden behind RPCs)
-    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    cache_misses: int = 0
-    deadline_misses: int = 0  # model-service calls that missed their learned deadline
 
 
 @dataclass
@@ -55,6 +37,10 @@ class RoundTally(Costs):
     pre_drafted: bool = False  # parallel: drafts made during the previous round's verify
     pre_draft_discarded: bool = False  # parallel: a pre-draft was discarded, drafted anew
     source: str = ""  # what proposed the round's drafts ("draft", "lookup", "guess"; "" = none)
+
+    def as_dict(self) -> dict[str, int | float | bool | str]:
+        """Every field by name: the Stats.Round message's fields, and the round span's attributes."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def add_proposal(self, proposal) -> None:
         """Book the round's proposal: its draft call, or the pre-draft it used (parallel mode).
@@ -131,6 +117,12 @@ class Tally(Costs):
     _redis_before: float = field(default=0.0, repr=False)
 
     @property
+    def round_started(self) -> float:
+        """When the open round started (perf_counter seconds): the request's start, then the last
+        close_round. A round's spans (specdec.tracing) start and end on these readings."""
+        return self._round_start or self.started
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
@@ -172,7 +164,7 @@ class Tally(Costs):
     def close_round(self, r: RoundTally) -> None:
         """End a round once its chunk is on the stream (the next starts now); totals are sums over rounds."""
         now = time.perf_counter()
-        r.total_ms = (now - (self._round_start or self.started)) * 1e3
+        r.total_ms = (now - self.round_started) * 1e3
         r.redis_ms = self.redis_ms - self._redis_before
         r.orchestrator_ms = max(0.0, r.total_ms - r.draft_ms - r.target_ms
                                 - r.serialize_ms - r.network_ms - r.redis_ms)
@@ -202,13 +194,7 @@ class Timer:
         tracing.interval("redis wait" if self.attr == "redis_ms" else self.attr, self.start, end)
 
 
-_ROUND_FIELDS: tuple[str, ...] = ()
-
-
 def stats_to_proto(t: Tally) -> pb.Stats:
     """The final Stats: every proto field read by name from the Tally, rounds field for field."""
-    global _ROUND_FIELDS
-    if not _ROUND_FIELDS:
-        _ROUND_FIELDS = tuple(f.name for f in fields(RoundTally))
     values = {name: getattr(t, name) for name in pb.Stats.DESCRIPTOR.fields_by_name if name != "rounds"}
-    return pb.Stats(**values, rounds=[pb.Round(**{n: getattr(r, n) for n in _ROUND_FIELDS}) for r in t.rounds])
+    return pb.Stats(**values, rounds=[pb.Round(**r.as_dict()) for r in t.rounds])

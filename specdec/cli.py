@@ -13,7 +13,6 @@ pid on exit, Ctrl-C or SIGTERM: nothing is left behind.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import sys
@@ -28,6 +27,7 @@ from specdec.launch import (
     Processes, available_cores, child_env, orchestrator_argv, service_argv, split_threads,
 )
 from specdec.procs import free_port, wait_healthy
+from specdec.settings import APPEND, CLIENT_TLS, ON, POSITIONAL, SWITCH, Flag, Group, Settings
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 REDIS_DEFAULT = ("127.0.0.1", 6379)
@@ -36,29 +36,28 @@ REDIS_DEFAULT = ("127.0.0.1", 6379)
 # ------------------------------------------------------------------- generate
 
 
-def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("generation")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0, help="0 = random (printed in the stats)")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--proposer", default="default",
-                   choices=["default", "draft", "lookup", "guess", "none", "combined"],
-                   help="combined = per round, prompt lookup or the draft, whichever pays more")
-    g.add_argument("-k", type=int, default=0, help="drafted tokens per round (0 = server default)")
-    g.add_argument("--guess", default="", help="expected continuation (--proposer guess)")
-    g.add_argument("--session-id", default="", help="continue this session")
-    g.add_argument("--keep-session", action="store_true",
-                   help="keep the session for later turns (its id is printed; --session-id continues it)")
-    g.add_argument("--strict", action="store_true", help="fail if the draft service is down")
-    g.add_argument("--speculation", default="default", choices=["default", "sequential", "parallel"],
-                   help="parallel: the draft drafts the next round while the target verifies "
-                        "(same text; --proposer draft)")
-    g.add_argument("--raw", action="store_true",
-                   help="send the prompt as is, without the chat template")
+GENERATION = Group("generation", (
+    Flag("max-new-tokens", "tokens to generate at most", 128, int, env=False),
+    Flag("temperature", "0 = greedy", 0.0, float, env=False),
+    Flag("top-k", "keep the k most likely tokens, 0 = all", 0, int, env=False),
+    Flag("top-p", "nucleus sampling: the smallest set of tokens with this much probability", None, float,
+         env=False),
+    Flag("min-p", "drop tokens below this fraction of the most likely one's probability", 0.0, float,
+         env=False),
+    Flag("seed", "0 = random (printed in the stats)", 0, int, env=False),
+    Flag("stop", "stop string (repeatable)", [], kind=APPEND, env=False),
+    Flag("proposer", "combined = per round, prompt lookup or the draft, whichever pays more", "default",
+         choices=["default", "draft", "lookup", "guess", "none", "combined"], env=False),
+    Flag("k", "drafted tokens per round (0 = server default)", 0, int, env=False),
+    Flag("guess", "expected continuation (--proposer guess)", "", env=False),
+    Flag("session-id", "continue this session", "", env=False),
+    Flag("keep-session", "keep the session for later turns (its id is printed; --session-id continues it)",
+         False, kind=ON, env=False),
+    Flag("strict", "fail if the draft service is down", False, kind=ON, env=False),
+    Flag("speculation", "parallel: the draft drafts the next round while the target verifies (same text; "
+         "--proposer draft)", "default", choices=["default", "sequential", "parallel"], env=False),
+    Flag("raw", "send the prompt as is, without the chat template", False, kind=ON, env=False),
+))
 
 
 def _request_options(args: argparse.Namespace) -> dict:
@@ -95,21 +94,15 @@ def format_stats(stats) -> str:
     return "\n".join(lines)
 
 
-def _add_connection_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("connection")
-    g.add_argument("--token", default=os.environ.get("SPECDEC_TOKEN"),
-                   help="bearer token for the orchestrator [SPECDEC_TOKEN]")
-    g.add_argument("--tls-ca", default=os.environ.get("SPECDEC_TLS_CA"),
-                   help="CA of the server's certificate; enables TLS [SPECDEC_TLS_CA]")
-    g.add_argument("--tls-cert", default=os.environ.get("SPECDEC_CLIENT_CERT"),
-                   help="client certificate for mutual TLS [SPECDEC_CLIENT_CERT]")
-    g.add_argument("--tls-key", default=os.environ.get("SPECDEC_CLIENT_KEY"),
-                   help="its private key [SPECDEC_CLIENT_KEY]")
+CONNECTION = Group("connection", (
+    Flag("token", "bearer token for the orchestrator", None),
+    *CLIENT_TLS,
+))
 
 
 def _connection(args: argparse.Namespace) -> dict:
     return dict(token=getattr(args, "token", None), ca=getattr(args, "tls_ca", None),
-                cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None))
+                cert=getattr(args, "client_cert", None), key=getattr(args, "client_key", None))
 
 
 def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, err=sys.stderr,
@@ -361,7 +354,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
     from specdec.security import channel_credentials, sync_channel
 
-    credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    credentials = channel_credentials(args.tls_ca, args.client_cert, args.client_key)
     with sync_channel(args.address, credentials) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -377,56 +370,52 @@ def cmd_health(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------- main
 
 
-def _add_up_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("launch")
-    g.add_argument("--port", type=int, default=50050, help="orchestrator port (a free one if taken)")
-    g.add_argument("--target-model", default=None,
-                   help="target folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--draft-model", default=None,
-                   help="draft folder or .gguf (default: the draft service's own default)")
-    g.add_argument("--device", default="cpu", help="cpu, cuda:0, ... for both services")
-    g.add_argument("--threads", type=int, default=0,
-                   help="torch threads per service (0 = split the cores: target ceil(n/2), draft "
-                        "the rest, orchestrator 1)")
-    g.add_argument("--parallel", action="store_true",
-                   help="the orchestrator's default is parallel speculation")
-    g.add_argument("--redis-url", default=None,
-                   help="use this Redis (default: 127.0.0.1:6379 if it answers, else start one)")
-    g.add_argument("--default-proposer", default="combined", choices=["combined", "draft", "lookup", "none"],
-                   help="proposer for requests that leave it unspecified (default %(default)s)")
-    g.add_argument("--default-k", default="auto",
-                   help="k for requests that leave it 0: a number, or 'auto' (adaptive per round)")
-    g.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each service")
-    g.add_argument("--logs", default=None, help="folder for the processes' logs (default: a temp dir)")
+LAUNCH = Group("launch", (
+    Flag("port", "orchestrator port (a free one if taken)", 50050, int),
+    Flag("target-model", "target folder or .gguf; empty = the embedded SmolLM2-135M-Instruct", None),
+    Flag("draft-model", "draft folder or .gguf; empty = the draft service's own default", None),
+    Flag("device", "cpu, cuda:0, ... for both services", "cpu"),
+    Flag("threads", "torch threads per service (0 = split the cores: target ceil(n/2), draft the rest, "
+         "orchestrator 1)", 0, int),
+    Flag("parallel", "the orchestrator's default is parallel speculation", False, kind=SWITCH),
+    Flag("redis-url", "use this Redis; empty = 127.0.0.1:6379 if it answers, else start one", None),
+    Flag("default-proposer", "proposer for requests that leave it unspecified", "combined",
+         choices=["combined", "draft", "lookup", "none"]),
+    Flag("default-k", "k for requests that leave it 0: a number, or 'auto' (adaptive per round)", "auto"),
+    Flag("timeout", "seconds to wait for each service to start", 180.0, float),
+    Flag("logs", "folder for the processes' logs; empty = a temporary folder", None),
+))
+# No environment name: SPECDEC_GATEWAY_PORT is the gateway's own old name for its --port.
+GATEWAY_PORT = Flag("gateway-port", "port of the HTTP gateway (OpenAI API, playground page at /playground; "
+                    "a free one if taken; 0 = no gateway)", 8000, int, env=False)
+DEMO_PROMPT = "Explain speculative decoding in two sentences."
+
+GENERATE_SETTINGS = Settings("specdec generate", "stream a generation from a running orchestrator", (
+    Group("", (Flag("prompt", "the prompt", kind=POSITIONAL),
+               Flag("address", "the orchestrator's address", DEFAULT_ADDRESS))),
+    CONNECTION, GENERATION))
+UP_SETTINGS = Settings("specdec up", "start Redis (if needed), target, draft, orchestrator and gateway",
+                       (LAUNCH.plus(GATEWAY_PORT),))
+DEMO_SETTINGS = Settings("specdec demo", "up, stream one generation, shut everything down", (
+    Group("", (Flag("prompt", "the prompt", DEMO_PROMPT, kind=POSITIONAL, nargs="?"),)),
+    LAUNCH, GENERATION.with_defaults(max_new_tokens=64)))
+HEALTH_SETTINGS = Settings("specdec health", "exit 0 if the gRPC server at ADDRESS is SERVING", (
+    Group("", (Flag("address", "host:port of the server", kind=POSITIONAL),
+               Flag("service", "service name (empty = the whole server)", "", env=False),
+               Flag("timeout", "seconds to wait for the answer", 3.0, float, env=False))),
+    CONNECTION))
+# (subcommand, its settings, what it runs): the launcher's processes, for the parser and the page.
+COMMANDS = (("generate", GENERATE_SETTINGS, cmd_generate), ("up", UP_SETTINGS, cmd_up),
+            ("demo", DEMO_SETTINGS, cmd_demo), ("health", HEALTH_SETTINGS, cmd_health))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdec", description="Distributed speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="stream a generation from a running orchestrator")
-    gen.add_argument("prompt")
-    gen.add_argument("--address", default=os.environ.get("SPECDEC_ADDRESS", DEFAULT_ADDRESS))
-    _add_connection_args(gen)
-    _add_generation_args(gen)
-    gen.set_defaults(func=cmd_generate)
-    up = sub.add_parser("up", help="start Redis (if needed), target, draft, orchestrator and gateway")
-    _add_up_args(up)
-    up.add_argument("--gateway-port", type=int, default=8000,
-                    help="port of the HTTP gateway (OpenAI API, playground page at /playground; "
-                         "a free one if taken; 0 = no gateway)")
-    up.set_defaults(func=cmd_up)
-    demo = sub.add_parser("demo", help="up, stream one generation, shut everything down")
-    demo.add_argument("prompt", nargs="?", default="Explain speculative decoding in two sentences.")
-    _add_up_args(demo)
-    _add_generation_args(demo)
-    demo.set_defaults(func=cmd_demo)
-    demo.set_defaults(max_new_tokens=64)
-    health = sub.add_parser("health", help="exit 0 if the gRPC server at ADDRESS is SERVING")
-    health.add_argument("address")
-    health.add_argument("--service", default="", help="service name ('' = the whole server)")
-    health.add_argument("--timeout", type=float, default=3.0)
-    _add_connection_args(health)
-    health.set_defaults(func=cmd_health)
+    for name, settings, func in COMMANDS:
+        settings.parser(parser=sub.add_parser(name, help=settings.description,
+                                              description=settings.description))
+        sub.choices[name].set_defaults(func=func)
     sub.add_parser("secrets", add_help=False,
                    help="write a CA, certificates and tokens into a folder (specdec secrets --help)")
     sub.add_parser("distill", add_help=False,
@@ -442,9 +431,15 @@ def main(argv: list[str] | None = None) -> int:
         from specdec.credentials import main as secrets_main
 
         return secrets_main(argv[1:])
-    if argv[:1] == ["distill"]:  # its own parser: python -m specdec.distill
-        from specdec.distill.cli import main as distill_main
-
+    if argv[:1] == ["distill"]:  # its own parser: python -m distill (training, not in every install)
+        try:
+            from distill.cli import main as distill_main
+        except ModuleNotFoundError as exc:
+            if exc.name != "distill":
+                raise
+            print("specdec distill: this install has no training package (distill/); run it from a "
+                  "source checkout (pip install -e .)", file=sys.stderr)
+            return 2
         return distill_main(argv[1:])
     if argv[:1] == ["trace"]:  # its own parser: python -m specdec.tracing.plot
         from specdec.tracing.plot import main as trace_main

@@ -11,7 +11,6 @@ and a label on `specdec_limit_rejections_total`. The orchestrator's
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ REJECTIONS = Counter(
 )
 
 MARGIN_BYTES = 1 << 20
+MAX_SESSION_ID = 256  # characters in a session id, on every service and the orchestrator
 
 
 def model_message_caps(vocab: int, max_k: int, max_request_tokens: int) -> tuple[int, int]:
@@ -137,33 +137,6 @@ class Admission:
                 self._streams[tenant] = left
             else:
                 del self._streams[tenant]
-
-
-def _env(name: str, fallback):
-    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
-
-
-def add_admission_args(parser: argparse.ArgumentParser) -> None:
-    d = AdmissionLimits()
-    g = parser.add_argument_group("limits (RESOURCE_EXHAUSTED, counted in specdec_limit_rejections_total)")
-    g.add_argument("--max-request-bytes", type=int,
-                   default=_env("max_request_bytes", d.max_request_bytes),
-                   help="UTF-8 bytes of prompt + messages + guess + stop strings, checked before "
-                        "tokenising [SPECDEC_MAX_REQUEST_BYTES] (default %(default)s)")
-    g.add_argument("--max-streams-per-tenant", type=int,
-                   default=_env("max_streams_per_tenant", d.max_streams_per_tenant),
-                   help="concurrent Generate/Check calls per tenant, 0 = off "
-                        "[SPECDEC_MAX_STREAMS_PER_TENANT] (default %(default)s)")
-    g.add_argument("--rate-per-tenant", type=float,
-                   default=_env("rate_per_tenant", d.rate_per_tenant),
-                   help="calls a second per tenant (token bucket), 0 = off "
-                        "[SPECDEC_RATE_PER_TENANT] (default %(default)s)")
-    g.add_argument("--burst-per-tenant", type=float,
-                   default=_env("burst_per_tenant", d.burst_per_tenant),
-                   help="token bucket size [SPECDEC_BURST_PER_TENANT] (default %(default)s)")
-    g.add_argument("--max-in-flight", type=int, default=_env("max_in_flight", d.max_in_flight),
-                   help="concurrent Generate/Check calls in all, 0 = off "
-                        "[SPECDEC_MAX_IN_FLIGHT] (default %(default)s)")
 
 
 def admission_from_args(args: argparse.Namespace) -> AdmissionLimits:

@@ -43,10 +43,6 @@ ANONYMOUS = ""  # the tenant of every caller when no tokens are configured
 TENANT: ContextVar[str] = ContextVar("specdec_tenant", default=ANONYMOUS)
 
 
-def _env(name: str, fallback: str | None = None) -> str | None:
-    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
-
-
 def read_file(path: str | os.PathLike | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
@@ -259,31 +255,6 @@ class ServerSecurity:
             log.warning("binding %s without TLS: tokens and data cross the network in clear", host)
 
 
-def add_security_args(parser: argparse.ArgumentParser, *, auth: str) -> None:
-    """TLS flags for every server; `auth` "tenants" (orchestrator) or "service" (model services)."""
-    g = parser.add_argument_group("security")
-    g.add_argument("--tls-cert", default=_env("tls_cert", ""),
-                   help="PEM certificate (chain) this server presents; enables TLS [SPECDEC_TLS_CERT]")
-    g.add_argument("--tls-key", default=_env("tls_key", ""),
-                   help="PEM private key of --tls-cert [SPECDEC_TLS_KEY]")
-    g.add_argument("--tls-client-ca", default=_env("tls_client_ca", ""),
-                   help="require client certificates signed by this CA (mutual TLS) "
-                        "[SPECDEC_TLS_CLIENT_CA]")
-    if auth == "tenants":
-        g.add_argument("--auth-tokens", default=_env("auth_tokens", ""),
-                       help="file of 'tenant:token' lines (or a JSON object tenant -> token(s)); "
-                            "callers must send 'authorization: Bearer <token>' [SPECDEC_AUTH_TOKENS]")
-    else:
-        g.add_argument("--service-token", default=_env("service_token", ""),
-                       help="only callers sending 'authorization: Bearer <this>' (the "
-                            "orchestrators) may call Score/Propose/Release/GetInfo "
-                            "[SPECDEC_SERVICE_TOKEN]")
-    g.add_argument("--insecure", action="store_true",
-                   default=str(_env("insecure", "")).lower() in ("1", "true", "yes"),
-                   help="allow binding a non-loopback address with neither TLS nor tokens "
-                        "[SPECDEC_INSECURE]")
-
-
 def security_from_args(args: argparse.Namespace) -> ServerSecurity:
     tenants = hasattr(args, "auth_tokens")  # the orchestrator: its --service-token is outgoing
     return ServerSecurity(
@@ -313,19 +284,6 @@ class ServiceClientSecurity:
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return bearer_metadata(self.token)
-
-
-def add_service_client_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("calls to the model services")
-    g.add_argument("--service-tls-ca", default=_env("service_tls_ca", ""),
-                   help="CA that signed the model services' certificates; enables TLS to them "
-                        "[SPECDEC_SERVICE_TLS_CA]")
-    g.add_argument("--service-tls-cert", default=_env("service_tls_cert", ""),
-                   help="client certificate for mutual TLS with the services [SPECDEC_SERVICE_TLS_CERT]")
-    g.add_argument("--service-tls-key", default=_env("service_tls_key", ""),
-                   help="its private key [SPECDEC_SERVICE_TLS_KEY]")
-    g.add_argument("--service-token", default=_env("service_token", ""),
-                   help="token sent to the model services [SPECDEC_SERVICE_TOKEN]")
 
 
 def service_client_from_args(args: argparse.Namespace) -> ServiceClientSecurity:

@@ -278,7 +278,7 @@ def test_probes_target_the_ports_the_processes_listen_on(name):
         env = _env(container, docs)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         if role == "gateway":
-            assert ports["http"] == int(env["SPECDEC_GATEWAY_PORT"])
+            assert ports["http"] == int(env["SPECDEC_PORT"])
             for probe in ("readinessProbe", "livenessProbe"):
                 assert container[probe]["httpGet"]["port"] in ("http", ports["http"])
             assert container["readinessProbe"]["httpGet"]["path"] == "/health"
@@ -514,8 +514,8 @@ def test_probes_speak_tls(name):
             assert set(options) <= flags, (role, options)
             assert files[options["--tls-ca"]][1] == "ca.crt"
             if env.get("SPECDEC_TLS_CLIENT_CA"):
-                assert files[options["--tls-cert"]][1] == "client.crt"
-                assert files[options["--tls-key"]][1] == "client.key"
+                assert files[options["--client-cert"]][1] == "client.crt"
+                assert files[options["--client-key"]][1] == "client.key"
 
 
 def test_secrets_come_from_git_ignored_files():

@@ -1,12 +1,16 @@
-"""Rolling 64-bit fingerprints of token prefixes.
+"""Rolling 64-bit fingerprints of token prefixes, and the fingerprint of a vocabulary.
 
 A service keeps the fingerprint of every prefix it caches; a caller sends the
 fingerprint of the prefix it believes is cached. A mismatch is a cache miss,
-never a silently wrong continuation.
+never a silently wrong continuation. The services and the orchestrator compare
+tokenizer fingerprints at start-up and refuse a pair whose vocabularies differ.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
+from typing import Any
 
 MASK64 = (1 << 64) - 1
 EMPTY = 0x9E3779B97F4A7C15  # fingerprint of the empty prefix
@@ -35,3 +39,9 @@ def prefix_fingerprints(tokens: Iterable[int], start: int = EMPTY) -> list[int]:
 def fingerprint(tokens: Iterable[int]) -> int:
     """Fingerprint of a whole token sequence."""
     return prefix_fingerprints(tokens)[-1]
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 over the sorted (token, id) pairs: equal iff the vocabularies match."""
+    items = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()

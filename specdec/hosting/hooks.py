@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from engine.host import ModelHost
-from specdec.hosting.server import OnServing, ServerOptions
+from specdec.server import OnServing, ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def registration(host: ModelHost, options: ServerOptions, role: str) -> OnServin
 
 
 def sweeper(host: ModelHost) -> OnServing:
-    """Free sessions idle beyond --session-ttl."""
+    """Free sessions idle beyond --kv-idle-ttl."""
 
     async def on_serving(address: str) -> Callable[[], Awaitable[None]]:
         period = max(0.5, min(host.limits.session_ttl_s / 4, 30.0))

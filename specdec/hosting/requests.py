@@ -13,12 +13,11 @@ from typing import Any
 
 from specdec.core.sampling import SamplingParams
 from specdec.errors import InvalidArgument, OutOfRange, ResourceExhausted
+from specdec.limits import MAX_SESSION_ID
 from engine.host import HostLimits
 from engine.loader import LoadedModel
 from specdec.v1 import common_pb2
 from specdec.wire import sampling_from_proto
-
-MAX_SESSION_ID = 256
 
 
 @dataclass(frozen=True)

@@ -54,18 +54,6 @@ _metadata: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("specde
 ROLE_SERVICE = {"target": "TargetService", "draft": "DraftService"}
 
 
-def env_trace_file() -> str:
-    return os.environ.get("SPECDEC_TRACE_FILE", "")
-
-
-def add_args(group) -> None:
-    """--trace-file on an argparse group (every specdec server and the gateway)."""
-    group.add_argument("--trace-file", default=env_trace_file(),
-                       help="append OpenTelemetry spans to this JSON-lines file (one span per "
-                            "line); OTLP export instead: OTEL_TRACES_EXPORTER=otlp and "
-                            "OTEL_EXPORTER_OTLP_ENDPOINT; default off [SPECDEC_TRACE_FILE]")
-
-
 def wanted(trace_file: str | None) -> bool:
     """Whether tracing is asked for: a trace file, or OTEL_TRACES_EXPORTER naming an exporter."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -230,15 +218,6 @@ def rpc_span(role: str, method: str, address: str, start: float, encoded: float 
     span.end(end_time=epoch_ns(end))
 
 
-def server_interceptors(address: str) -> list:
-    """The tracing interceptor for a specdec server, or nothing when tracing is off."""
-    if not ENABLED:
-        return []
-    from specdec.tracing.grpc_server import TracingInterceptor
-
-    return [TracingInterceptor(address)]
-
-
 # ------------------------------------------------------------ the request
 
 
@@ -274,11 +253,6 @@ def request(tally: Any) -> RequestTrace | _NoTrace:
     return RequestTrace(tally) if ENABLED else NO_TRACE
 
 
-_ROUND_FIELDS = ("k", "drafted", "accepted", "committed", "total_ms", "draft_ms", "target_ms",
-                 "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms", "redis_write_ms",
-                 "bytes_sent", "bytes_received", "cache_misses")
-
-
 class RequestTrace:
     """Spans of one Generate, timed with the Tally's own clock readings.
 
@@ -304,16 +278,16 @@ class RequestTrace:
     def step(self, name: str) -> _Step:
         """A `with` block timing one step of the round (propose, score, verify)."""
         if self.round is None:
-            self._open_round(self.tally._round_start)
+            self._open_round(self.tally.round_started)
         return _Step(self, name)
 
     def round_closed(self, rnd: Any) -> None:
         """After Tally.close_round(rnd): end commit and the round at the Tally's round end."""
-        end = epoch_ns(self.tally._round_start)
+        end = epoch_ns(self.tally.round_started)
         if self.commit is not None:
             self.commit.end(end_time=end)
             self.commit = None
-        self.round.set_attributes({f"specdec.{f}": getattr(rnd, f) for f in _ROUND_FIELDS})
+        self.round.set_attributes({f"specdec.{f}": v for f, v in rnd.as_dict().items()})
         self.round.end(end_time=end)
         self.round = self.round_ctx = None
         _set_parent(self.ctx)

@@ -13,7 +13,7 @@ def test_draft_service_default_is_the_committed_distilled_draft(services) -> Non
     """No --model: the draft service serves specdec/drafts/smollm2-135m, which beats the early-exit stand-in."""
     from transformers import AutoTokenizer
 
-    from specdec.distill import data, evaluate, prompts
+    from distill import data, evaluate, prompts
     from draft_service.role import DEFAULT_DRAFT
     from engine.loader import load
 

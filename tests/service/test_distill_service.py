@@ -1,4 +1,4 @@
-"""`python -m specdec.distill` end to end on a tiny target, then the draft service serves the result."""
+"""`python -m distill` end to end on a tiny target, then the draft service serves the result."""
 from __future__ import annotations
 
 import json
@@ -19,14 +19,14 @@ PROBS = common_pb2.OUTPUT_MODE_PROBS
 
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(target, OUT) after `python -m specdec.distill all` with tiny settings."""
+    """(target, OUT) after `python -m distill all` with tiny settings."""
     from tests.tiny import build_model
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("distill-cli")
     target = build_model(root / "target", seed=3, layers=4, init_std=0.08)
     out = root / "out"
-    argv = [sys.executable, "-m", "specdec.distill", "all", "--target", str(target), "--out", str(out),
+    argv = [sys.executable, "-m", "distill", "all", "--target-model", str(target), "--out", str(out),
             "--prompts", "96", "--heldout", "8", "--max-new-tokens", "16", "--gen-batch", "32", "--shard-prompts", "64",
             "--gen-dtype", "float32", "--layers", "1", "--vocab", "200", "--steps", "20",
             "--batch-tokens", "256", "--lr", "3e-3", "--amp", "float32", "--draft-dtype", "float32",
@@ -55,7 +55,7 @@ def test_pipeline_writes_data_draft_and_eval(distilled: tuple[Path, Path]) -> No
     # The data stage is resumable: a rerun finds every shard and generates nothing.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     before = {p: p.stat().st_mtime_ns for p in (out / "data").rglob("shard-*.pt")}
-    again = subprocess.run([sys.executable, "-m", "specdec.distill", "data", "--target", str(target),
+    again = subprocess.run([sys.executable, "-m", "distill", "data", "--target-model", str(target),
                             "--out", str(out), "--prompts", "96", "--heldout", "8", "--max-new-tokens", "16", "--shard-prompts", "64",
                             "--gen-dtype", "float32", "--threads", "1"],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)

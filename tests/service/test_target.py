@@ -113,7 +113,7 @@ def test_eviction_by_max_sessions_and_ttl(services, tiny_pair, tokenizer) -> Non
     import time
 
     toks = tokenizer(PROMPT)["input_ids"]
-    svc = services("target", tiny_pair[0], "--max-sessions", "2", "--session-ttl", "3")
+    svc = services("target", tiny_pair[0], "--max-sessions", "2", "--kv-idle-ttl", "3")
     for name in ("a", "b", "c"):  # the third evicts the least recently used: a
         score(svc.stub, name, toks, 0, toks[:4])
     _miss(lambda: score(svc.stub, "a", toks, 4, toks[4:5]))

@@ -35,7 +35,7 @@ COMPUTE_BOUND = {1: 40.0, 2: 60.0, 5: 120.0, 9: 200.0}  # every extra token cost
 
 
 def proposer(b: CostBook, *, draft: bool = True) -> CombinedProposer:
-    replica = SimpleNamespace(address="d", cached=0) if draft else None
+    replica = SimpleNamespace(address="d", held=0) if draft else None
     return CombinedProposer(DraftServiceProposer(replica), PromptLookupProposer(), b, lambda: "t")
 
 

@@ -1,4 +1,4 @@
-"""specdec.distill in-process: prompt set, reduced-vocabulary head, draft folder, training helps."""
+"""distill in-process: prompt set, reduced-vocabulary head, draft folder, training helps."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.core.sampling import SamplingParams, probs_from_logits
-from specdec.distill import data, evaluate, heldout, prompts, train
+from distill import data, evaluate, heldout, prompts, train
 from engine import drafts
 
 
@@ -243,15 +243,15 @@ def test_vocabulary_subset_is_the_most_frequent_response_tokens() -> None:
 
 
 def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tmp_path: Path) -> None:
-    """data -> train -> eval through the CLI: both held-out sets reported; --draft leaves its folder alone."""
+    """data -> train -> eval through the CLI: both held-out sets reported; --draft-model leaves its folder alone."""
     import shutil
 
-    from specdec.distill import cli
+    from distill import cli
 
     v2 = tmp_path / "v2.jsonl"
     v2.write_text("".join(p.to_json() + "\n" for p in heldout.build()[::11]), encoding="utf-8")
     run = tmp_path / "run"
-    common = ["--target", str(deep_target), "--out", str(run), "--threads", "1", "--heldout-file", str(v2),
+    common = ["--target-model", str(deep_target), "--out", str(run), "--threads", "1", "--heldout-file", str(v2),
               "--max-new-tokens", "8", "--top-k", "4", "--vocab", "0", "--layers", "1"]
     assert cli.main(["data", "--prompts", "24", "--heldout", "4", "--gen-batch", "16", "--shard-prompts", "12",
                      *common]) == 0
@@ -272,12 +272,12 @@ def test_cli_evaluates_both_heldout_sets_and_another_draft(deep_target: Path, tm
     # Another draft folder on the same held-out data: same numbers, its manifest untouched.
     other = Path(shutil.copytree(run / "draft", tmp_path / "other"))
     before = (other / "specdec-draft.json").read_text()
-    assert cli.main(["eval", "--draft", str(other), *common]) == 0
+    assert cli.main(["eval", "--draft-model", str(other), *common]) == 0
     again = json.loads((run / "eval-other.json").read_text())
     assert again["draft"]["by_set"]["heldout_v2"]["agreement"] == by_set["heldout_v2"]["agreement"]
     assert (other / "specdec-draft.json").read_text() == before
     # The card shows both sets and the side-by-side with the other draft.
-    from specdec.distill import card
+    from distill import card
 
     page = card.render(run, "d", "licence", run / "eval-other.json", "old draft")
     assert "separate held-out v2 (hand-written)" in page and "old draft: agreement" in page

@@ -16,7 +16,8 @@ import torch
 from scipy.stats import chisquare
 
 from orchestrator.parallel import ParallelDraftProposer
-from orchestrator.proposers import DraftServiceProposer, open_proposer
+from orchestrator.proposer_factory import open_proposer
+from orchestrator.proposers import DraftServiceProposer
 from orchestrator.spec import DRAFT, NONE, GenerateSpec
 from orchestrator.stats import stats_to_proto
 from specdec.core.sampling import SamplingParams, probs_from_logits

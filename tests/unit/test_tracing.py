@@ -20,7 +20,7 @@ OFF_SCRIPT = """
 import json, sys
 from orchestrator.__main__ import parse_args
 from specdec import tracing
-from specdec.hosting.server import options_from_args
+from specdec.server import options_from_args
 from tests.unit.test_loop import PROMPTS, Stack, make_models
 
 options = options_from_args(parse_args([]))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from specdec.distill.prompts import Prompt
+from distill.prompts import Prompt
 
 log = logging.getLogger(__name__)
 

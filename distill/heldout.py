@@ -11,8 +11,8 @@ writing and math. Its purpose is to measure how a draft holds up on prompts
 unlike the ones it was built from. It is not the benchmark suite
 (benchmarks/prompts/suite-v1.jsonl), which stays unseen by the distillation.
 
-Written to specdec/data/distill_heldout_v2.jsonl by
-`python -m specdec.distill.prompts` (with the prompt set); the data stage
+Written to distill/prompt_sets/distill_heldout_v2.jsonl by
+`python -m distill.heldout` (with the prompt set); the data stage
 generates the target's responses to it (`--heldout-file`), the eval stage
 reports agreement on it next to the templated held-out set.
 """
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.distill.prompts import DATA_DIR, Messages, Prompt, load, write_jsonl
+from distill import prompts
+from distill.prompts import DATA_DIR, Messages, Prompt, load, write_jsonl
 
 HELDOUT_V2_FILE = DATA_DIR / "distill_heldout_v2.jsonl"
 
@@ -203,3 +204,13 @@ def write(path: Path = HELDOUT_V2_FILE) -> int:
 def load_v2(path: Path = HELDOUT_V2_FILE) -> list[Prompt]:
     """The v2 held-out prompts (every row counts as held out, whatever its flag)."""
     return [Prompt(p.id, p.category, p.messages, True) for p in load(path)]
+
+
+def main() -> None:
+    """Rewrite the shipped prompt set (distill.prompts) and this held-out set from their modules."""
+    print(f"wrote {prompts.write()} prompts to {prompts.PROMPTS_FILE}")
+    print(f"wrote {write()} held-out prompts to {HELDOUT_V2_FILE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,11 @@
 """Prompts written by the target itself (self-instruct), the model-dependent step of the prompt set.
 
-`python -m specdec.distill prompts --out DIR` asks the target (greedy) to write
+`python -m distill prompts --out DIR` asks the target (greedy) to write
 one user request per (instruction, subject) pair, then answers a seeded
 selection of the cleaned requests (those answers become the assistant turn of
 multi-turn prompts and quoted passages of rewrite/summarize prompts). The raw
-outputs are checked in as specdec/data/distill_generated.jsonl, so building the
-prompt set (specdec.distill.prompts.build) never needs the model: only this
+outputs are checked in as distill/prompt_sets/distill_generated.jsonl, so building the
+prompt set (distill.prompts.build) never needs the model: only this
 step does.
 
 Resumable: rows are appended to the file batch by batch, and a rerun skips the
@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from specdec.distill import data, prompts
+from distill import data, prompts
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The grpc.aio server bootstrap every specdec server shares.
 
-    opts = options_from_args(args)            # after add_server_args(parser, default_port=...)
+    opts = options_from_args(args)            # flags: specdec.settings.server_group(port)
     exit_code = run_server(
         [partial(model_pb2_grpc.add_TargetServiceServicer_to_server, servicer)],
         ["specdec.v1.TargetService"],
@@ -12,7 +12,7 @@ It adds the error-mapping interceptor, grpc.health.v1 (SERVING once `serve`
 runs, i.e. after the caller loaded its model; NOT_SERVING while draining),
 server reflection, a Prometheus HTTP endpoint (--metrics-port), and a graceful
 SIGTERM/SIGINT: health NOT_SERVING, the on_serving cleanup (deregistration)
-at once, then -- with a `drain` (specdec.hosting.drain, the model services) --
+at once, then -- with a `drain` (specdec.drain, the model services) --
 new calls refused as "draining" while in-flight ones finish and live sessions
 move away, all within the drain deadline (--grace seconds); exit 0.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import socket
 import time
@@ -36,8 +35,8 @@ from prometheus_client import Counter
 
 from specdec import tracing
 from specdec.errors import ErrorInterceptor
-from specdec.security import ServerSecurity, add_security_args, security_from_args
-from specdec.hosting.drain import Drain
+from specdec.security import ServerSecurity, security_from_args
+from specdec.drain import Drain
 from specdec.procs import watch_parent
 
 log = logging.getLogger(__name__)
@@ -82,55 +81,6 @@ class ServerOptions:
         return f"{host}:{self.port}"
 
 
-def env_default(name: str, fallback: str | int | float | None) -> str | int | float | None:
-    """The SPECDEC_<NAME> environment variable, else `fallback` (flags override both)."""
-    return os.environ.get(f"SPECDEC_{name.upper()}", fallback)
-
-
-def env_flag(name: str, default: bool) -> bool:
-    """A switch's SPECDEC_<NAME>: a default-on switch is off only for 0/false/no/off, a
-    default-off one on only for 1/true/yes/on (flags override both)."""
-    value = os.environ.get(f"SPECDEC_{name.upper()}")
-    if value is None:
-        return default
-    value = value.strip().lower()
-    return value not in ("0", "false", "no", "off") if default else value in ("1", "true", "yes", "on")
-
-
-def add_server_args(parser: argparse.ArgumentParser, *, default_port: int,
-                    auth: str = "service") -> None:
-    """The flags every server takes; each has a SPECDEC_* environment equivalent.
-
-    `auth`: "service" (model services: --service-token) or "tenants" (the
-    orchestrator: --auth-tokens); see specdec.security.
-    """
-    g = parser.add_argument_group("server")
-    g.add_argument("--host", default=env_default("host", "127.0.0.1"),
-                   help="address to bind (0.0.0.0 for all interfaces) [SPECDEC_HOST]")
-    g.add_argument("--port", type=int, default=env_default("port", default_port),
-                   help="gRPC port [SPECDEC_PORT] (default %(default)s)")
-    g.add_argument("--metrics-port", type=int, default=env_default("metrics_port", 0),
-                   help="Prometheus HTTP port, 0 = off [SPECDEC_METRICS_PORT]")
-    g.add_argument("--metrics-host", default=env_default("metrics_host", "127.0.0.1"),
-                   help="address the metrics endpoint binds (it has no authentication) "
-                        "[SPECDEC_METRICS_HOST] (default %(default)s)")
-    g.add_argument("--grace", type=float, default=env_default("grace", 10.0),
-                   help="drain deadline: seconds after SIGTERM for in-flight calls to finish and "
-                        "live sessions to move to other replicas before exit [SPECDEC_GRACE]")
-    g.add_argument("--redis-url", default=env_default("redis_url", ""),
-                   help="register this server in Redis with a heartbeat, e.g. "
-                        "redis://127.0.0.1:6379/0; empty = off [SPECDEC_REDIS_URL]")
-    g.add_argument("--redis-prefix", default=env_default("redis_prefix", "specdec:"),
-                   help="key prefix in Redis [SPECDEC_REDIS_PREFIX]")
-    g.add_argument("--advertise-address", default=env_default("advertise_address", ""),
-                   help="host:port other processes dial, if not --host:--port "
-                        "[SPECDEC_ADVERTISE_ADDRESS]")
-    g.add_argument("--log-level", default=env_default("log_level", "INFO"),
-                   help="DEBUG, INFO, WARNING... [SPECDEC_LOG_LEVEL]")
-    tracing.add_args(g)
-    add_security_args(parser, auth=auth)
-
-
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(
         host=args.host,
@@ -172,11 +122,13 @@ async def serve(
         interceptors = [*interceptors, drain.interceptor()]
     options.security.check_bind(options.host)
     # service.name: specdec-target, specdec-draft, specdec-orchestrator
-    tracing.configure(options.trace_file, "specdec-" + service_names[0].rsplit(".", 1)[-1]
-                      .removesuffix("Service").lower())
+    if tracing.configure(options.trace_file, "specdec-" + service_names[0].rsplit(".", 1)[-1]
+                         .removesuffix("Service").lower()):
+        from specdec.tracing.grpc_server import TracingInterceptor  # the OpenTelemetry API: only when on
+
+        interceptors = [*interceptors, TracingInterceptor(options.public_address)]
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors,
-                      *tracing.server_interceptors(options.public_address)],
+        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
         options=[("grpc.max_send_message_length", options.max_send_bytes),
                  ("grpc.max_receive_message_length", options.max_receive_bytes)],
     )

@@ -1,6 +1,6 @@
 """The shipped distillation prompt set: templated, self-instruct, multi-turn and quoted-input routes.
 
-Routes (all deterministic, seeded, checked in as specdec/data/distill_prompts.jsonl):
+Routes (all deterministic, seeded, checked in as distill/prompt_sets/distill_prompts.jsonl):
 - templated: templates x topics (explanations, creative writing, code,
   arithmetic word problems, rewriting, advice, comparisons, emails), the
   original set; every 20th of its seeded shuffle is held out (the "templated
@@ -12,13 +12,13 @@ Routes (all deterministic, seeded, checked in as specdec/data/distill_prompts.js
 - quoted input: rewrite / summarize / code tasks that quote their input, from a
   pool of passages and code snippets in this module and the target's answers.
 The target's outputs come from a separate model step (`python -m
-specdec.distill prompts`, specdec.distill.selfinstruct), checked in as
-specdec/data/distill_generated.jsonl, so building the set needs no model.
+distill prompts`, distill.selfinstruct), checked in as
+distill/prompt_sets/distill_generated.jsonl, so building the set needs no model.
 The new routes are interleaved with the templated training prompts (half of
 every prefix of the file until they run out), so a data stage cut short by its
 time budget still sees them in proportion.
 
-Regenerate with `python -m specdec.distill.prompts` (the test suite checks
+Regenerate with `python -m distill.heldout` (the test suite checks
 that the file matches this module).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parent / "prompt_sets"
 PROMPTS_FILE = DATA_DIR / "distill_prompts.jsonl"
 GENERATED_FILE = DATA_DIR / "distill_generated.jsonl"
 SEED = 20261129
@@ -600,15 +600,3 @@ def split(prompts: list[Prompt], n_train: int | None, n_heldout: int | None) -> 
     train = [p for p in prompts if not p.heldout]
     heldout = [p for p in prompts if p.heldout]
     return train[:n_train], heldout[:n_heldout]
-
-
-def main() -> None:
-    """Rewrite the shipped prompt set and the separately built held-out set from their modules."""
-    from specdec.distill import heldout
-
-    print(f"wrote {write()} prompts to {PROMPTS_FILE}")
-    print(f"wrote {heldout.write()} held-out prompts to {heldout.HELDOUT_V2_FILE}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Distil a draft model from a target: `python -m specdec.distill --help`.
+"""Distil a draft model from a target: `python -m distill --help`.
 
 prompts (the shipped prompt set) -> data (target greedy responses + top-k
 log-probs) -> train (a few target layers, soft cross-entropy) -> evaluate

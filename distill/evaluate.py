@@ -22,7 +22,7 @@ import torch
 
 from specdec.core.speedup import break_even_alpha, expected_tokens_per_pass
 from engine.drafts import subset_of
-from specdec.distill.train import head_logits
+from distill.train import head_logits
 
 
 @torch.inference_mode()

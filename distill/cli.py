@@ -1,10 +1,10 @@
-"""python -m specdec.distill [data|train|eval|all] --target ... --out DIR
+"""python -m distill [data|train|eval|all] --target-model ... --out DIR
 
 Stages (each resumable, each reads what the previous one wrote under --out):
   prompts  (not part of `all`; run once, output checked in) the target writes
          self-instruct requests and answers a selection of them
-         -> specdec/data/distill_generated.jsonl, then rebuilds the prompt set
-         specdec/data/distill_prompts.jsonl from it
+         -> distill/prompt_sets/distill_generated.jsonl, then rebuilds the prompt set
+         distill/prompt_sets/distill_prompts.jsonl from it
   data   target greedy responses + top-k log-probs for the training prompts
          (in --gen-dtype) and both held-out sets (in float32, the dtype the
          target is served in, so held-out labels are its true greedy tokens):
@@ -17,7 +17,7 @@ Stages (each resumable, each reads what the previous one wrote under --out):
   eval   agreement and tokens/pass on both held-out sets of OUT/draft (loaded
          through engine.loader, as the draft service loads it) and of
          the early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json.
-         With --draft DIR: another draft folder on the same held-out data
+         With --draft-model DIR: another draft folder on the same held-out data
          (e.g. the shipped one, for a side-by-side) -> OUT/eval-NAME.json
 Serve the result with `python -m draft_service --model OUT/draft`.
 The defaults (the shipped prompts in file order, 32 + 17 minute budgets for
@@ -37,62 +37,65 @@ from typing import Any
 
 import torch
 
-from specdec.distill.heldout import HELDOUT_V2_FILE
+from distill.heldout import HELDOUT_V2_FILE
+from specdec.settings import POSITIONAL, Flag, Group, Settings
 
-log = logging.getLogger("specdec.distill")
+log = logging.getLogger("distill")
 STAGES = ("prompts", "data", "train", "eval", "all")
 
 
+SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
+    Group("", (
+        Flag("stage", "which stage to run", "all", kind=POSITIONAL, nargs="?", choices=STAGES),
+        Flag("target-model", "target: 'default' (the embedded SmolLM2-135M-Instruct), a HF folder or a .gguf "
+             "file", "default", aliases=("target",)),
+        Flag("out", "working folder (data, checkpoints, draft, eval)", None, Path, required=True),
+    )),
+    Group("data", (
+        Flag("prompts", "training prompts; 0 = all of the prompt file's", 0, int),
+        Flag("prompt-file", "JSONL of {messages: [...]}; empty = the shipped set", None, Path),
+        Flag("heldout", "templated held-out prompts, from the prompt file", 64, int),
+        Flag("heldout-file", "JSONL of the separately built held-out set, evaluated next to the templated "
+             "one; '' = none", str(HELDOUT_V2_FILE),
+             default_doc="the shipped distill/prompt_sets/distill_heldout_v2.jsonl"),
+        Flag("max-new-tokens", "response length cap", 192, int),
+        Flag("gen-batch", "prompts per generation batch", 128, int),
+        Flag("shard-prompts", "prompts per data shard, the unit of resumption", 128, int),
+        Flag("gen-dtype", "target dtype for training data (held-out data is always float32)", "bfloat16"),
+        Flag("top-k", "target log-probs stored per position", 20, int),
+        Flag("data-minutes", "time budget of the data stage: no new shard after it; a rerun resumes "
+             "(0 = none)", 32, float),
+    )),
+    Group("training", (
+        Flag("layers", "draft decoder layers", 2, int),
+        Flag("init-draft", "train stage: start from this draft folder (its layers, final norm and head "
+             "vocabulary) instead of the target's first --layers layers: continued distillation of an "
+             "existing draft on new data; empty = from the target", None, Path),
+        Flag("vocab", "reduced head: the N most frequent tokens; 0 = full vocabulary", 8192, int),
+        Flag("steps", "optimiser steps", 3000, int),
+        Flag("batch-tokens", "response positions per step", 2048, int),
+        Flag("lr", "peak learning rate", 2e-3, float),
+        Flag("amp", "training autocast dtype; auto = bfloat16 where supported", "auto",
+             choices=("auto", "bfloat16", "float32")),
+        Flag("draft-dtype", "dtype of the stored draft tensors and of evaluation", "bfloat16"),
+        Flag("train-minutes", "time budget of training: fewer steps if --steps would not fit (0 = none)",
+             17, float),
+    )),
+    Group("evaluation", (
+        Flag("draft-model", "eval stage: evaluate this draft folder instead of OUT/draft, without touching "
+             "its manifest (results in OUT/eval-NAME.json)", None, Path, aliases=("draft",)),
+    )),
+    Group("process", (
+        Flag("device", "cpu, cuda, cuda:0, ...", "cpu"),
+        Flag("threads", "torch CPU threads", 2, int),
+        Flag("seed", "torch's seed", 0, int),
+        Flag("log-level", "DEBUG, INFO, WARNING...", "INFO"),
+    )),
+))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="specdec distill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("stage", nargs="?", default="all", choices=STAGES)
-    p.add_argument("--target", default="default",
-                   help="target: 'default' (the embedded SmolLM2-135M-Instruct), a HF folder or a .gguf file")
-    p.add_argument("--out", required=True, type=Path, help="working folder (data, checkpoints, draft, eval)")
-    p.add_argument("--prompts", type=int, default=0, help="training prompts; 0 = all of the prompt file's (default)")
-    p.add_argument("--prompt-file", type=Path, default=None, help="JSONL of {messages: [...]} (default: shipped set)")
-    p.add_argument("--heldout", type=int, default=64,
-                   help="templated held-out prompts, from the prompt file (default %(default)s)")
-    p.add_argument("--heldout-file", default=str(HELDOUT_V2_FILE),
-                   help="JSONL of the separately built held-out set, evaluated next to the templated one; "
-                        "'' = none (default: the shipped specdec/data/distill_heldout_v2.jsonl)")
-    p.add_argument("--draft", type=Path, default=None,
-                   help="eval stage: evaluate this draft folder instead of OUT/draft, without touching its "
-                        "manifest (results in OUT/eval-NAME.json)")
-    p.add_argument("--max-new-tokens", type=int, default=192, help="response length cap (default %(default)s)")
-    p.add_argument("--gen-batch", type=int, default=128, help="prompts per generation batch (default %(default)s)")
-    p.add_argument("--shard-prompts", type=int, default=128,
-                   help="prompts per data shard, the unit of resumption (default %(default)s)")
-    p.add_argument("--gen-dtype", default="bfloat16",
-                   help="target dtype for training data (default %(default)s; held-out data is always float32)")
-    p.add_argument("--top-k", type=int, default=20, help="target log-probs stored per position (default %(default)s)")
-    p.add_argument("--layers", type=int, default=2, help="draft decoder layers (default %(default)s)")
-    p.add_argument("--init-draft", type=Path, default=None,
-                   help="train stage: start from this draft folder (its layers, final norm and head "
-                        "vocabulary) instead of the target's first --layers layers: continued distillation "
-                        "of an existing draft on new data (default: from the target)")
-    p.add_argument("--vocab", type=int, default=8192,
-                   help="reduced head: the N most frequent tokens; 0 = full vocabulary (default %(default)s)")
-    p.add_argument("--steps", type=int, default=3000, help="optimiser steps (default %(default)s)")
-    p.add_argument("--batch-tokens", type=int, default=2048, help="response positions per step (default %(default)s)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default %(default)s)")
-    p.add_argument("--amp", default="auto", choices=("auto", "bfloat16", "float32"),
-                   help="training autocast dtype; auto = bfloat16 where supported (default %(default)s)")
-    p.add_argument("--draft-dtype", default="bfloat16",
-                   help="dtype of the stored draft tensors and of evaluation (default %(default)s)")
-    p.add_argument("--data-minutes", type=float, default=32,
-                   help="time budget of the data stage: no new shard after it; a rerun resumes "
-                        "(0 = none; default %(default)s)")
-    p.add_argument("--train-minutes", type=float, default=17,
-                   help="time budget of training: fewer steps if --steps would not fit "
-                        "(0 = none; default %(default)s)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default %(default)s)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-level", default="INFO")
-    return p
+    return SETTINGS.parser()
 
 
 def _amp(args: argparse.Namespace, device: torch.device) -> str:
@@ -111,12 +114,12 @@ def _target_loader_spec(target: str) -> str | None:
 def load_target(args: argparse.Namespace, dtype: str) -> Any:
     from engine import loader
 
-    return loader.load(_target_loader_spec(args.target), device=args.device, dtype=dtype)
+    return loader.load(_target_loader_spec(args.target_model), device=args.device, dtype=dtype)
 
 
 def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
     """The model step of the prompt set (self-instruct requests and answers), in the generation dtype."""
-    from specdec.distill import selfinstruct
+    from distill import selfinstruct
 
     summary = selfinstruct.run(load_target(args, args.gen_dtype), batch_size=args.gen_batch)
     log.info("prompt set rebuilt: %s", summary)
@@ -126,7 +129,7 @@ def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
 def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
                  deadline: float | None = None) -> dict[str, Any]:
     """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
-    from specdec.distill import data
+    from distill import data
 
     config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
                             shard_prompts=args.shard_prompts)
@@ -144,13 +147,13 @@ def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
 
 def heldout_v2_prompts(args: argparse.Namespace) -> list:
     """The separately built held-out set of --heldout-file (empty when disabled)."""
-    from specdec.distill import heldout
+    from distill import heldout
 
     return heldout.load_v2(Path(args.heldout_file)) if args.heldout_file else []
 
 
 def stage_data(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import prompts
+    from distill import prompts
 
     prompt_set = prompts.load(args.prompt_file) if args.prompt_file else prompts.load()
     train_prompts, heldout_prompts = prompts.split(prompt_set, args.prompts or None, args.heldout)
@@ -158,7 +161,7 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
     if args.heldout_file:
         sets.append(("heldout_v2", heldout_v2_prompts(args), "float32"))
     sets.append(("train", train_prompts, args.gen_dtype))
-    summary: dict[str, Any] = {"target": args.target, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k}
+    summary: dict[str, Any] = {"target": args.target_model, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k}
     if args.heldout_file:
         summary["heldout_file"] = args.heldout_file
     deadline = time.monotonic() + 60 * args.data_minutes if args.data_minutes > 0 else None
@@ -176,7 +179,7 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
 
 def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dict[str, int]:
     """Training prompts that made it into the data (the budget may cut the file short), per route/category."""
-    from specdec.distill import data
+    from distill import data
 
     counts: dict[str, int] = {}
     for record in data.load_records(args.out / "data" / "train"):
@@ -186,7 +189,7 @@ def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dic
 
 
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, train
+    from distill import data, train
     from engine import drafts
 
     records = data.load_records(args.out / "data" / "train")
@@ -213,7 +216,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
                           budget_s=60 * args.train_minutes if args.train_minutes > 0 else None)
     config = train.TrainConfig(**summary["config"])
     manifest = drafts.Manifest(
-        target=drafts.target_spec(_target_loader_spec(args.target)),
+        target=drafts.target_spec(_target_loader_spec(args.target_model)),
         target_name=target.name,
         tokenizer_fingerprint=target.tokenizer_fingerprint,
         num_layers=args.layers,
@@ -224,7 +227,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
             "init": init,
             "data": {k: info[k] for k in ("train", "heldout", "heldout_v2", "heldout_file", "max_new_tokens",
                                           "top_k") if k in info},
-            "prompts": "specdec/data/distill_prompts.jsonl" if args.prompt_file is None else str(args.prompt_file),
+            "prompts": "distill/prompt_sets/distill_prompts.jsonl" if args.prompt_file is None else str(args.prompt_file),
             "train": {**{k: v for k, v in config.__dict__.items()}, "epochs": summary["epochs"],
                       "seconds": summary["seconds"], "final": summary["history"][-1] if summary["history"] else {}},
         },
@@ -254,7 +257,7 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
 
     Timed on untrained drafts of the same shape (cost does not depend on the weights).
     """
-    from specdec.distill import evaluate
+    from distill import evaluate
     from engine import drafts
 
     out: dict[str, Any] = {}
@@ -272,7 +275,7 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
 
 def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Held-out records per set: the templated one, and the separate one (generated here if missing)."""
-    from specdec.distill import data
+    from distill import data
 
     sets = {"heldout": data.load_records(args.out / "data" / "heldout")}
     if args.heldout_file:
@@ -286,7 +289,7 @@ def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]
 def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]], target_model: Any,
                    context: list[int]) -> dict[str, Any]:
     """Quality on every held-out set (the templated one at top level, as before), cost, speed-ups."""
-    from specdec.distill import evaluate
+    from distill import evaluate
 
     cost = evaluate.cost(model, target_model, context)
     by_set = {}
@@ -299,14 +302,14 @@ def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]],
 
 
 def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from specdec.distill import data, evaluate
+    from distill import data, evaluate
     from engine import drafts
     from engine import loader
 
     sets = heldout_records(args)
     records = sets["heldout"]
     train_records = data.load_records(args.out / "data" / "train")
-    folder = args.draft or args.out / "draft"
+    folder = args.draft_model or args.out / "draft"
     trained = loader.load(str(folder), device=args.device, dtype=args.draft_dtype)
     target = load_target(args, "float32")
     context = (records[0]["prompt"] + records[0]["response"])[:256]
@@ -318,16 +321,16 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     result["vocab_coverage"]["train"] = round(evaluate.coverage(train_records, subset), 4)
     result["draft"] = evaluate_model("draft", trained.model, sets, target.model, context)
     result["draft"]["dtype"] = args.draft_dtype
-    if args.draft is None:  # the stand-in and the cost variants do not depend on the draft's weights
-        stand_in = loader.load(_target_loader_spec(args.target), device=args.device, dtype="float32",
+    if args.draft_model is None:  # the stand-in and the cost variants do not depend on the draft's weights
+        stand_in = loader.load(_target_loader_spec(args.target_model), device=args.device, dtype="float32",
                                num_layers=args.layers)
         result["stand_in"] = evaluate_model("stand-in", stand_in.model, sets, target.model, context)
         result["cost_variants"] = cost_variants(args, target.model, context, subset)
     result["threads"] = torch.get_num_threads()
-    out = args.out / ("eval.json" if args.draft is None else f"eval-{folder.name}.json")
+    out = args.out / ("eval.json" if args.draft_model is None else f"eval-{folder.name}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     d = result["draft"]
-    if args.draft is None:
+    if args.draft_model is None:
         write_manifest_eval(folder, result)
     for set_name, q in d["by_set"].items():
         log.info("%s: %s agreement %.1f%%, tokens/pass at k=4 %s", folder, set_name, 100 * q["agreement"],

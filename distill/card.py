@@ -1,8 +1,8 @@
-"""Write a draft card (markdown) from a distill run: python -m specdec.distill.card OUT [--name NAME].
+"""Write a draft card (markdown) from a distill run: python -m distill.card OUT [--name NAME].
 
 Everything in the card is read from the run folder (data/info.json, the draft
 manifest, eval.json, and with --baseline another draft's eval-NAME.json from
-`python -m specdec.distill eval --draft DIR --out OUT`), so the numbers are the
+`python -m distill eval --draft-model DIR --out OUT`), so the numbers are the
 measured ones.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         f"# Draft card: `{name}`",
         "",
         f"A draft model for **{manifest['target_name']}** ({manifest['target']}), made by "
-        "`python -m specdec.distill` (self-distillation). The draft service serves it when it is "
+        "`python -m distill` (self-distillation). The draft service serves it when it is "
         "given no `--model`; any draft folder loads with `python -m draft_service --model DIR`.",
         "",
         "## What is in the folder",
@@ -87,9 +87,9 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
                   else "."),
         "",
         "## Data",
-        f"- Prompts: the shipped set `specdec/data/distill_prompts.jsonl`, four routes ({ROUTES}); the "
-        "target's requests and answers come from `python -m specdec.distill prompts` and are checked in "
-        "(`specdec/data/distill_generated.jsonl`). "
+        f"- Prompts: the shipped set `distill/prompt_sets/distill_prompts.jsonl`, four routes ({ROUTES}); the "
+        "target's requests and answers come from `python -m distill prompts` and are checked in "
+        "(`distill/prompt_sets/distill_generated.jsonl`). "
         f"{info['train']['prompts']} training prompts were used (the data budget cuts the file short; the "
         "new routes are interleaved with the templated prompts so every prefix holds them in proportion)"
         + (": " + ", ".join(f"{k} {v}" for k, v in info["train"]["categories"].items())
@@ -222,17 +222,17 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         "",
         "## Reproduce",
         "```",
-        "python -m specdec.distill prompts --out OUT   # optional: the checked-in self-instruct step",
-        f"python -m specdec.distill all --target default --out OUT --threads {result['threads']}",
-        "python -m specdec.distill eval --out OUT --draft PREVIOUS_DRAFT   # the side-by-side",
-        "python -m specdec.distill.card OUT --baseline OUT/eval-NAME.json > docs/draft-card.md   # this page",
+        "python -m distill prompts --out OUT   # optional: the checked-in self-instruct step",
+        f"python -m distill all --target-model default --out OUT --threads {result['threads']}",
+        "python -m distill eval --out OUT --draft-model PREVIOUS_DRAFT   # the side-by-side",
+        "python -m distill.card OUT --baseline OUT/eval-NAME.json > docs/draft-card.md   # this page",
         "```",
     ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.distill.card", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m distill.card", description=__doc__)
     p.add_argument("out", type=Path, help="the --out folder of a distill run")
     p.add_argument("--name", default="specdec/drafts/smollm2-135m")
     p.add_argument("--licence", default=(

@@ -1,0 +1,5 @@
+"""Proposer kinds, as requests and the --default-proposer flag name them (no torch, no gRPC)."""
+from __future__ import annotations
+
+DRAFT, LOOKUP, GUESS, NONE, COMBINED = "draft", "lookup", "guess", "none", "combined"
+KINDS = (DRAFT, LOOKUP, GUESS, NONE, COMBINED)

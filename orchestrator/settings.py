@@ -1,0 +1,88 @@
+"""The orchestrator's settings (python -m orchestrator), defined once; no torch, no model hosting."""
+from __future__ import annotations
+
+from orchestrator.capacity import CapacityPolicy
+from orchestrator.deadlines import DeadlinePolicy
+from orchestrator.kinds import GUESS, KINDS
+from orchestrator.outliers import OutlierPolicy
+from specdec.settings import (
+    APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,
+)
+from specdec.store import SESSION_TTL_S
+
+DEFAULT_PORT = 50050
+
+ORCHESTRATOR = Group("orchestrator", (
+    Flag("target", "static target address(es), comma-separated or repeated; the fallback when the "
+         "Redis registry lists none", [], kind=APPEND),
+    Flag("draft", "static draft address(es), comma-separated or repeated", [], kind=APPEND),
+    Flag("tokenizer", "the target's model folder or .gguf (for its tokenizer and chat template); "
+         "empty = the embedded default target", None),
+    Flag("record-ttl", "seconds a session's record is kept in Redis after its last turn (the model "
+         "services free an idle KV cache after their own --kv-idle-ttl)", SESSION_TTL_S, int,
+         aliases=("session-ttl",), env_aliases=("SPECDEC_SESSION_TTL",)),
+    Flag("redis-outage-s", "a Redis outage up to this many seconds is invisible to streams (writes are "
+         "retried, reads at session start too); past it a stream ends with UNAVAILABLE and its committed "
+         "tokens are saved once Redis answers", 5.0, float),
+    Flag("record-interval-ms", "write a session's record after a round only if the last write began at "
+         "least this long ago (a turn's last state, and a failed turn's, are always written; a record "
+         "behind by a few rounds only costs a resumed turn some KV reuse)", 200.0, float),
+    Flag("default-proposer", "proposer when a request leaves it unspecified", "combined",
+         choices=[k for k in KINDS if k != GUESS]),
+    Flag("default-k", "drafted tokens per round when a request sends k = 0, or 'auto': pick k each round "
+         "from the observed acceptance and draft/target costs", "5"),
+    Flag("parallel", "parallel speculation by default: the draft drafts the next round while the target "
+         "verifies this one (requests may choose either; orchestrator.parallel)", False, kind=SWITCH),
+    Flag("speculation-gate", "for requests that give no k: measure each target replica's tokens/s with "
+         "and without drafting, in alternating epochs per load level, and draft only where it measured "
+         "faster (orchestrator.gate)", True, kind=SWITCH),
+    Flag("max-new-tokens-limit", "largest max_new_tokens a request may ask for", 4096, int),
+    Flag("rpc-timeout", "seconds before a model-service call counts as down", 60.0, float),
+    Flag("startup-timeout", "seconds to wait for a target replica at start-up", 60.0, float),
+    Flag("threads", "torch CPU threads (verification is light)", 1, int),
+    Flag("text-threads", "threads tokenising, templating and decoding off the event loop", 2, int),
+))
+
+BATCH_CALLS = Group("batch calls (orchestrator.batching): many sessions' calls to one replica in one RPC", (
+    Flag("batch-calls", "gather this orchestrator's Score/Propose calls to a replica into ScoreBatch/"
+         "ProposeBatch RPCs; off (or with tracing on) every call is its own RPC", True, kind=SWITCH),
+    Flag("batch-max-wait-ms", "longest a gathered call waits for this orchestrator's other live sessions "
+         "on the same replica (never when they are all there; at most half a batch RPC's measured time)",
+         20.0, float),
+    Flag("batch-max-items", "calls in one batch RPC", 64, int),
+))
+
+
+def _gray() -> Group:
+    """Deadlines, outlier routing and overload shedding (orchestrator.deadlines, .outliers, .capacity)."""
+    d, o, c = DeadlinePolicy(), OutlierPolicy(), CapacityPolicy()
+    return Group("gray failures and overload", (
+        Flag("deadline-factor", "a model-service call's deadline, x that replica's usual wall time for the "
+             "same size of work (0 = no learned deadlines: --rpc-timeout only)", d.factor, float),
+        Flag("deadline-floor-ms", "shortest learned deadline", d.floor_ms, float),
+        Flag("deadline-cold-s", "deadline before any call of a role has answered", d.cold_s, float),
+        Flag("outlier-ratio", "eject a replica whose wall time for the same work is this x its peers' "
+             "median (0 = off)", o.slow_ratio, float),
+        Flag("eject-s", "an ejected replica is probed after this long, doubling while its probes fail",
+             o.eject_s, float),
+        Flag("max-eject-s", "longest time between probes of an ejected replica", o.max_eject_s, float),
+        Flag("target-wait-s", "how long a round (or a new session) waits for some target replica to answer "
+             "when none other is usable; then UNAVAILABLE", 10.0, float),
+        Flag("target-capacity", "streams per target replica (0 = measured from its batches and queues: "
+             "orchestrator.capacity)", c.sessions, int),
+        Flag("capacity-pace", "measured capacity also caps a replica at the sessions whose shared forward "
+             "costs at most this x a lone session's, fed back from the admitted streams' measured pace "
+             "(0 = off: the batch size and queue saturation only)", c.pace, float),
+        Flag("admission-queue", "streams that may wait for a target slot at once (more: RESOURCE_EXHAUSTED "
+             "admission_queue)", c.queue_depth, int),
+        Flag("admission-wait-s", "longest wait for a target slot (then RESOURCE_EXHAUSTED target_capacity, "
+             "with retry-after)", c.wait_s, float),
+    ))
+
+
+def orchestrator_settings(description: str) -> Settings:
+    return Settings(
+        prog="python -m orchestrator", description=description,
+        groups=(server_group(DEFAULT_PORT), TENANT_SECURITY, SERVICE_CLIENT, limits_group(), ORCHESTRATOR,
+                BATCH_CALLS, _gray()),
+    )

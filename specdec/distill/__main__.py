@@ -1,6 +1,0 @@
-"""python -m specdec.distill --help"""
-import sys
-
-from specdec.distill.cli import main
-
-sys.exit(main())
