@@ -86,6 +86,13 @@ class Grammars:
                                                         eos_token=self._eos or None)
             return self._ll
 
+    def token_bytes(self, token: int) -> bytes:
+        """A token's own bytes (a piece of a UTF-8 character stays a piece); a special token: its name."""
+        raw = self._tokenizer().decode_bytes([token])
+        if raw.startswith(b"\xff"):  # llguidance's marker of a special token
+            return str(self._hf.convert_ids_to_tokens(token)).encode()
+        return raw
+
     def matcher(self, constraint: Constraint) -> TurnMatcher:
         """A fresh matcher for one turn; INVALID_ARGUMENT naming the field if the grammar is bad."""
         grammar = to_grammar(constraint)

@@ -19,7 +19,7 @@ from orchestrator import check as checking
 from orchestrator import predict as predicting
 from orchestrator import metrics
 from orchestrator.grammar import Constraint
-from orchestrator.loop import ChunkEvent, RoundDetail, generate
+from orchestrator.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
 from orchestrator.sessions import forget_session
 from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
 from orchestrator.stats import stats_to_proto
@@ -175,8 +175,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                     text=event.text, token_ids=event.token_ids, start_index=event.start_index,
                     session_id=event.session_id,
                     round=self._round_tokens(event.round) if event.round else None,
-                    logprobs=[pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_ids=lp.top_ids,
-                                              top_logprobs=lp.top_logprobs) for lp in event.logprobs or ()]))
+                    logprobs=[self._logprob(lp) for lp in event.logprobs or ()]))
             else:
                 metrics.observe(event)
                 yield pb.GenerateResponse(stats=stats_to_proto(event))
@@ -185,6 +184,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         """Every token decoded alone (special tokens shown), as Check and Predict report them."""
         tok = self.config.tokenizer
         return [tok.decode([i], skip_special_tokens=False) for i in ids]
+
+    def _logprob(self, lp: TokenLogprob) -> pb.TokenLogprob:
+        token_bytes = self.config.grammars.token_bytes
+        return pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_ids=lp.top_ids,
+                               top_logprobs=lp.top_logprobs, token_bytes=token_bytes(lp.token_id),
+                               top_bytes=[token_bytes(t) for t in lp.top_ids])
 
     def _round_tokens(self, detail: RoundDetail) -> pb.RoundTokens:
         # At most max_k + 1 short decodes: cheap enough to stay on the loop.

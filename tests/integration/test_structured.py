@@ -139,3 +139,13 @@ def test_logprobs_without_top_and_off_by_default(client):
     out = client.complete(PROMPTS[0], max_new_tokens=8, logprobs=True)
     assert len(out.logprobs) == len(out.token_ids) and all(not lp.top_ids for lp in out.logprobs)
     assert not client.complete(PROMPTS[0], max_new_tokens=8).logprobs
+
+
+def test_logprobs_carry_each_tokens_bytes(client, tiny_pair):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_pair[0])
+    out = client.complete(PROMPTS[0], max_new_tokens=12, proposer="none", logprobs=True, top_logprobs=2)
+    assert b"".join(lp.token_bytes for lp in out.logprobs if lp.token_id != tok.eos_token_id).decode(
+        errors="replace") == tok.decode([t for t in out.token_ids if t != tok.eos_token_id])
+    assert all(len(lp.top_bytes) == 2 for lp in out.logprobs)
