@@ -63,6 +63,7 @@ class Chunk:
     token_ids: tuple[int, ...]
     start_index: int = 0  # index of token_ids[0] in the session's tokens (the prompt's come first)
     round: pb.RoundTokens | None = None  # with round_tokens=True: what the round drafted and kept
+    index: int = 0  # the choice (n > 1)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def build_request(
     parallel: bool | None = None,
     round_tokens: bool = False,
     max_target_passes: int = 0,
+    prediction: str = "",
+    n: int = 1,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
@@ -108,6 +111,10 @@ def build_request(
     round_tokens=True makes every chunk carry its round (`Chunk.round`: drafted
     tokens, accepted count, the extra token's kind, the source); max_target_passes
     stops the turn after that many target passes (finish_reason "passes").
+    prediction (Predicted Outputs) is the text most of the answer is expected to be:
+    proposed while the output follows it, re-aligned after a rejection; same text.
+    n > 1 generates n choices (chunks carry `index`; the stream's `choice_stats` has
+    each one's Stats); such a stream is not resumed.
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -131,6 +138,8 @@ def build_request(
                      True: pb.SPECULATION_PARALLEL}[parallel],
         round_tokens=round_tokens,
         max_target_passes=max_target_passes,
+        prediction=prediction,
+        n=n,
     )
 
 
@@ -166,11 +175,11 @@ class _Resume:
         self.session_id = c.session_id or self.session_id
         self.next_index = c.start_index + len(c.token_ids)
         return Chunk(c.text, tuple(c.token_ids), c.start_index,
-                     c.round if c.HasField("round") else None)
+                     c.round if c.HasField("round") else None, c.index)
 
     def again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
         """The request resuming the stream after `error`, or None when it is not to be retried."""
-        if error.code() not in RESUMABLE or self.failures >= self.retries:
+        if error.code() not in RESUMABLE or self.failures >= self.retries or self.request.n > 1:
             return None
         self.failures += 1
         request = pb.GenerateRequest()
@@ -193,12 +202,13 @@ class _Stream:
         self._resume = _Resume(request, client.retries)
         self._cancelled = False
         self._call = client._stub.Generate(request, timeout=timeout, metadata=metadata)
-        self.stats: pb.Stats | None = None
+        self.stats: pb.Stats | None = None  # the last Stats (n = 1: the only one)
+        self.choice_stats: dict[int, pb.Stats] = {}  # Stats.index -> its Stats (n > 1)
 
     def _receive(self, response: pb.GenerateResponse) -> Chunk | None:
         if response.HasField("chunk"):
             return self._resume.chunk(response.chunk)
-        self.stats = response.stats
+        self.stats = self.choice_stats[response.stats.index] = response.stats
         return None
 
     def _again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:

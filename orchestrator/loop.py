@@ -72,7 +72,7 @@ class ChunkEvent:
 async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
     """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
     # Round 1's clock starts with the request (the Tally's): it carries the set-up below.
-    tally = Tally(prompt_tokens=len(spec.prompt_ids))  # open_session sets the turn's seed
+    tally = Tally(prompt_tokens=len(spec.prompt_ids), index=spec.index)  # open_session sets the seed
     trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
     session = await open_session(spec, config, tally)  # admitted: a slot on its target replica
     rounds = _rounds(spec, config, session, tally, trace)

@@ -27,8 +27,11 @@ import torch
 from orchestrator.remote import (
     Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError, place,
 )
-from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig, WireSampling
+from orchestrator.spec import (
+    COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig, WireSampling,
+)
 from specdec.core.lookup import PromptLookup
+from specdec.core.prediction import PredictionCursor
 from specdec.errors import InvalidArgument, SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
@@ -154,6 +157,20 @@ class GuessProposer(_Local):
         return Proposal(tokens=self.guess[n : n + ctx.k])
 
 
+class PredictionProposer(_Local):
+    """Predicted Outputs: the caller's prediction, re-aligned after each rejection
+    (specdec.core.prediction). Deterministic, so q is one-hot and the text is exact."""
+
+    name = PREDICTION
+
+    def __init__(self, prediction_ids: Sequence[int]) -> None:
+        self._cursor = PredictionCursor(prediction_ids)
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        self._cursor.extend(ctx.tokens[ctx.prompt_len + len(self._cursor):])
+        return Proposal(tokens=self._cursor.propose(ctx.k))
+
+
 class DraftServiceProposer:
     """One Propose RPC to the draft service per round.
 
@@ -271,6 +288,8 @@ async def open_proposer(
         if not spec.guess_ids:
             raise InvalidArgument("guess: required (non-empty) when proposer is PROPOSER_GUESS")
         return GuessProposer(spec.guess_ids)
+    if spec.proposer == PREDICTION:
+        return PredictionProposer(spec.guess_ids)
     if spec.proposer == NONE:
         return NoProposer()
     raise InvalidArgument(f"proposer: unknown kind {spec.proposer!r}; expected one of {', '.join(KINDS)}")

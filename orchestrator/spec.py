@@ -20,6 +20,9 @@ from specdec.wire import sampling_to_proto
 # Proposer kinds, as requests name them.
 DRAFT, LOOKUP, GUESS, NONE, COMBINED = "draft", "lookup", "guess", "none", "combined"
 KINDS = (DRAFT, LOOKUP, GUESS, NONE, COMBINED)
+# Predicted Outputs (GenerateRequest.prediction): the guess, re-aligned after a rejection.
+# Not a kind a request names: a request names the prediction itself.
+PREDICTION = "prediction"
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class GenerateSpec:
     stop: tuple[str, ...] = ()
     proposer: str = DRAFT
     k: int = 0  # 0 = the config's default (or adaptive)
-    guess_ids: tuple[int, ...] = ()
+    guess_ids: tuple[int, ...] = ()  # GUESS: the guess; PREDICTION: the prediction
     session_id: str = ""  # "" = a new session
     strict: bool = False
     tenant: str = ""  # the authenticated caller; a session is only ever visible to its own
@@ -42,6 +45,7 @@ class GenerateSpec:
     resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
     round_tokens: bool = False  # each chunk carries its round's drafted/accepted tokens
     max_target_passes: int = 0  # > 0: finish ("passes") after this many target passes
+    index: int = 0  # the choice this turn is (GenerateRequest.n); its seed is already derived
 
 
 @dataclass(frozen=True)
