@@ -27,14 +27,13 @@ from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
 from specdec.core.rng import choice_seed
 from specdec.errors import InvalidArgument, OutOfRange
-from specdec.limits import Admission, AdmissionLimits
+from specdec.limits import MAX_CHOICES, Admission, AdmissionLimits
 from specdec.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from specdec.wire import sampling_from_proto
 
 MAX_SESSION_ID = 256
-MAX_CHOICES = 16  # GenerateRequest.n
 _PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_GUESS: GUESS,
               pb.PROPOSER_NONE: NONE, pb.PROPOSER_COMBINED: COMBINED}
 

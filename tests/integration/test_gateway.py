@@ -213,12 +213,12 @@ def test_multi_turn_through_keep_session(gw, grpc_client):
     grpc_client.end_session(session_id)
 
 
-def test_n_above_one_is_rejected_with_the_openai_error_shape(gw):
+def test_n_above_the_limit_is_rejected_with_the_openai_error_shape(gw):
     with pytest.raises(openai.BadRequestError) as err:
-        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, n=17)
     assert err.value.status_code == 400
     status, body = _post(f"{gw.base}/v1/chat/completions",
-                         {"model": MODEL, "messages": CHAT, "n": 2})
+                         {"model": MODEL, "messages": CHAT, "n": 17})
     assert status == 400
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -227,8 +227,9 @@ def test_n_above_one_is_rejected_with_the_openai_error_shape(gw):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_temperature_maps_the_orchestrators_invalid_argument_to_400(gw, stream):
+    # In the schema's [0, 2] but below the orchestrator's smallest temperature (1e-6).
     with pytest.raises(openai.BadRequestError) as err:
-        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, temperature=-1, stream=stream)
+        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, temperature=1e-9, stream=stream)
     assert err.value.status_code == 400
     body = err.value.body
     assert body["param"] == "temperature" and body["code"] == "invalid_argument"
