@@ -310,7 +310,13 @@ def _choice_stats(stream, n: int) -> list:
 
 async def _body(request: Request):
     try:
-        return await request.json()
+        body = await request.json()
+        # "\ud800" is valid JSON but no UTF-8 string: protobuf could not encode it.
+        json.dumps(body, ensure_ascii=False).encode()
+        return body
+    except UnicodeEncodeError:
+        raise invalid("the request body holds an unpaired UTF-16 surrogate escape",
+                      code="invalid_json") from None
     except ValueError:
         raise invalid("the request body is not valid JSON", code="invalid_json") from None
 

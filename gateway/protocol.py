@@ -176,15 +176,12 @@ class ContentPart(BaseModel):
 
 
 class Message(_Strict):
-    role: str  # system, developer, user, assistant (others: 400)
+    """A chat message. Tool and function messages, and an assistant's tool calls, are not
+    supported (a 400 naming `messages`)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    # Declared so a body that carries them is understood; any non-empty one is a 400.
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-    function_call: dict[str, Any] | None = None
-    refusal: str | None = None
-    audio: dict[str, Any] | None = None
 
 
 class ChatRequest(_Common):
@@ -233,7 +230,10 @@ def parse(model: type[_Common], body: Any) -> _Common:
         if err["type"] == "extra_forbidden" and len(loc) == 1:
             raise invalid(f"Unrecognized request argument supplied: {loc[0]}", param=loc[0],
                           code="unknown_parameter") from None
-        raise invalid(f"{'.'.join(loc)}: {err['msg']}", param=loc[0] if loc else None) from None
+        # The extension's fields are named as the orchestrator's errors name them ("speculation.k").
+        param = ".".join(loc[:2]) if loc[:1] == ["speculation"] and len(loc) > 1 else (
+            loc[0] if loc else None)
+        raise invalid(f"{'.'.join(loc)}: {err['msg']}", param=param) from None
     for name, allowed in NEUTRAL.items():
         value = getattr(request, name, None)
         if isinstance(value, BaseModel):
@@ -262,15 +262,7 @@ def parse(model: type[_Common], body: Any) -> _Common:
 def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
     out = []
     for i, message in enumerate(request.messages):
-        role = _ROLES.get(message.role)
-        if role is None:
-            raise invalid(f"messages[{i}].role: {message.role!r} is not supported (system, "
-                          "developer, user, assistant)", param="messages")
-        extra = [name for name in ("tool_calls", "tool_call_id", "function_call", "refusal", "audio")
-                 if getattr(message, name)]
-        if extra:
-            raise invalid(f"messages[{i}]: {', '.join(extra)} not supported",
-                          param="messages", code="unsupported_parameter")
+        role = _ROLES[message.role]  # the schema allows only these roles
         content = message.content
         if isinstance(content, list):
             parts = []

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec import procs
-from tests.integration.stack import ENV, Stack, post_json, wait_http
+from tests.integration.stack import Stack, post_json
 
 openai = pytest.importorskip("openai")
 
@@ -66,14 +66,8 @@ def gw(tiny_pair, tmp_path_factory):
             stack.start_service(role, role, folder, extra=("--metrics-port", str(metrics[role])))
         metrics["orch"] = procs.free_port()
         stack.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(metrics["orch"])))
-        port = procs.free_port()
-        proc = procs.start(["python", "-m", "gateway", "--orchestrator", stack.addresses["orch"],
-                            "--port", str(port), "--default-max-tokens", "16"],
-                           env=ENV, log_path=stack.logs / "gateway.log")
-        stack.procs["gateway"] = proc  # stopped by pid with the rest
-        base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/v1/models", proc)
-        metrics["gateway"] = port  # the gateway serves /metrics on its HTTP port
+        base = stack.start_gateway("orch", ("--default-max-tokens", "16"))
+        metrics["gateway"] = int(base.rsplit(":", 1)[1])  # the gateway serves /metrics on its HTTP port
         yield SimpleNamespace(stack=stack, base=base, metrics=metrics,
                               openai=openai.OpenAI(base_url=f"{base}/v1", api_key="unused",
                                                    max_retries=0, timeout=60))
