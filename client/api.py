@@ -31,6 +31,7 @@ stream (`retries` bounds the attempts). A request is single-turn unless
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -71,6 +72,7 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]
     stats: pb.Stats
+    choices: tuple[Completion, ...] = ()  # n > 1: every choice's, by index (this is choice 0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -273,14 +275,16 @@ class AsyncStream(_Stream):
                 self._restart(again)
 
 
-def _collect(chunks: Sequence[Chunk], stats: pb.Stats | None) -> Completion:
-    if stats is None:
+def _collect(chunks: Sequence[Chunk], choice_stats: Mapping[int, pb.Stats]) -> Completion:
+    """Choice 0's Completion; with n > 1 every choice's is in its `choices`."""
+    if 0 not in choice_stats:
         raise RuntimeError("the stream ended without a Stats message")
-    return Completion(
-        text="".join(c.text for c in chunks),
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        stats=stats,
-    )
+    choices = tuple(
+        Completion(text="".join(c.text for c in chunks if c.index == i),
+                   token_ids=tuple(t for c in chunks if c.index == i for t in c.token_ids),
+                   stats=choice_stats[i])
+        for i in sorted(choice_stats))
+    return choices[0] if len(choices) == 1 else dataclasses.replace(choices[0], choices=choices)
 
 
 def _with_token(token: str | None, metadata: Metadata | None) -> Metadata | None:
@@ -344,10 +348,11 @@ class Client(_Orchestrators):
                       _with_token(self._token, metadata))
 
     def complete(self, prompt: str | None = None, **options) -> Completion:
-        """Generate to the end; the whole text, its token ids and the stats."""
+        """Generate to the end; the whole text, its token ids and the stats (n > 1: choice
+        0's, every choice in `choices`)."""
         stream = self.generate(prompt, **options)
         chunks = list(stream)
-        return _collect(chunks, stream.stats)
+        return _collect(chunks, stream.choice_stats)
 
     def check(self, prompt: str, guess: str) -> pb.CheckResponse:
         """Which tokens of `guess` the target accepts after `prompt`, in one target pass."""
@@ -393,7 +398,7 @@ class AsyncClient(_Orchestrators):
     async def complete(self, prompt: str | None = None, **options) -> Completion:
         stream = self.generate(prompt, **options)
         chunks = [chunk async for chunk in stream]
-        return _collect(chunks, stream.stats)
+        return _collect(chunks, stream.choice_stats)
 
     async def check(self, prompt: str, guess: str) -> pb.CheckResponse:
         return await self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout,

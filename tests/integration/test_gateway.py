@@ -263,23 +263,29 @@ def _active(gw) -> tuple[float, float]:
     return tuple(scrape(gw.metrics[r]).get("specdec_active_sessions", 0.0) for r in ("target", "draft"))
 
 
-def test_disconnect_mid_stream_frees_the_kv_on_both_services(gw):
+def disconnect_mid_stream(gw, n: int = 1) -> None:
+    """Break a long streamed request (n choices) off after a few chunks; every session it
+    held on both services must be released."""
     before = _active(gw)
     stream = gw.openai.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "The cat sat"}], max_tokens=400,
+        model=MODEL, messages=[{"role": "user", "content": "The cat sat"}], max_tokens=400, n=n,
         temperature=0, stream=True, extra_body={"speculation": {"proposer": "draft", "k": 2}})
     received = 0
     for chunk in stream:
         received += bool(chunk.choices and chunk.choices[0].delta.content)
-        if received == 3:
+        if received == 3 * n:
             break
     during = _active(gw)
-    assert during[0] == before[0] + 1 and during[1] == before[1] + 1, (before, during)
+    assert during[0] == before[0] + n and during[1] == before[1] + n, (before, during)
     stream.close()  # the HTTP connection goes away mid-generation
     deadline = time.monotonic() + 20
     while _active(gw) != before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _active(gw) == before, "KV still held after the client left"
+
+
+def test_disconnect_mid_stream_frees_the_kv_on_both_services(gw):
+    disconnect_mid_stream(gw)
 
 
 # ------------------------------------------------------------------- dashboard

@@ -20,7 +20,7 @@ import pytest
 from gateway.protocol import NEUTRAL
 from gateway.schemas import ChatCompletion, ChatCompletionChunk, TextCompletion
 from tests.integration.stack import Stack, post_json
-from tests.integration.test_gateway import gw  # noqa: F401 - the module's stack and gateway
+from tests.integration.test_gateway import disconnect_mid_stream, gw  # noqa: F401 - the module's stack and gateway
 
 openai = pytest.importorskip("openai")
 
@@ -191,6 +191,10 @@ def test_n_choices_streamed_and_not(gw):  # noqa: F811
                 finishes[choice.index] = choice.finish_reason
     assert [streamed[i] for i in range(3)] == texts
     assert finishes == {c.index: c.finish_reason for c in three.choices}
+
+
+def test_a_disconnect_mid_stream_frees_every_choices_kv(gw):  # noqa: F811
+    disconnect_mid_stream(gw, n=3)
 
 
 def test_n_on_completions(gw):  # noqa: F811

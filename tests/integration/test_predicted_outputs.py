@@ -79,6 +79,9 @@ def test_n_choices_have_their_own_seeds_and_choice_0_is_the_n1_answer(client):
 def test_n_greedy_choices_agree(client):
     texts, stats = choices(client, n=2, max_new_tokens=12, proposer="lookup")
     assert texts[0] == texts[1] and stats[1].index == 1
+    done = client.complete(REWRITE, n=2, max_new_tokens=12, proposer="lookup")
+    assert [c.token_ids for c in done.choices] == [tuple(texts[0]), tuple(texts[1])]
+    assert done.token_ids == tuple(texts[0]) and done.choices[1].stats.index == 1
 
 
 @pytest.mark.parametrize("options", [dict(n=17), dict(n=2, keep_session=True)])
