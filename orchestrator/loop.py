@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from orchestrator.proposers import DraftContext, Proposal, Proposer, open_proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
 from orchestrator.sessions import Session, open_session
-from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling
+from orchestrator.spec import PREDICTION, GenerateSpec, LoopConfig, WireSampling
 from orchestrator.stats import RoundTally, Tally, Timer
 from orchestrator.text import IncrementalDecoder
 from specdec import tracing
@@ -95,8 +95,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
     adaptive = GoodputPolicy() if not spec.k and config.adaptive_k and proposer.adaptive else None
     k_max = config.max_k if adaptive is not None else spec.k or config.default_k
-    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.gate).
-    gated = not spec.k and proposer.proposes and config.speculation_gate
+    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.gate);
+    # not for a caller's prediction, which is asked for and costs no draft work.
+    gated = not spec.k and proposer.proposes and config.speculation_gate and spec.proposer != PREDICTION
     gate = None
     decoder = IncrementalDecoder(config.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
