@@ -114,7 +114,7 @@ def build_request(
     tokens, accepted count, the extra token's kind, the source); max_target_passes
     stops the turn after that many target passes (finish_reason "passes").
     prediction (Predicted Outputs) is the text most of the answer is expected to be:
-    proposed while the output follows it, re-aligned after a rejection; same text.
+    proposed while the output follows it, re-aligned after a rejection (greedy: the same text).
     n > 1 generates n choices (chunks carry `index`; the stream's `choice_stats` has
     each one's Stats); such a stream is not resumed.
     """

@@ -1,7 +1,7 @@
 """Predicted Outputs and n > 1 over gRPC (real services, real Redis, the client library).
 
-A prediction changes only how many target passes the text costs: greedy or
-sampled, the text is the one without it. n > 1 choices each have their own
+A prediction changes only how many target passes the text costs: greedy, the
+text is the one without it; sampled, its distribution. n > 1 choices each have their own
 seed; choice 0 is the n = 1 answer.
 """
 from __future__ import annotations
@@ -41,11 +41,16 @@ def test_a_prediction_keeps_the_text_and_realigns_after_a_mismatch(client, refer
     assert done.stats.target_passes < guess.stats.target_passes <= reference.stats.target_passes
 
 
-def test_a_wrong_prediction_costs_nothing_in_correctness_sampled(client):
-    plain = client.complete(REWRITE, max_new_tokens=24, temperature=0.9, seed=7, proposer="none")
-    wrong = client.complete(REWRITE, max_new_tokens=24, temperature=0.9, seed=7,
-                            prediction="the dog sat on the log " * 4)
+def test_a_wrong_prediction_keeps_the_text_and_sampling_is_seeded(client):
+    plain = client.complete(REWRITE, max_new_tokens=24, proposer="none")
+    wrong = client.complete(REWRITE, max_new_tokens=24, prediction="the dog sat on the log " * 4)
     assert wrong.token_ids == plain.token_ids
+    # Sampled, a prediction is verified by exact rejection sampling (q one-hot): the target's
+    # distribution (tests/unit/test_exactness.py), and a function of the seed and the prediction.
+    sampled = [client.complete(REWRITE, max_new_tokens=24, temperature=0.9, seed=7,
+                               prediction=plain.text, k=4) for _ in range(2)]
+    assert sampled[0].token_ids == sampled[1].token_ids
+    assert sampled[0].stats.proposer == "prediction"
 
 
 def test_prediction_with_another_proposer_is_invalid_argument(client):
