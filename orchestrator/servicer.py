@@ -151,13 +151,17 @@ async def _merged(streams: list[AsyncIterator[pb.GenerateResponse]]) -> AsyncIte
     queue: asyncio.Queue = asyncio.Queue(maxsize=2 * len(streams))
     done = object()
 
-    async def pump(stream: AsyncIterator[pb.GenerateResponse]) -> None:
+    async def pump(stream) -> None:  # an async generator: closed here, wherever it stopped
         try:
             async for response in stream:
                 await queue.put(response)
             await queue.put(done)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             await queue.put(exc)
+        finally:
+            # Cancelled while waiting to hand a response over: the choice's own clean-up
+            # (its session, both services' KV) runs now, not when the generator is collected.
+            await stream.aclose()
 
     tasks = [asyncio.create_task(pump(s)) for s in streams]
     try:

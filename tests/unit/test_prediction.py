@@ -73,3 +73,49 @@ def test_choice_seeds():
     assert seeds == [choice_seed(1234, i) for i in range(64)]  # a pure function
     assert choice_seed(1235, 1) != choice_seed(1234, 1)
     assert all(0 < choice_seed(2**64 - 1, i) < 2**64 for i in range(1, 8))
+
+
+def test_choice_specs_and_the_merged_stream():
+    import asyncio
+
+    from orchestrator.servicer import _merged, choice_specs
+    from orchestrator.spec import GenerateSpec
+    from specdec.core.sampling import SamplingParams
+
+    spec = GenerateSpec(prompt_ids=(1, 2), max_new_tokens=4, sampling=SamplingParams(), seed=0)
+    assert choice_specs(spec, 1) == [spec]
+    specs = choice_specs(spec, 3)
+    assert [s.index for s in specs] == [0, 1, 2] and specs[0].seed  # one random seed, drawn once
+    assert [s.seed for s in specs[1:]] == [choice_seed(specs[0].seed, i) for i in (1, 2)]
+
+    async def choice(name: str, n: int, fail: bool = False):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield f"{name}{i}"
+        if fail:
+            raise RuntimeError(f"{name} failed")
+
+    async def collect(*streams):
+        return [r async for r in _merged(list(streams))]
+
+    out = asyncio.run(collect(choice("a", 3), choice("b", 2)))
+    assert sorted(out) == ["a0", "a1", "a2", "b0", "b1"]
+    assert [x for x in out if x[0] == "a"] == ["a0", "a1", "a2"]  # each choice in order
+    cancelled = []
+
+    async def endless(tag: str):
+        try:
+            while True:
+                await asyncio.sleep(0)
+                yield tag
+        finally:
+            cancelled.append(tag)  # the other choices are stopped (their KV freed)
+
+    async def fails_and_checks():
+        # Three endless choices fill the queue (2 per stream): some wait to hand a response
+        # over when the failure comes; every one is closed before the error reaches the caller.
+        with pytest.raises(RuntimeError, match="b failed"):
+            await collect(endless("x"), endless("y"), endless("z"), choice("b", 2, fail=True))
+        assert sorted(cancelled) == ["x", "y", "z"]
+
+    asyncio.run(fails_and_checks())
