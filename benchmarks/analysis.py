@@ -313,7 +313,7 @@ def _order(s: dict) -> tuple:
     fam = {"svc": 0, "hf": 1}[s["family"]]
     prop = {"none": 0, "target": 0, "draft": 1, "assisted": 1, "lookup": 2, "combined": 3, "adaptive": 4}
     return (
-        {"main": 0, "rtt": 1, "rate": 2}[s["phase"]],
+        {"main": 0, "rtt": 1, "rate": 2}.get(s["phase"], 3),  # then the prediction phase
         s["mode"] != "greedy",
         -1.0 if s.get("rtt_ms") is None else s["rtt_ms"],  # direct first
         -1.0 if s.get("rate_mbps") is None else s["rate_mbps"],
@@ -440,18 +440,22 @@ def rtt_prediction(summaries: list[dict], config: str, rtt_ms: float, phase: str
 def greedy_mismatches(records: list[dict]) -> list[dict]:
     """Greedy service outputs that differ from target-only through the services.
 
-    The reference is rep 0 of svc-none in the main phase for each prompt; every
-    other greedy service record (any config, phase, link, repetition) must
-    equal it token for token.
+    The reference is rep 0 of svc-none in the main phase for each prompt (for a
+    prompt the main phase did not run, rep 0 of svc-none in the record's own
+    phase); every other greedy service record (any config, phase, link,
+    repetition) must equal it token for token.
     """
     ref = {r["prompt_id"]: r["token_ids"] for r in records
            if r["mode"] == "greedy" and r["config"] == "svc-none" and r["phase"] == "main"
            and r["rep"] == 0}
+    # A prompt only another phase ran (the predicted-output cell's): that phase's svc-none.
+    own = {(r["phase"], r["prompt_id"]): r["token_ids"] for r in records
+           if r["mode"] == "greedy" and r["config"] == "svc-none" and r["rep"] == 0}
     bad = []
     for r in records:
         if r["mode"] != "greedy" or r["family"] != "svc":
             continue
-        want = ref.get(r["prompt_id"])
+        want = ref.get(r["prompt_id"], own.get((r["phase"], r["prompt_id"])))
         if want is not None and r["token_ids"] != want:
             bad.append(_mismatch(r, want))
     return bad

@@ -168,6 +168,7 @@ def markdown(result: dict) -> str:
                       "and the mean k its rounds used."]
     lines += _parallel_section(result, main)
     lines += _category_section(result)
+    lines += _prediction_section(summaries)
     net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
     if net:
         lines += ["", "## Network between orchestrator and services", "",
@@ -385,6 +386,26 @@ def _parallel_section(result: dict, main: list[dict]) -> list[str]:
             f"{_f(qb['total_ms']['median'], '.1f') if qb else '–'} → {_f(b['total_ms']['median'], '.1f')} | "
             f"{_f(row.get('speedup_predicted', math.nan))} "
             f"({_f(row.get('speedup_predicted_measured_hits', math.nan))}) |")
+    return lines
+
+
+def _prediction_section(summaries: list[dict]) -> list[str]:
+    """The predicted-output cell: target passes per token with and without a prediction."""
+    cells = [s for s in summaries if s["phase"] == "prediction"]
+    if not cells:
+        return []
+    lines = ["", "## Predicted Outputs (greedy, edit prompts)", "",
+             "The same requests without a prediction (svc-none), with the edited text as the "
+             "prediction (source: what an editor sends) and with the target-only answer itself "
+             "(exact: a correct prediction); the text is the same in all three (greedy identity "
+             "above). accepted / rejected = prediction tokens the target accepted / rejected.", "",
+             "| config | target passes/token | tokens/s (min–max) | × svc-none | accepted | rejected |",
+             "|---|---|---|---|---|---|"]
+    for s in cells:
+        lines.append(
+            f"| {s['config']} | {_f(s['passes_per_token'], '.3f')} | {_f(s['tps_median'], '.1f')} "
+            f"({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | {_f(s['vs_svc_none'])} | "
+            f"{s.get('accepted_tokens', 0)} | {s.get('drafted_tokens', 0) - s.get('accepted_tokens', 0)} |")
     return lines
 
 

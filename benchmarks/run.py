@@ -18,7 +18,11 @@ rotated each time) so drift hits all alike:
 for greedy and for sampling (temperature 0.7, top_p 0.9). Then, through an
 emulated link between orchestrator and services (a userspace delay/rate
 proxy: this kernel has no netem), an RTT sweep (greedy) and a bandwidth cap
-(sampling, where distributions cross the wire).
+(sampling, where distributions cross the wire). Last, the predicted-output cell
+(greedy, edit prompts): target-only, then the same request with a prediction,
+svc-prediction-source-k{K} (the text being edited, what an editor would send)
+and svc-prediction-exact-k{K} (the answer itself: a correct prediction); their
+target passes per token are the cell's figure, their text must equal target-only.
 
 Greedy outputs of every service configuration must equal target-only through
 the services token for token; otherwise the run exits 1 and lists the prompts.
@@ -51,6 +55,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +76,7 @@ class Config:
     proposer: str  # svc: none / draft / lookup / combined; hf: target / assisted / lookup
     k: int = 0  # svc-draft: 0 = adaptive (the orchestrator picks k each round)
     parallel: bool = False  # svc-draft: parallel speculation (Speculation.PARALLEL)
+    prediction: str = ""  # svc-prediction: "source" (the edited text) or "exact" (the answer)
 
     @property
     def adaptive(self) -> bool:
@@ -84,6 +90,8 @@ class Config:
             return f"{self.family}-{self.proposer}-auto"  # k = 0: the orchestrator's default bound
         if self.parallel:
             return f"{self.family}-{self.proposer}-par-k{self.k}"
+        if self.prediction:
+            return f"{self.family}-{self.proposer}-{self.prediction}-k{self.k}"
         return f"{self.family}-{self.proposer}-k{self.k}"
 
 
@@ -98,6 +106,7 @@ class Item:
     rep: int
     link: LinkSettings | None = None
     top_p: float | None = None  # overrides --top-p (the rate phase ships dense distributions)
+    prediction: str = ""  # GenerateRequest.prediction (the prediction phase)
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -120,10 +129,16 @@ def _floats(text: str) -> list[float]:
 
 FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8", parallel_k="1,2,4",
             lookup_k="4", combined_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
-            rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1)
+            rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1, prediction_prompts=2,
+            prediction_tokens=96)
 QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2", parallel_k="1",
              lookup_k="4", combined_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
-             rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1)
+             rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1, prediction_prompts=1,
+             prediction_tokens=48)
+# The predicted-output cell's edit prompts, in order: the text after the instruction's blank line
+# is what is edited (and the "source" prediction).
+PREDICTION_PROMPTS = ("code-05", "code-04", "code-06", "code-09")
+PREDICTION_K = 8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,6 +192,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate-top-p", type=float, default=1.0,
                    help="top_p in the rate phase (default 1.0: nothing truncated, so the "
                         "distributions travel dense, the case a rate cap hurts)")
+    p.add_argument("--prediction-prompts", type=int,
+                   help=f"edit prompts in the predicted-output cell, 0 to skip "
+                        f"(full {FULL['prediction_prompts']})")
+    p.add_argument("--prediction-tokens", type=int,
+                   help=f"max_new_tokens there (full {FULL['prediction_tokens']})")
     p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
     p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -259,6 +279,46 @@ def plan(args, prompts: list[suite.Prompt]) -> list[Item]:
     return items
 
 
+def prediction_phase(args, runner: ServiceRunner, prompts: list[suite.Prompt],
+                     index: dict[str, int]) -> Iterator[dict]:
+    """The predicted-output cell: per edit prompt and repetition, target-only, then the
+    edited text as the prediction, then the target-only answer as the prediction."""
+    chosen = [p for name in PREDICTION_PROMPTS[: args.prediction_prompts]
+              for p in prompts if p.id == name]
+    if chosen:
+        print(f"predicted-output cell: {len(chosen)} prompts x {args.reps} reps", file=sys.stderr)
+    for rep in range(args.reps):
+        for prompt in chosen:
+            source = prompt.messages[-1][1].split("\n\n", 1)[1]
+            reference = None
+            predicted = [Config("svc", "prediction", PREDICTION_K, prediction=kind)
+                         for kind in ("source", "exact")]
+            # None: the answer itself (the target-only text, run first).
+            for config, text in zip([Config("svc", "none"), *predicted], ["", source, None]):
+                item = Item("prediction", GREEDY, config, prompt, rep,
+                            prediction=reference["text"] if text is None else text)
+                result = runner.run(item, args, _seed(args, index[prompt.id]), args.prediction_tokens)
+                reference = reference or result
+                yield _record(item, args, args.prediction_tokens, result)
+
+
+def _record(item: Item, args, max_new_tokens: int, result: dict) -> dict:
+    """One request's record (records.jsonl): the cell it belongs to, then its figures."""
+    return {
+        "phase": item.phase, "mode": item.mode, "config": item.config.name,
+        "family": item.config.family, "proposer": item.config.proposer,
+        "k": item.config.k, "adaptive": item.config.adaptive,
+        "parallel": item.config.parallel,
+        "prompt_id": item.prompt.id,
+        "category": item.prompt.category, "rep": item.rep,
+        "max_new_tokens": max_new_tokens,
+        "top_p": (item.top_p or args.top_p) if item.mode == SAMPLING else None,
+        "rtt_ms": item.link.rtt_ms if item.link else None,
+        "rate_mbps": item.link.rate_mbps if item.link else None,
+        **result,
+    }
+
+
 # ---------------------------------------------------------------------------- requests
 
 def _message_dict(message) -> dict:
@@ -290,7 +350,8 @@ class ServiceRunner:
         from specdec.v1 import common_pb2, orchestrator_pb2 as pb
 
         proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP,
-                    "combined": pb.PROPOSER_COMBINED}[item.config.proposer]
+                    "combined": pb.PROPOSER_COMBINED,
+                    "prediction": pb.PROPOSER_UNSPECIFIED}[item.config.proposer]
         sampling = (common_pb2.SamplingParams(temperature=0.0) if item.mode == GREEDY else
                     common_pb2.SamplingParams(temperature=args.temperature,
                                               top_p=item.top_p or args.top_p))
@@ -299,8 +360,10 @@ class ServiceRunner:
             max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer=proposer,
             k=item.config.k, strict=True,
             speculation=pb.SPECULATION_PARALLEL if item.config.parallel else pb.SPECULATION_SEQUENTIAL,
+            prediction=item.prediction,
         )
         token_ids: list[int] = []
+        texts: list[str] = []
         stats = None
         ttft = None
         trace_id = secrets.token_hex(16) if self.traced else ""
@@ -311,6 +374,7 @@ class ServiceRunner:
                 if ttft is None and event.chunk.token_ids:
                     ttft = time.perf_counter() - start
                 token_ids.extend(event.chunk.token_ids)
+                texts.append(event.chunk.text)
             else:
                 stats = event.stats
         wall = time.perf_counter() - start
@@ -320,7 +384,7 @@ class ServiceRunner:
         if stats.session_id:
             self.stub.EndSession(pb.EndSessionRequest(session_id=stats.session_id), timeout=30)
         s = _message_dict(stats)
-        return dict(token_ids=token_ids, new_tokens=len(token_ids), wall_s=wall,
+        return dict(token_ids=token_ids, text="".join(texts), new_tokens=len(token_ids), wall_s=wall,
                     ttft_s=ttft if ttft is not None else wall, target_passes=s["target_passes"],
                     draft_passes=s["draft_calls"], prompt_tokens=s["prompt_tokens"], stats=s,
                     **({"trace_id": trace_id} if trace_id else {}))
@@ -531,19 +595,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_description(f"{item.phase} {item.mode[:4]} {item.config.name}", refresh=False)
             result = runner_for(item).run(item, args, _seed(args, index[item.prompt.id]),
                                           args.max_new_tokens)
-            record = {
-                "phase": item.phase, "mode": item.mode, "config": item.config.name,
-                "family": item.config.family, "proposer": item.config.proposer,
-                "k": item.config.k, "adaptive": item.config.adaptive,
-                "parallel": item.config.parallel,
-                "prompt_id": item.prompt.id,
-                "category": item.prompt.category, "rep": item.rep,
-                "max_new_tokens": args.max_new_tokens,
-                "top_p": (item.top_p or args.top_p) if item.mode == SAMPLING else None,
-                "rtt_ms": item.link.rtt_ms if item.link else None,
-                "rate_mbps": item.link.rate_mbps if item.link else None,
-                **result,
-            }
+            record = _record(item, args, args.max_new_tokens, result)
             records.append(record)
             raw.write(json.dumps(record) + "\n")
             raw.flush()
@@ -551,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update()
         if bar is not None:
             bar.close()
+        for record in prediction_phase(args, runners["direct"], suite.load(args.suite), index):
+            records.append(record)
+            raw.write(json.dumps(record) + "\n")
         raw.close()
     except BaseException as exc:  # noqa: BLE001 - still write what was measured
         failure = f"{type(exc).__name__}: {exc}"
@@ -589,7 +644,9 @@ def _write(args, records, stack, link_note, started, failure, model_info) -> Non
         "command": "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "quick": args.quick, "tiny": args.tiny, "device": args.device, "dtype": args.dtype,
         "threads": args.threads, "suite": str(Path(args.suite).name),
-        "per_category": args.per_category, "n_prompts": len({r["prompt_id"] for r in records}),
+        "per_category": args.per_category,
+        "n_prompts": len({r["prompt_id"] for r in records if r["phase"] == "main"}),
+        "prediction_prompts": args.prediction_prompts, "prediction_tokens": args.prediction_tokens,
         "max_new_tokens": args.max_new_tokens, "reps": args.reps, "k": args.k,
         "sampling_k": args.sampling_k, "parallel_k": args.parallel_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
         "adaptive": not args.no_auto,

@@ -31,6 +31,7 @@ stream (`retries` bounds the attempts). A request is single-turn unless
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -65,6 +66,7 @@ class Chunk:
     start_index: int = 0  # index of token_ids[0] in the session's tokens (the prompt's come first)
     round: pb.RoundTokens | None = None  # with round_tokens=True: what the round drafted and kept
     logprobs: tuple[pb.TokenLogprob, ...] = ()  # with logprobs=True: one per token id
+    index: int = 0  # the choice (n > 1)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Completion:
     token_ids: tuple[int, ...]
     stats: pb.Stats
     logprobs: tuple[pb.TokenLogprob, ...] = ()  # with logprobs=True: one per token id
+    choices: tuple[Completion, ...] = ()  # n > 1: every choice's, by index (this is choice 0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -105,6 +108,8 @@ def build_request(
     lark: str | None = None,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    prediction: str = "",
+    n: int = 1,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
@@ -121,6 +126,10 @@ def build_request(
     json_object, regex or lark; every generated token then follows the grammar.
     logprobs=True makes every chunk carry its tokens' log-probabilities
     (`Chunk.logprobs`), with top_logprobs alternatives each (0..20).
+    prediction (Predicted Outputs) is the text most of the answer is expected to be:
+    proposed while the output follows it, re-aligned after a rejection (greedy: the same text).
+    n > 1 generates n choices (chunks carry `index`; the stream's `choice_stats` has
+    each one's Stats); such a stream is not resumed.
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -147,6 +156,8 @@ def build_request(
         constraint=_constraint(json_schema, json_object, regex, lark),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        prediction=prediction,
+        n=n,
     )
 
 
@@ -200,11 +211,11 @@ class _Resume:
         self.session_id = c.session_id or self.session_id
         self.next_index = c.start_index + len(c.token_ids)
         return Chunk(c.text, tuple(c.token_ids), c.start_index,
-                     c.round if c.HasField("round") else None, tuple(c.logprobs))
+                     c.round if c.HasField("round") else None, tuple(c.logprobs), c.index)
 
     def again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
         """The request resuming the stream after `error`, or None when it is not to be retried."""
-        if error.code() not in RESUMABLE or self.failures >= self.retries:
+        if error.code() not in RESUMABLE or self.failures >= self.retries or self.request.n > 1:
             return None
         self.failures += 1
         request = pb.GenerateRequest()
@@ -227,12 +238,13 @@ class _Stream:
         self._resume = _Resume(request, client.retries)
         self._cancelled = False
         self._call = client._stub.Generate(request, timeout=timeout, metadata=metadata)
-        self.stats: pb.Stats | None = None
+        self.stats: pb.Stats | None = None  # the last Stats (n = 1: the only one)
+        self.choice_stats: dict[int, pb.Stats] = {}  # Stats.index -> its Stats (n > 1)
 
     def _receive(self, response: pb.GenerateResponse) -> Chunk | None:
         if response.HasField("chunk"):
             return self._resume.chunk(response.chunk)
-        self.stats = response.stats
+        self.stats = self.choice_stats[response.stats.index] = response.stats
         return None
 
     def _again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
@@ -297,15 +309,17 @@ class AsyncStream(_Stream):
                 self._restart(again)
 
 
-def _collect(chunks: Sequence[Chunk], stats: pb.Stats | None) -> Completion:
-    if stats is None:
+def _collect(chunks: Sequence[Chunk], choice_stats: Mapping[int, pb.Stats]) -> Completion:
+    """Choice 0's Completion; with n > 1 every choice's is in its `choices`."""
+    if 0 not in choice_stats:
         raise RuntimeError("the stream ended without a Stats message")
-    return Completion(
-        text="".join(c.text for c in chunks),
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        stats=stats,
-        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
-    )
+    choices = tuple(
+        Completion(text="".join(c.text for c in chunks if c.index == i),
+                   token_ids=tuple(t for c in chunks if c.index == i for t in c.token_ids),
+                   stats=choice_stats[i],
+                   logprobs=tuple(lp for c in chunks if c.index == i for lp in c.logprobs))
+        for i in sorted(choice_stats))
+    return choices[0] if len(choices) == 1 else dataclasses.replace(choices[0], choices=choices)
 
 
 def _with_token(token: str | None, metadata: Metadata | None) -> Metadata | None:
@@ -369,10 +383,11 @@ class Client(_Orchestrators):
                       _with_token(self._token, metadata))
 
     def complete(self, prompt: str | None = None, **options) -> Completion:
-        """Generate to the end; the whole text, its token ids and the stats."""
+        """Generate to the end; the whole text, its token ids and the stats (n > 1: choice
+        0's, every choice in `choices`)."""
         stream = self.generate(prompt, **options)
         chunks = list(stream)
-        return _collect(chunks, stream.stats)
+        return _collect(chunks, stream.choice_stats)
 
     def check(self, prompt: str, guess: str) -> pb.CheckResponse:
         """Which tokens of `guess` the target accepts after `prompt`, in one target pass."""
@@ -418,7 +433,7 @@ class AsyncClient(_Orchestrators):
     async def complete(self, prompt: str | None = None, **options) -> Completion:
         stream = self.generate(prompt, **options)
         chunks = [chunk async for chunk in stream]
-        return _collect(chunks, stream.stats)
+        return _collect(chunks, stream.choice_stats)
 
     async def check(self, prompt: str, guess: str) -> pb.CheckResponse:
         return await self._stub.Check(pb.CheckRequest(prompt=prompt, guess=guess), timeout=self.timeout,

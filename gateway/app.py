@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from sse_starlette import EventSourceResponse
@@ -33,6 +34,7 @@ from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
     generate_options, parse, usage,
 )
+from gateway.schemas import ChatCompletion, ChatCompletionChunk, TextCompletion, responses
 
 log = logging.getLogger("gateway")
 _TEXT = "\x00specdec-text\x00"  # placeholder split out of the precomputed chunk JSON
@@ -145,13 +147,31 @@ def create_app(settings: Settings) -> FastAPI:
             raise _no_such_model(model_id)
         return _model_card()
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_request_body(ChatRequest),
+              responses=responses(ChatCompletion, ChatCompletionChunk))
     async def chat_completions(request: Request) -> Response:
         return await _generate(request, chat=True)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_request_body(CompletionRequest),
+              responses=responses(TextCompletion, TextCompletion))
     async def completions(request: Request) -> Response:
         return await _generate(request, chat=False)
+
+    def openapi() -> dict:
+        """FastAPI's document plus the request bodies (parsed by gateway.protocol, not by
+        FastAPI, so that every error is the OpenAI shape) and the stream's chunk events."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for model, mode in ((ChatRequest, "validation"), (CompletionRequest, "validation"),
+                                (ChatCompletionChunk, "serialization")):
+                schema = model.model_json_schema(mode=mode, ref_template=_REF)
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     async def _generate(request: Request, *, chat: bool) -> Response:
         req = parse(ChatRequest if chat else CompletionRequest, await _body(request))
@@ -168,67 +188,94 @@ def create_app(settings: Settings) -> FastAPI:
         stream = app.state.client.generate(metadata=metadata, **options)
         first, events = await first_chunk(stream, prompt_param)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        n = options["n"]
         if not req.stream:
-            texts = [first.text] if first is not None else []
+            texts: list[list[str]] = [[] for _ in range(n)]
+            if first is not None:
+                texts[first.index].append(first.text)
             try:
                 async for chunk in events:
-                    texts.append(chunk.text)
+                    texts[chunk.index].append(chunk.text)
             except grpc.RpcError as exc:
                 raise from_rpc_error(exc, prompt_param) from None
             finally:
                 stream.cancel()  # a no-op once finished; frees the session if we were cancelled
-            return JSONResponse(_whole(ident, chat, "".join(texts), stream.stats))
+            return JSONResponse(_whole(ident, chat, ["".join(t) for t in texts],
+                                       _choice_stats(stream, n)))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = _sse(ident, chat, first, events, stream, include_usage, prompt_param)
+        body = _sse(ident, chat, n, first, events, stream, include_usage, prompt_param)
         return EventSourceResponse(body, sep="\n", ping=15,
                                    shutdown_grace_period=settings.grace_s)
 
-    def _whole(ident: str, chat: bool, text: str, stats) -> dict:
-        finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text,
-                                              "refusal": None},
-                      "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def _whole(ident: str, chat: bool, texts: list[str], stats: list) -> dict:
+        choices = []
+        for index, (text, st) in enumerate(zip(texts, stats)):
+            finish = FINISH_REASONS.get(st.finish_reason, st.finish_reason)
+            if chat:
+                choices.append({"index": index, "message": {"role": "assistant", "content": text,
+                                                            "refusal": None},
+                                "logprobs": None, "finish_reason": finish})
+            else:
+                choices.append({"index": index, "text": text, "logprobs": None,
+                                "finish_reason": finish})
         return {"id": ident, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": settings.model_name,
-                "system_fingerprint": None, "choices": [choice], "usage": usage(stats)}
+                "system_fingerprint": None, "choices": choices, "usage": usage(stats)}
 
-    async def _sse(ident: str, chat: bool, first, events: AsyncIterator, stream,
+    async def _sse(ident: str, chat: bool, n: int, first, events: AsyncIterator, stream,
                    include_usage: bool, prompt_param: str) -> AsyncIterator[str]:
-        """`data:` lines of one streamed generation, ending with `[DONE]`."""
+        """`data:` lines of one streamed generation, ending with `[DONE]`. With n > 1 the
+        choices' chunks interleave, each with its `index`; a choice's finish chunk goes out
+        as soon as its Stats has come."""
         now = int(time.time())
         base = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": now, "model": settings.model_name, "system_fingerprint": None}
         if include_usage:
             base["usage"] = None
 
-        def chunk(delta_or_text, finish=None) -> str:
+        def chunk(index: int, delta_or_text, finish=None) -> str:
             if chat:
-                choice = {"index": 0, "delta": delta_or_text, "logprobs": None,
+                choice = {"index": index, "delta": delta_or_text, "logprobs": None,
                           "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta_or_text, "logprobs": None,
+                choice = {"index": index, "text": delta_or_text, "logprobs": None,
                           "finish_reason": finish}
             return json.dumps({**base, "choices": [choice]})
 
         # Text chunks are the precomputed JSON with the text spliced in.
-        head, tail = chunk({"content": _TEXT} if chat else _TEXT).split(json.dumps(_TEXT))
+        spliced = [chunk(i, {"content": _TEXT} if chat else _TEXT).split(json.dumps(_TEXT))
+                   for i in range(n)]
+        ended: set[int] = set()
+
+        def finished_choices() -> list[str]:
+            out = []
+            for index in sorted(set(stream.choice_stats) - ended):
+                ended.add(index)
+                st = stream.choice_stats[index]
+                out.append(chunk(index, {} if chat else "",
+                                 FINISH_REASONS.get(st.finish_reason, st.finish_reason)))
+            return out
+
+        def text(piece) -> str:
+            head, tail = spliced[piece.index]
+            return head + json.dumps(piece.text) + tail
+
         finished = False
         try:
             if chat:
-                yield chunk({"role": "assistant", "content": ""})
+                for index in range(n):
+                    yield chunk(index, {"role": "assistant", "content": ""})
             if first is not None and first.text:
-                yield head + json.dumps(first.text) + tail
+                yield text(first)
             async for piece in events:
+                for line in finished_choices():
+                    yield line
                 if piece.text:
-                    yield head + json.dumps(piece.text) + tail
-            stats = stream.stats
-            finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
-            yield chunk({} if chat else "", finish)
+                    yield text(piece)
+            for line in finished_choices():
+                yield line
             if include_usage:
-                yield json.dumps({**base, "choices": [], "usage": usage(stats)})
+                yield json.dumps({**base, "choices": [], "usage": usage(_choice_stats(stream, n))})
             yield "[DONE]"
             finished = True
         except grpc.RpcError as exc:
@@ -244,9 +291,32 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
+_REF = "#/components/schemas/{model}"
+
+
+def _request_body(model: type) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": _REF.format(model=model.__name__)}}}}}
+
+
+def _choice_stats(stream, n: int) -> list:
+    """The choices' Stats in index order (an orchestrator without n sends one, index 0)."""
+    stats = stream.choice_stats
+    if sorted(stats) != list(range(n)):
+        raise APIError(502, f"the orchestrator sent stats for choices {sorted(stats)} of {n}",
+                       code="bad_gateway")
+    return [stats[i] for i in range(n)]
+
+
 async def _body(request: Request):
     try:
-        return await request.json()
+        body = await request.json()
+        # "\ud800" is valid JSON but no UTF-8 string: protobuf could not encode it.
+        json.dumps(body, ensure_ascii=False).encode()
+        return body
+    except UnicodeEncodeError:
+        raise invalid("the request body holds an unpaired UTF-16 surrogate escape",
+                      code="invalid_json") from None
     except ValueError:
         raise invalid("the request body is not valid JSON", code="invalid_json") from None
 

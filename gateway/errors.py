@@ -42,7 +42,8 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 _PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature",
            "sampling.top_p": "top_p", "sampling.top_k": "top_k", "sampling.min_p": "min_p",
            "stop": "stop", "k": "speculation.k", "proposer": "speculation.proposer",
-           "guess": "speculation.guess", "session_id": "session_id", "seed": "seed"}
+           "guess": "speculation.guess", "session_id": "session_id", "seed": "seed",
+           "prediction": "prediction", "n": "n", "keep_session": "keep_session"}
 _FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)?)(?::| must)")
 
 

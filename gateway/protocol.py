@@ -1,36 +1,49 @@
 """OpenAI request bodies -> Generate options, and Stats -> OpenAI response parts.
 
-Parameters fall into four groups:
-- mapped: model, messages / prompt, max_tokens, max_completion_tokens, temperature,
-  top_p, seed, stop, n (1 only), stream, stream_options.include_usage;
+Every OpenAI parameter is declared here with its type and range, so /openapi.json
+publishes the whole request (and gateway/schemas.py the responses), and a value
+outside its range is a 400 naming it before anything reaches the orchestrator.
+Parameters fall into four groups (the README's OpenAI table lists each one):
+- supported: model, messages / prompt, max_tokens, max_completion_tokens,
+  temperature, top_p, seed, stop, n (<= specdec.limits.MAX_CHOICES), best_of
+  (= n only), stream, stream_options.include_usage, prediction;
 - extensions: `speculation` {proposer, k, guess}, `keep_session` (keep this turn's
   session for later turns; its id comes back in `usage.speculation.session_id`),
   `session_id` (continue a kept session: the shared prefix is served from the
   services' KV caches), `top_k`, `min_p`;
-- accepted and ignored: user, metadata, store, service_tier, parallel_tool_calls;
-- known but not supported: accepted only at their neutral value (frequency_penalty 0,
-  logit_bias {}, logprobs false, tools [], response_format text, best_of 1, ...),
-  otherwise 400 `unsupported_parameter`, since honouring them would change the output
-  distribution the verifier guarantees.
+- accepted and ignored: user, metadata, store, service_tier, parallel_tool_calls,
+  prompt_cache_key, safety_identifier;
+- declared but not supported: accepted only at their neutral value (frequency_penalty 0,
+  logit_bias {}, logprobs false, tools [], response_format text, ...), otherwise
+  400 `unsupported_parameter`, since honouring them would change the output
+  distribution the verifier guarantees (or is not built yet).
 Anything else is 400 `unknown_parameter`.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import APIError, invalid
+from gateway.errors import invalid
+from specdec.limits import MAX_CHOICES
+
+INT32 = 2**31 - 1  # the proto's int32 fields (sampling.top_k)
+UINT32 = 2**32 - 1  # the proto's uint32 fields (max_new_tokens, k)
+MAX_SESSION_ID = 256  # the orchestrator's bound on session ids
 
 # Accepted and not used (reserved: `user` for accounting once tenants exist).
-IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
-# Known, unsupported: allowed only at the value that means "off".
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+           "safety_identifier")
+# Declared, not supported: allowed only at the values that mean "off" (the last one is
+# what the error message offers).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "repetition_penalty": (None, 1),
     "logit_bias": (None, {}),
-    "logprobs": (None, False),
+    "logprobs": (None, False),  # completions: 0 == False
     "top_logprobs": (None, 0),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
@@ -38,66 +51,168 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
-    "prediction": (None,),
     "audio": (None,),
-    "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
 }
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class Speculation(BaseModel):
+class Speculation(_Strict):
     """The extension field: `extra_body={"speculation": {"proposer": "draft", "k": 4}}`."""
 
-    model_config = ConfigDict(extra="forbid")
     proposer: Literal["default", "draft", "lookup", "guess", "none", "combined"] = "default"
-    k: int = Field(0, ge=0)  # 0 = the orchestrator's default (fixed or adaptive)
-    guess: str = ""          # proposer "guess": the expected continuation
+    # 0 = the orchestrator's default (fixed or adaptive); above the services' limit: 400.
+    k: int = Field(0, ge=0, le=UINT32)
+    guess: str = ""  # proposer "guess": the expected continuation
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Strict):
+    """Predicted Outputs: text most of the answer is expected to be (e.g. the file being edited)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
+class ResponseFormatJSONObject(_Strict):
+    type: Literal["json_object"]
+
+
+class JSONSchemaFormat(_Strict):
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatJSONSchema(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+ResponseFormat = Annotated[
+    Union[ResponseFormatText, ResponseFormatJSONObject, ResponseFormatJSONSchema],
+    Field(discriminator="type"),
+]
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class _Common(_Strict):
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None  # range checked by the orchestrator
-    top_p: float | None = None
+    max_tokens: int | None = Field(None, ge=1, le=UINT32)
+    # OpenAI's range; the orchestrator also needs a temperature > 0 to be >= 1e-6.
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
-    n: int | None = None
-    stream: bool = False
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[int, Field(ge=-100, le=100)]] | None = None
+    user: str | None = None
+    # Predicted Outputs (an OpenAI chat parameter; on /v1/completions an extension).
+    prediction: Prediction | None = None
+    # Extensions.
     speculation: Speculation | None = None
-    session_id: str = ""
+    session_id: str = Field("", max_length=MAX_SESSION_ID)
     keep_session: bool = False
-    top_k: int = 0
-    min_p: float = 0.0
+    top_k: int = Field(0, ge=0, le=INT32)
+    min_p: float = Field(0.0, ge=0, lt=1)
+    repetition_penalty: float | None = Field(None, gt=0)
 
 
-class _ContentPart(BaseModel):
+class ContentPart(BaseModel):
+    """A message content part; only "text" parts are supported (others: 400)."""
+
     model_config = ConfigDict(extra="allow")
     type: str
     text: str = ""
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[_ContentPart] | None = None
+class Message(_Strict):
+    """A chat message. Tool and function messages, and an assistant's tool calls, are not
+    supported (a 400 naming `messages`)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
 
 
 class ChatRequest(_Common):
-    messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=UINT32)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    web_search_options: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = None
 
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -111,36 +226,43 @@ def parse(model: type[_Common], body: Any) -> _Common:
         request = model.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise invalid(f"{loc}: {err['msg']}", param=str(err["loc"][0]) if err["loc"] else None)
-    for name, value in (request.model_extra or {}).items():
-        if name in IGNORED:
-            continue
-        if name in NEUTRAL:
-            if value not in NEUTRAL[name]:
-                raise invalid(f"{name}: not supported by this server (only {NEUTRAL[name][-1]!r} "
-                              "is accepted)", param=name, code="unsupported_parameter")
-            continue
-        raise invalid(f"Unrecognized request argument supplied: {name}", param=name,
-                      code="unknown_parameter")
-    if request.n not in (None, 1):
-        raise invalid("n: only n=1 is supported", param="n", code="unsupported_parameter")
+        loc = [str(p) for p in err["loc"]]
+        if err["type"] == "extra_forbidden" and len(loc) == 1:
+            raise invalid(f"Unrecognized request argument supplied: {loc[0]}", param=loc[0],
+                          code="unknown_parameter") from None
+        # The extension's fields are named as the orchestrator's errors name them ("speculation.k").
+        param = ".".join(loc[:2]) if loc[:1] == ["speculation"] and len(loc) > 1 else (
+            loc[0] if loc else None)
+        raise invalid(f"{'.'.join(loc)}: {err['msg']}", param=param) from None
+    for name, allowed in NEUTRAL.items():
+        value = getattr(request, name, None)
+        if isinstance(value, BaseModel):
+            value = value.model_dump(exclude_none=True)
+        if value not in allowed:
+            raise invalid(f"{name}: not supported by this server (only {allowed[-1]!r} is accepted)",
+                          param=name, code="unsupported_parameter")
     if request.stream_options is not None and not request.stream:
         raise invalid("stream_options: only allowed when stream is true", param="stream_options")
+    best_of = getattr(request, "best_of", None)
+    if best_of is not None and best_of != (request.n or 1):
+        raise invalid(f"best_of: only best_of = n ({request.n or 1}) is supported (ranking "
+                      "candidates by log-probability is not)", param="best_of",
+                      code="unsupported_parameter")
+    spec = request.speculation
+    if request.prediction is not None and spec is not None and (
+            spec.proposer not in ("default", "guess") or spec.guess):
+        raise invalid("prediction: the prediction is the proposal; it cannot be combined with "
+                      f"speculation.proposer {spec.proposer!r} or a guess", param="prediction")
+    if (request.n or 1) > 1 and (request.session_id or request.keep_session):
+        raise invalid("n: each choice is a single-turn session (no session_id or keep_session "
+                      "with n > 1)", param="n")
     return request
 
 
 def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
     out = []
     for i, message in enumerate(request.messages):
-        role = _ROLES.get(message.role)
-        if role is None:
-            raise invalid(f"messages[{i}].role: {message.role!r} is not supported (system, "
-                          "developer, user, assistant)", param="messages")
-        extra = set(message.model_extra or {}) - {"name"}
-        if extra and any((message.model_extra or {})[k] for k in extra):
-            raise invalid(f"messages[{i}]: {', '.join(sorted(extra))} not supported",
-                          param="messages", code="unsupported_parameter")
+        role = _ROLES[message.role]  # the schema allows only these roles
         content = message.content
         if isinstance(content, list):
             parts = []
@@ -182,9 +304,12 @@ def generate_options(request: _Common, default_max_tokens: int) -> dict[str, Any
         min_p=request.min_p,
         seed=request.seed or 0,
         stop=stop,
-        proposer=spec.proposer,
+        # A prediction is the proposal (GenerateRequest.prediction): the proposer stays unset.
+        proposer="default" if request.prediction is not None else spec.proposer,
         k=spec.k,
         guess=spec.guess,
+        prediction=request.prediction.text if request.prediction is not None else "",
+        n=request.n or 1,
         session_id=request.session_id,
         # Continuing a session keeps it too; otherwise a turn is single-turn and
         # leaves nothing behind (see GenerateRequest.keep_session).
@@ -195,24 +320,48 @@ def generate_options(request: _Common, default_max_tokens: int) -> dict[str, Any
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-def usage(stats) -> dict[str, Any]:
-    """OpenAI usage, with the speculation counts as the `speculation` extension."""
+def _speculation(stats) -> dict[str, Any]:
     return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.new_tokens,
-        "total_tokens": stats.prompt_tokens + stats.new_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens},
-        "speculation": {
-            "proposer": stats.proposer,
-            "fallback_reason": stats.fallback_reason or None,
-            "target_passes": stats.target_passes,
-            "draft_calls": stats.draft_calls,
-            "drafted_tokens": stats.drafted_tokens,
-            "accepted_tokens": stats.accepted_tokens,
-            "acceptance_rate": stats.acceptance_rate,
-            "acceptance_by_position": list(stats.acceptance_by_position),
-            "tokens_per_target_pass": stats.new_tokens / max(stats.target_passes, 1),
-            "session_id": stats.session_id,
-            "seed": stats.seed,
+        "proposer": stats.proposer,
+        "fallback_reason": stats.fallback_reason or None,
+        "target_passes": stats.target_passes,
+        "draft_calls": stats.draft_calls,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "acceptance_rate": stats.acceptance_rate,
+        "acceptance_by_position": list(stats.acceptance_by_position),
+        "tokens_per_target_pass": stats.new_tokens / max(stats.target_passes, 1),
+        "session_id": stats.session_id,
+        "seed": stats.seed,
+    }
+
+
+_SUMMED = ("target_passes", "draft_calls", "drafted_tokens", "accepted_tokens")
+
+
+def usage(choices: Sequence) -> dict[str, Any]:
+    """OpenAI usage of a request's choices (their Stats, by index), with the speculation
+    counts as the `speculation` extension: choice 0's, with the counts summed over the
+    choices and each choice's own under `choices` when n > 1."""
+    first = choices[0]
+    completion = sum(s.new_tokens for s in choices)
+    speculation = _speculation(first)
+    if len(choices) > 1:
+        for key in _SUMMED:
+            speculation[key] = sum(getattr(s, key) for s in choices)
+        speculation["acceptance_rate"] = (speculation["accepted_tokens"]
+                                          / max(speculation["drafted_tokens"], 1))
+        speculation["tokens_per_target_pass"] = completion / max(speculation["target_passes"], 1)
+        speculation["choices"] = [_speculation(s) for s in choices]
+    return {
+        "prompt_tokens": first.prompt_tokens,  # one prompt, whatever n
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.reused_prompt_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0, "audio_tokens": 0,
+            "accepted_prediction_tokens": sum(s.accepted_prediction_tokens for s in choices),
+            "rejected_prediction_tokens": sum(s.rejected_prediction_tokens for s in choices),
         },
+        "speculation": speculation,
     }

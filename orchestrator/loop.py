@@ -37,7 +37,7 @@ from orchestrator.proposer_factory import open_proposer
 from orchestrator.proposers import DraftContext, Proposal, Proposer
 from orchestrator.remote import ModelClient, Reply, SessionReplica
 from orchestrator.sessions import Session, open_session
-from orchestrator.spec import GenerateSpec, LoopConfig, WireSampling
+from orchestrator.spec import PREDICTION, GenerateSpec, LoopConfig, WireSampling
 from orchestrator.stats import RoundTally, Tally, Timer
 from orchestrator.text import IncrementalDecoder
 from specdec import tracing
@@ -92,7 +92,7 @@ class TokenLogprob:
 async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
     """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
     # Round 1's clock starts with the request (the Tally's): it carries the set-up below.
-    tally = Tally(prompt_tokens=len(spec.prompt_ids))  # open_session sets the turn's seed
+    tally = Tally(prompt_tokens=len(spec.prompt_ids), index=spec.index)  # open_session sets the seed
     trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
     session = await open_session(spec, config, tally)  # admitted: a slot on its target replica
     rounds = _rounds(spec, config, session, tally, trace)
@@ -115,8 +115,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
     adaptive = GoodputPolicy() if not spec.k and config.adaptive_k and proposer.adaptive else None
     k_max = config.max_k if adaptive is not None else spec.k or config.default_k
-    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.gate).
-    gated = not spec.k and proposer.proposes and config.speculation_gate
+    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.gate);
+    # not for a caller's prediction, which is asked for and costs no draft work.
+    gated = not spec.k and proposer.proposes and config.speculation_gate and spec.proposer != PREDICTION
     gate = None
     decoder = IncrementalDecoder(config.tokenizer, tokens)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None

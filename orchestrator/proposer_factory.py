@@ -12,10 +12,13 @@ from collections.abc import Callable
 
 from orchestrator.combined import CombinedProposer
 from orchestrator.parallel import ParallelDraftProposer
-from orchestrator.proposers import DraftServiceProposer, GuessProposer, NoProposer, PromptLookupProposer, Proposer
+from orchestrator.proposers import (
+    DraftServiceProposer, GuessProposer, NoProposer, PredictionProposer, PromptLookupProposer, Proposer,
+)
 from orchestrator.remote import place
-from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, GenerateSpec, LoopConfig
+from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
 from specdec.errors import InvalidArgument, Unavailable
+
 
 async def open_proposer(
     spec: GenerateSpec, config: LoopConfig, session_id: str, draft_home: tuple[str, int],
@@ -42,6 +45,8 @@ async def open_proposer(
         if not spec.guess_ids:
             raise InvalidArgument("guess: required (non-empty) when proposer is PROPOSER_GUESS")
         return GuessProposer(spec.guess_ids)
+    if spec.proposer == PREDICTION:
+        return PredictionProposer(spec.guess_ids)
     if spec.proposer == NONE:
         return NoProposer()
     raise InvalidArgument(f"proposer: unknown kind {spec.proposer!r}; expected one of {', '.join(KINDS)}")

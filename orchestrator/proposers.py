@@ -28,8 +28,9 @@ import torch
 from orchestrator.remote import (
     Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError,
 )
-from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, WireSampling
+from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, PREDICTION, WireSampling
 from specdec.core.lookup import PromptLookup
+from specdec.core.prediction import PredictionCursor
 from specdec.errors import SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
@@ -155,6 +156,20 @@ class GuessProposer(_Local):
         return Proposal(tokens=self.guess[n : n + ctx.k])
 
 
+class PredictionProposer(_Local):
+    """Predicted Outputs: the caller's prediction, re-aligned after each rejection
+    (specdec.core.prediction). Deterministic, so q is one-hot and the text is exact."""
+
+    name = PREDICTION
+
+    def __init__(self, prediction_ids: Sequence[int]) -> None:
+        self._cursor = PredictionCursor(prediction_ids)
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        self._cursor.extend(ctx.tokens[ctx.prompt_len + len(self._cursor):])
+        return Proposal(tokens=self._cursor.propose(ctx.k))
+
+
 class DraftServiceProposer:
     """One Propose RPC to the draft service per round.
 
@@ -241,4 +256,3 @@ class DraftServiceProposer:
 
     def close(self) -> None:
         pass
-

@@ -9,6 +9,8 @@ the tenant that created it (specdec.security.TENANT).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import secrets
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -21,11 +23,12 @@ from orchestrator import metrics
 from orchestrator.grammar import Constraint
 from orchestrator.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
 from orchestrator.sessions import forget_session
-from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
+from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
 from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
+from specdec.core.rng import choice_seed
 from specdec.errors import InvalidArgument, OutOfRange
-from specdec.limits import MAX_SESSION_ID, Admission, AdmissionLimits
+from specdec.limits import MAX_CHOICES, MAX_SESSION_ID, Admission, AdmissionLimits
 from specdec.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -51,6 +54,7 @@ T = TypeVar("T")
 def text_bytes(request: pb.GenerateRequest | pb.CheckRequest) -> int:
     """UTF-8 bytes of every text field a request carries (checked before any tokenising)."""
     size = len(request.prompt.encode()) + len(request.guess.encode())
+    size += len(getattr(request, "prediction", "").encode())
     size += sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
     return size + sum(len(s.encode()) for s in getattr(request, "stop", ()))
 
@@ -83,8 +87,15 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         raise InvalidArgument(f"k: {request.k} is above the services' limit of {config.max_k}")
     if any(not s for s in request.stop):
         raise InvalidArgument("stop: stop strings must be non-empty")
+    _check_choices(request)
     guess_ids: list[int] = []
-    if proposer == GUESS:
+    if request.prediction:
+        if request.proposer not in (pb.PROPOSER_UNSPECIFIED, pb.PROPOSER_GUESS) or request.guess:
+            raise InvalidArgument("prediction: only with proposer PROPOSER_UNSPECIFIED (or "
+                                  "PROPOSER_GUESS without a guess): the prediction is the proposal")
+        proposer = PREDICTION
+        guess_ids = encode_text(config.tokenizer, request.prediction)
+    elif proposer == GUESS:
         if not request.guess:
             raise InvalidArgument("guess: required when proposer is PROPOSER_GUESS")
         guess_ids = encode_text(config.tokenizer, request.guess)
@@ -143,9 +154,65 @@ def _top_logprobs(request: pb.GenerateRequest) -> int:
     return n
 
 
+def _check_choices(request: pb.GenerateRequest) -> None:
+    """n > 1 runs n single-turn sessions: nothing to continue or resume."""
+    if request.n > MAX_CHOICES:
+        raise InvalidArgument(f"n: {request.n} is above this server's limit of {MAX_CHOICES}")
+    if request.n > 1:
+        for name in ("session_id", "keep_session", "resume_from"):
+            if getattr(request, name):
+                raise InvalidArgument(f"{name}: not with n > 1 (each choice is a single-turn "
+                                      "session)")
+
+
+def choice_specs(spec: GenerateSpec, n: int) -> list[GenerateSpec]:
+    """The n choices of one request: the same prompt, each its own counter-based seed
+    (choice 0 keeps the request's, so it is the n = 1 answer). A random seed (0) is
+    drawn once here so that every choice derives from the one reported."""
+    if n <= 1:
+        return [spec]
+    seed = spec.seed or secrets.randbits(63) + 1
+    return [dataclasses.replace(spec, seed=choice_seed(seed, i), index=i) for i in range(n)]
+
+
 # Request.speculation -> GenerateSpec.parallel (None: the orchestrator's default); an
 # unknown value from a newer client is taken as unspecified.
 _SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
+
+
+async def _merged(streams: list[AsyncIterator[pb.GenerateResponse]]) -> AsyncIterator[pb.GenerateResponse]:
+    """The responses of concurrent choices on one stream, as each commits. The first
+    failure ends the stream (the other choices are cancelled and free their KV)."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * len(streams))
+    done = object()
+
+    async def pump(stream) -> None:  # an async generator: closed here, wherever it stopped
+        try:
+            async for response in stream:
+                await queue.put(response)
+            await queue.put(done)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            await queue.put(exc)
+        finally:
+            # Cancelled while waiting to hand a response over: the choice's own clean-up
+            # (its session, both services' KV) runs now, not when the generator is collected.
+            await stream.aclose()
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
@@ -165,15 +232,20 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         tenant = TENANT.get()
         with self.admission.enter(tenant):
             spec = await self._off_loop(spec_from_request, request, self.config, tenant)
-            async for response in self._generate(spec):
+            specs = choice_specs(spec, request.n)
+            responses = self._generate(spec) if len(specs) == 1 else _merged(
+                [self._generate(s, resumable=False) for s in specs])
+            async for response in responses:
                 yield response
 
-    async def _generate(self, spec: GenerateSpec) -> AsyncIterator[pb.GenerateResponse]:
+    async def _generate(self, spec: GenerateSpec,
+                        resumable: bool = True) -> AsyncIterator[pb.GenerateResponse]:
+        """One choice's responses; a choice of n > 1 names no session (it cannot be resumed)."""
         async for event in generate(spec, self.config):
             if isinstance(event, ChunkEvent):
                 yield pb.GenerateResponse(chunk=pb.Chunk(
                     text=event.text, token_ids=event.token_ids, start_index=event.start_index,
-                    session_id=event.session_id,
+                    session_id=event.session_id if resumable else "", index=spec.index,
                     round=self._round_tokens(event.round) if event.round else None,
                     logprobs=[self._logprob(lp) for lp in event.logprobs or ()]))
             else:

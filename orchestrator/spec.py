@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from orchestrator.capacity import TargetAdmission
 from orchestrator.costs import CostBook
 from orchestrator.grammar import Constraint, Grammars
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE  # noqa: F401 - re-exported
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION  # noqa: F401 - re-exported
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
 from specdec.store import SessionRecord
@@ -31,7 +31,7 @@ class GenerateSpec:
     stop: tuple[str, ...] = ()
     proposer: str = DRAFT
     k: int = 0  # 0 = the config's default (or adaptive)
-    guess_ids: tuple[int, ...] = ()
+    guess_ids: tuple[int, ...] = ()  # GUESS: the guess; PREDICTION: the prediction
     session_id: str = ""  # "" = a new session
     strict: bool = False
     tenant: str = ""  # the authenticated caller; a session is only ever visible to its own
@@ -43,6 +43,7 @@ class GenerateSpec:
     constraint: Constraint | None = None  # structured output: the grammar every token follows
     logprobs: bool = False  # each chunk carries its tokens' log-probabilities
     top_logprobs: int = 0  # ... and this many alternatives each (0..20)
+    index: int = 0  # the choice this turn is (GenerateRequest.n); its seed is already derived
 
 
 @dataclass(frozen=True)

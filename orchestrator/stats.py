@@ -109,6 +109,7 @@ class Tally(Costs):
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # ... and accepted it
     ttft_ms: float = 0.0
+    index: int = 0  # the choice (GenerateRequest.n)
     rounds: list[RoundTally] = field(default_factory=list)
     # The request's clock (perf_counter seconds): when it started, when the open round started,
     # and the Redis wait booked before that round.
@@ -129,6 +130,14 @@ class Tally(Costs):
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def accepted_prediction_tokens(self) -> int:
+        return sum(r.accepted for r in self.rounds if r.source == "prediction")
+
+    @property
+    def rejected_prediction_tokens(self) -> int:
+        return sum(r.drafted - r.accepted for r in self.rounds if r.source == "prediction")
 
     @property
     def pre_draft_hits(self) -> int:

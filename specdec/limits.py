@@ -26,6 +26,7 @@ REJECTIONS = Counter(
 
 MARGIN_BYTES = 1 << 20
 MAX_SESSION_ID = 256  # characters in a session id, on every service and the orchestrator
+MAX_CHOICES = 16  # GenerateRequest.n (the OpenAI `n`): choices of one request
 
 
 def model_message_caps(vocab: int, max_k: int, max_request_tokens: int) -> tuple[int, int]:

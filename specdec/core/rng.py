@@ -74,3 +74,13 @@ def uniforms(
         salt = (int(purpose) << 32 | (index & 0xFFFFFFFF)) * 0xC2B2AE3D27D4EB4F & MASK64
         z = _mix64_array(z ^ _U64(salt))
     return (z >> _U64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` of a request with n choices: choice 0 keeps the request's
+    (it is the n = 1 answer), the others get independent streams, a pure function of both.
+    Never 0 (which means "pick one at random")."""
+    if index == 0:
+        return seed
+    z = _mix64((seed & MASK64) ^ _mix64((index & MASK64) * 0xA24BAED4963EE407 & MASK64))
+    return z or 1

@@ -41,7 +41,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes", "constraint", "logprobs", "top_logprobs")
+    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes", "constraint", "logprobs", "top_logprobs", "prediction", "n")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,8 @@ class GenerateRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_new_tokens: int
@@ -80,7 +82,9 @@ class GenerateRequest(_message.Message):
     constraint: Constraint
     logprobs: bool
     top_logprobs: int
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    prediction: str
+    n: int
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prediction: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "lark")
@@ -111,20 +115,22 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., token_bytes: _Optional[bytes] = ..., top_bytes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("text", "token_ids", "start_index", "session_id", "round", "logprobs")
+    __slots__ = ("text", "token_ids", "start_index", "session_id", "round", "logprobs", "index")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     START_INDEX_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     start_index: int
     session_id: str
     round: RoundTokens
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_index: _Optional[int] = ..., session_id: _Optional[str] = ..., round: _Optional[_Union[RoundTokens, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    index: int
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_index: _Optional[int] = ..., session_id: _Optional[str] = ..., round: _Optional[_Union[RoundTokens, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class RoundTokens(_message.Message):
     __slots__ = ("round", "source", "drafted_ids", "drafted_texts", "accepted", "extra_kind", "token_texts")
@@ -145,7 +151,7 @@ class RoundTokens(_message.Message):
     def __init__(self, round: _Optional[int] = ..., source: _Optional[str] = ..., drafted_ids: _Optional[_Iterable[int]] = ..., drafted_texts: _Optional[_Iterable[str]] = ..., accepted: _Optional[int] = ..., extra_kind: _Optional[str] = ..., token_texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms", "drafted_per_round", "serialize_ms", "rounds", "pre_draft_hits", "pre_draft_misses", "draft_hidden_ms", "deadline_misses")
+    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms", "drafted_per_round", "serialize_ms", "rounds", "pre_draft_hits", "pre_draft_misses", "draft_hidden_ms", "deadline_misses", "accepted_prediction_tokens", "rejected_prediction_tokens", "index")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +187,9 @@ class Stats(_message.Message):
     PRE_DRAFT_MISSES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     finish_reason: str
     proposer: str
@@ -216,7 +225,10 @@ class Stats(_message.Message):
     pre_draft_misses: int
     draft_hidden_ms: float
     deadline_misses: int
-    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., serialize_ms: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., pre_draft_hits: _Optional[int] = ..., pre_draft_misses: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., deadline_misses: _Optional[int] = ...) -> None: ...
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+    index: int
+    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., serialize_ms: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., pre_draft_hits: _Optional[int] = ..., pre_draft_misses: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., deadline_misses: _Optional[int] = ..., accepted_prediction_tokens: _Optional[int] = ..., rejected_prediction_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
     __slots__ = ("k", "drafted", "accepted", "committed", "total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms", "redis_write_ms", "bytes_sent", "bytes_received", "cache_misses", "pre_drafted", "pre_draft_discarded", "draft_hidden_ms", "source", "deadline_misses")

@@ -60,6 +60,17 @@ class Stack:
                                  extra=("--startup-timeout", "20", *extra))
         return self._serve(name, argv, port, wait=wait)
 
+    def start_gateway(self, orchestrator: str = "orch", extra: tuple[str, ...] = ()) -> str:
+        """`python -m gateway` in front of the named orchestrator; returns its base URL."""
+        port = procs.free_port()
+        proc = procs.start(["python", "-m", "gateway", "--orchestrator", self.addresses[orchestrator],
+                            "--port", str(port), *extra],
+                           env=ENV, log_path=self.logs / "gateway.log")
+        self.procs["gateway"] = proc  # stopped by pid with the rest
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/v1/models", proc)
+        return base
+
     def _serve(self, name: str, argv: list[str], port: int, wait: bool = True) -> str:
         self.addresses[name] = self.processes.serve(name, argv, port, timeout=120, wait=wait)
         return self.addresses[name]

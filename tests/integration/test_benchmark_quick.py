@@ -52,6 +52,9 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
         assert ("main", mode, "hf-target") in by_config
         assert any(c.startswith("svc-draft-k") for p, m, c in by_config if p == "main" and m == mode)
         assert ("main", mode, "svc-draft-auto") in by_config
+    # The predicted-output cell: the same edit prompt without and with a prediction.
+    assert {c for p, _, c in by_config if p == "prediction"} == {
+        "svc-none", "svc-prediction-source-k8", "svc-prediction-exact-k8"}
     assert any(p == "rtt" for p, _, _ in by_config)
     assert any(p == "rate" for p, _, _ in by_config)
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec import procs
-from tests.integration.stack import ENV, Stack, post_json, wait_http
+from tests.integration.stack import Stack, post_json
 
 openai = pytest.importorskip("openai")
 
@@ -66,14 +66,8 @@ def gw(tiny_pair, tmp_path_factory):
             stack.start_service(role, role, folder, extra=("--metrics-port", str(metrics[role])))
         metrics["orch"] = procs.free_port()
         stack.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(metrics["orch"])))
-        port = procs.free_port()
-        proc = procs.start(["python", "-m", "gateway", "--orchestrator", stack.addresses["orch"],
-                            "--port", str(port), "--default-max-tokens", "16"],
-                           env=ENV, log_path=stack.logs / "gateway.log")
-        stack.procs["gateway"] = proc  # stopped by pid with the rest
-        base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/v1/models", proc)
-        metrics["gateway"] = port  # the gateway serves /metrics on its HTTP port
+        base = stack.start_gateway("orch", ("--default-max-tokens", "16"))
+        metrics["gateway"] = int(base.rsplit(":", 1)[1])  # the gateway serves /metrics on its HTTP port
         yield SimpleNamespace(stack=stack, base=base, metrics=metrics,
                               openai=openai.OpenAI(base_url=f"{base}/v1", api_key="unused",
                                                    max_retries=0, timeout=60))
@@ -213,12 +207,12 @@ def test_multi_turn_through_keep_session(gw, grpc_client):
     grpc_client.end_session(session_id)
 
 
-def test_n_above_one_is_rejected_with_the_openai_error_shape(gw):
+def test_n_above_the_limit_is_rejected_with_the_openai_error_shape(gw):
     with pytest.raises(openai.BadRequestError) as err:
-        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, n=17)
     assert err.value.status_code == 400
     status, body = _post(f"{gw.base}/v1/chat/completions",
-                         {"model": MODEL, "messages": CHAT, "n": 2})
+                         {"model": MODEL, "messages": CHAT, "n": 17})
     assert status == 400
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -227,8 +221,9 @@ def test_n_above_one_is_rejected_with_the_openai_error_shape(gw):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_temperature_maps_the_orchestrators_invalid_argument_to_400(gw, stream):
+    # In the schema's [0, 2] but below the orchestrator's smallest temperature (1e-6).
     with pytest.raises(openai.BadRequestError) as err:
-        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, temperature=-1, stream=stream)
+        gw.openai.chat.completions.create(model=MODEL, messages=CHAT, temperature=1e-9, stream=stream)
     assert err.value.status_code == 400
     body = err.value.body
     assert body["param"] == "temperature" and body["code"] == "invalid_argument"
@@ -268,23 +263,29 @@ def _active(gw) -> tuple[float, float]:
     return tuple(scrape(gw.metrics[r]).get("specdec_active_sessions", 0.0) for r in ("target", "draft"))
 
 
-def test_disconnect_mid_stream_frees_the_kv_on_both_services(gw):
+def disconnect_mid_stream(gw, n: int = 1) -> None:
+    """Break a long streamed request (n choices) off after a few chunks; every session it
+    held on both services must be released."""
     before = _active(gw)
     stream = gw.openai.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "The cat sat"}], max_tokens=400,
+        model=MODEL, messages=[{"role": "user", "content": "The cat sat"}], max_tokens=400, n=n,
         temperature=0, stream=True, extra_body={"speculation": {"proposer": "draft", "k": 2}})
     received = 0
     for chunk in stream:
         received += bool(chunk.choices and chunk.choices[0].delta.content)
-        if received == 3:
+        if received == 3 * n:
             break
     during = _active(gw)
-    assert during[0] == before[0] + 1 and during[1] == before[1] + 1, (before, during)
+    assert during[0] == before[0] + n and during[1] == before[1] + n, (before, during)
     stream.close()  # the HTTP connection goes away mid-generation
     deadline = time.monotonic() + 20
     while _active(gw) != before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _active(gw) == before, "KV still held after the client left"
+
+
+def test_disconnect_mid_stream_frees_the_kv_on_both_services(gw):
+    disconnect_mid_stream(gw)
 
 
 # ------------------------------------------------------------------- dashboard

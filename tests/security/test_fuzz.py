@@ -152,7 +152,8 @@ def generate_request(draw):
             stop=draw(st.lists(st.text(min_size=1, max_size=3), max_size=2)),
             proposer=draw(st.integers(0, 4)), k=draw(st.integers(0, 6)),
             guess=draw(st.text(min_size=1, max_size=20)), round_tokens=draw(st.booleans()),
-            max_target_passes=draw(st.one_of(st.integers(0, 4), u32)))
+            max_target_passes=draw(st.one_of(st.integers(0, 4), u32)),
+            prediction=draw(st.one_of(st.just(""), st.text(max_size=20))), n=draw(st.integers(0, 3)))
         if draw(st.booleans()):
             msg.sampling.CopyFrom(draw(sampling()))
         return msg
@@ -160,7 +161,8 @@ def generate_request(draw):
         prompt=draw(text), max_new_tokens=draw(st.one_of(st.integers(0, 30), u32)),
         seed=draw(st.integers(0, 2**64 - 1)), stop=draw(st.lists(st.text(max_size=5), max_size=3)),
         proposer=draw(st.integers(-1, 6)), k=draw(st.one_of(st.integers(0, 20), u32)),
-        guess=draw(st.text(max_size=30)), session_id=draw(session_ids), strict=draw(st.booleans()))
+        guess=draw(st.text(max_size=30)), session_id=draw(session_ids), strict=draw(st.booleans()),
+        prediction=draw(st.text(max_size=30)), n=draw(st.one_of(st.integers(0, 20), u32)))
     if draw(st.booleans()):
         msg.messages.extend(pb.ChatMessage(role=draw(st.sampled_from(["user", "system", "assistant", "", "tool", "x" * 50])),
                                            content=draw(st.text(max_size=40)))

@@ -1,0 +1,145 @@
+"""The response bodies, as pydantic models: what /openapi.json publishes for each route.
+
+The gateway builds its JSON directly (the stream splices text into precomputed
+chunk JSON); tests validate real responses against these models, which forbid
+unknown fields, so the published schema cannot drift from what is sent.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Closed):
+    message: str
+    type: str
+    param: str | None = Field(description="The request parameter the error is about, if any")
+    code: str | None
+
+
+class ErrorResponse(_Closed):
+    error: ErrorDetail
+
+
+class SpeculationStats(_Closed):
+    """The `usage.speculation` extension: what the speculation did (Stats in the proto)."""
+
+    proposer: str
+    fallback_reason: str | None
+    target_passes: int = Field(ge=0)
+    draft_calls: int = Field(ge=0)
+    drafted_tokens: int = Field(ge=0)
+    accepted_tokens: int = Field(ge=0)
+    acceptance_rate: float = Field(ge=0, le=1)
+    acceptance_by_position: list[float]
+    tokens_per_target_pass: float = Field(ge=0)
+    session_id: str
+    seed: int = Field(ge=0)
+    choices: list[SpeculationStats] | None = Field(
+        None, description="n > 1: each choice's own (the counts above are their sums)")
+
+
+class PromptTokensDetails(_Closed):
+    cached_tokens: int = Field(ge=0, description="Served from a kept session's KV caches")
+    audio_tokens: int = 0
+
+
+class CompletionTokensDetails(_Closed):
+    reasoning_tokens: int = 0
+    audio_tokens: int = 0
+    accepted_prediction_tokens: int = Field(
+        ge=0, description="Tokens of `prediction` the target accepted")
+    rejected_prediction_tokens: int = Field(
+        ge=0, description="Tokens of `prediction` proposed and rejected by the target")
+
+
+class Usage(_Closed):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0, description="Summed over the choices")
+    total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+    speculation: SpeculationStats
+
+
+FinishReason = Literal["stop", "length", "passes"]
+
+
+class ChatMessageOut(_Closed):
+    role: Literal["assistant"]
+    content: str
+    refusal: None
+
+
+class ChatChoice(_Closed):
+    index: int = Field(ge=0)
+    message: ChatMessageOut
+    logprobs: Any
+    finish_reason: FinishReason
+
+
+class _Completion(_Closed):
+    id: str
+    created: int
+    model: str
+    system_fingerprint: None
+
+
+class ChatCompletion(_Completion):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(_Closed):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Closed):
+    index: int = Field(ge=0)
+    delta: ChatDelta
+    logprobs: Any
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(_Completion):
+    """One `data:` event of a streamed chat completion (the stream ends with `data: [DONE]`)."""
+
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class TextChoice(_Closed):
+    index: int = Field(ge=0)
+    text: str
+    logprobs: Any
+    finish_reason: FinishReason | None
+
+
+class TextCompletion(_Completion):
+    """A completion, or (streamed) one `data:` event of it, `usage` on the last with include_usage."""
+
+    object: Literal["text_completion"]
+    choices: list[TextChoice]
+    usage: Usage | None = None
+
+
+def responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses=` for a generation route: the body, the stream's events, errors."""
+    error = {"model": ErrorResponse}
+    return {
+        200: {"model": whole, "description": "The completion; with `stream: true`, server-sent "
+              f"events whose data are {chunk.__name__} objects, then `[DONE]`",
+              "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk.__name__}"}}}},
+        400: {**error, "description": "A parameter out of its range or not supported (`param` names it)"},
+        404: {**error, "description": "Unknown model or session"},
+        429: {**error, "description": "An admission limit (Retry-After says when to retry)"},
+        503: {**error, "description": "The orchestrator is unavailable"},
+    }

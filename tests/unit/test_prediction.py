@@ -1,0 +1,121 @@
+"""Predicted Outputs' cursor (specdec.core.prediction) and the per-choice seeds (n > 1)."""
+from __future__ import annotations
+
+import pytest
+
+from specdec.core.prediction import PredictionCursor
+from specdec.core.rng import choice_seed
+
+
+def test_follows_the_prediction_while_the_output_does():
+    cursor = PredictionCursor([1, 2, 3, 4, 5])
+    assert cursor.propose(3) == [1, 2, 3]
+    cursor.extend([1, 2])
+    assert cursor.propose(8) == [3, 4, 5]
+    cursor.extend([3, 4, 5])
+    assert cursor.propose(2) == []  # the prediction is spent
+
+
+def test_realigns_after_an_edit():
+    # "the cat sat on the mat" predicted; the output writes "dog" for "cat".
+    the, cat, dog, sat, on, mat = 10, 11, 12, 13, 14, 15
+    cursor = PredictionCursor([the, cat, sat, on, the, mat])
+    cursor.extend([the, dog])
+    assert cursor.propose(4) == []  # "dog" is nowhere in the prediction
+    cursor.extend([sat])
+    assert cursor.propose(4) == [on, the, mat]
+
+
+def test_realigns_forward_from_where_the_output_last_followed():
+    a, b, c, x, y = 1, 2, 3, 8, 9
+    # "a b" occurs twice; after the edit at the second occurrence's end the cursor must not
+    # jump back to the first one.
+    cursor = PredictionCursor([a, b, c, a, b, y, c])
+    cursor.extend([a, b, c, a, b, x])
+    assert cursor.propose(4) == []
+    cursor.extend([c])
+    assert cursor.propose(4) == []  # past the end: "c" after the anchor is the last token
+    cursor = PredictionCursor([a, b, c, a, b, y, c, a])
+    cursor.extend([a, b, c, a, b, x, c])
+    assert cursor.propose(4) == [a]
+
+
+def test_a_deletion_skips_ahead_and_an_insertion_waits():
+    cursor = PredictionCursor([1, 2, 3, 4, 5, 6, 7])
+    cursor.extend([1, 2, 5])  # 3, 4 deleted
+    assert cursor.propose(3) == [6, 7]
+    cursor = PredictionCursor([1, 2, 3, 4, 5])
+    cursor.extend([1, 2, 9, 9])  # inserted text
+    assert cursor.propose(3) == []
+    cursor.extend([3])
+    assert cursor.propose(3) == [4, 5]
+
+
+def test_proposals_are_a_function_of_the_tokens_fed():
+    prediction, output = [5, 6, 7, 5, 6, 8, 9], [5, 6, 9, 5, 6, 8, 1, 9]
+    one = PredictionCursor(prediction)
+    one.extend(output)
+    other = PredictionCursor(prediction)
+    for t in output:
+        other.extend([t])
+    assert one.propose(5) == other.propose(5) and one.position == other.position
+
+
+def test_bad_ngram_sizes():
+    with pytest.raises(ValueError):
+        PredictionCursor([1], max_ngram=1, min_ngram=2)
+
+
+def test_choice_seeds():
+    assert choice_seed(1234, 0) == 1234  # choice 0 is the n = 1 answer
+    seeds = [choice_seed(1234, i) for i in range(64)]
+    assert len(set(seeds)) == 64 and 0 not in seeds
+    assert seeds == [choice_seed(1234, i) for i in range(64)]  # a pure function
+    assert choice_seed(1235, 1) != choice_seed(1234, 1)
+    assert all(0 < choice_seed(2**64 - 1, i) < 2**64 for i in range(1, 8))
+
+
+def test_choice_specs_and_the_merged_stream():
+    import asyncio
+
+    from orchestrator.servicer import _merged, choice_specs
+    from orchestrator.spec import GenerateSpec
+    from specdec.core.sampling import SamplingParams
+
+    spec = GenerateSpec(prompt_ids=(1, 2), max_new_tokens=4, sampling=SamplingParams(), seed=0)
+    assert choice_specs(spec, 1) == [spec]
+    specs = choice_specs(spec, 3)
+    assert [s.index for s in specs] == [0, 1, 2] and specs[0].seed  # one random seed, drawn once
+    assert [s.seed for s in specs[1:]] == [choice_seed(specs[0].seed, i) for i in (1, 2)]
+
+    async def choice(name: str, n: int, fail: bool = False):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield f"{name}{i}"
+        if fail:
+            raise RuntimeError(f"{name} failed")
+
+    async def collect(*streams):
+        return [r async for r in _merged(list(streams))]
+
+    out = asyncio.run(collect(choice("a", 3), choice("b", 2)))
+    assert sorted(out) == ["a0", "a1", "a2", "b0", "b1"]
+    assert [x for x in out if x[0] == "a"] == ["a0", "a1", "a2"]  # each choice in order
+    cancelled = []
+
+    async def endless(tag: str):
+        try:
+            while True:
+                await asyncio.sleep(0)
+                yield tag
+        finally:
+            cancelled.append(tag)  # the other choices are stopped (their KV freed)
+
+    async def fails_and_checks():
+        # Three endless choices fill the queue (2 per stream): some wait to hand a response
+        # over when the failure comes; every one is closed before the error reaches the caller.
+        with pytest.raises(RuntimeError, match="b failed"):
+            await collect(endless("x"), endless("y"), endless("z"), choice("b", 2, fail=True))
+        assert sorted(cancelled) == ["x", "y", "z"]
+
+    asyncio.run(fails_and_checks())
