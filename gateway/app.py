@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from client import AsyncClient
 from specdec.security import aio_channel, channel_credentials
 from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
-from gateway import playground
+from gateway import logprobs, playground
 from gateway.playground import PlaygroundSettings
 from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
@@ -191,32 +191,35 @@ def create_app(settings: Settings) -> FastAPI:
         n = options["n"]
         if not req.stream:
             texts: list[list[str]] = [[] for _ in range(n)]
+            entries: list[list] = [[] for _ in range(n)]
             if first is not None:
                 texts[first.index].append(first.text)
+                entries[first.index].extend(first.logprobs)
             try:
                 async for chunk in events:
                     texts[chunk.index].append(chunk.text)
+                    entries[chunk.index].extend(chunk.logprobs)
             except grpc.RpcError as exc:
                 raise from_rpc_error(exc, prompt_param) from None
             finally:
                 stream.cancel()  # a no-op once finished; frees the session if we were cancelled
             return JSONResponse(_whole(ident, chat, ["".join(t) for t in texts],
-                                       _choice_stats(stream, n)))
+                                       _choice_stats(stream, n), entries))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         body = _sse(ident, chat, n, first, events, stream, include_usage, prompt_param)
         return EventSourceResponse(body, sep="\n", ping=15,
                                    shutdown_grace_period=settings.grace_s)
 
-    def _whole(ident: str, chat: bool, texts: list[str], stats: list) -> dict:
+    def _whole(ident: str, chat: bool, texts: list[str], stats: list, entries: list[list]) -> dict:
         choices = []
-        for index, (text, st) in enumerate(zip(texts, stats)):
+        for index, (text, st, lps) in enumerate(zip(texts, stats, entries)):
             finish = FINISH_REASONS.get(st.finish_reason, st.finish_reason)
             if chat:
                 choices.append({"index": index, "message": {"role": "assistant", "content": text,
                                                             "refusal": None},
-                                "logprobs": None, "finish_reason": finish})
+                                "logprobs": logprobs.chat(lps), "finish_reason": finish})
             else:
-                choices.append({"index": index, "text": text, "logprobs": None,
+                choices.append({"index": index, "text": text, "logprobs": logprobs.completion(lps),
                                 "finish_reason": finish})
         return {"id": ident, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": settings.model_name,
@@ -233,12 +236,12 @@ def create_app(settings: Settings) -> FastAPI:
         if include_usage:
             base["usage"] = None
 
-        def chunk(index: int, delta_or_text, finish=None) -> str:
+        def chunk(index: int, delta_or_text, finish=None, lps=None) -> str:
             if chat:
-                choice = {"index": index, "delta": delta_or_text, "logprobs": None,
+                choice = {"index": index, "delta": delta_or_text, "logprobs": lps,
                           "finish_reason": finish}
             else:
-                choice = {"index": index, "text": delta_or_text, "logprobs": None,
+                choice = {"index": index, "text": delta_or_text, "logprobs": lps,
                           "finish_reason": finish}
             return json.dumps({**base, "choices": [choice]})
 
@@ -256,7 +259,17 @@ def create_app(settings: Settings) -> FastAPI:
                                  FINISH_REASONS.get(st.finish_reason, st.finish_reason)))
             return out
 
+        offsets = [0] * n  # completions' text_offset: characters streamed so far per choice
+
         def text(piece) -> str:
+            if piece.logprobs:  # built whole: the log-probabilities ride along
+                if chat:
+                    line = chunk(piece.index, {"content": piece.text}, lps=logprobs.chat(piece.logprobs))
+                else:
+                    line = chunk(piece.index, piece.text,
+                                 lps=logprobs.completion(piece.logprobs, offsets[piece.index]))
+                offsets[piece.index] += len(piece.text)
+                return line
             head, tail = spliced[piece.index]
             return head + json.dumps(piece.text) + tail
 
@@ -265,12 +278,12 @@ def create_app(settings: Settings) -> FastAPI:
             if chat:
                 for index in range(n):
                     yield chunk(index, {"role": "assistant", "content": ""})
-            if first is not None and first.text:
+            if first is not None and (first.text or first.logprobs):
                 yield text(first)
             async for piece in events:
                 for line in finished_choices():
                     yield line
-                if piece.text:
+                if piece.text or piece.logprobs:  # an EOS has no text, but its log-probability
                     yield text(piece)
             for line in finished_choices():
                 yield line

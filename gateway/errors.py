@@ -43,7 +43,10 @@ _PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature"
            "sampling.top_p": "top_p", "sampling.top_k": "top_k", "sampling.min_p": "min_p",
            "stop": "stop", "k": "speculation.k", "proposer": "speculation.proposer",
            "guess": "speculation.guess", "session_id": "session_id", "seed": "seed",
-           "prediction": "prediction", "n": "n", "keep_session": "keep_session"}
+           "prediction": "prediction", "n": "n", "keep_session": "keep_session",
+           "constraint.json_schema": "response_format", "constraint.json_object": "response_format",
+           "constraint.regex": "constraint.regex", "constraint.lark": "constraint.lark",
+           "top_logprobs": "top_logprobs", "logprobs": "logprobs"}
 _FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)?)(?::| must)")
 
 

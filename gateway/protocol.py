@@ -6,15 +6,17 @@ outside its range is a 400 naming it before anything reaches the orchestrator.
 Parameters fall into four groups (the README's OpenAI table lists each one):
 - supported: model, messages / prompt, max_tokens, max_completion_tokens,
   temperature, top_p, seed, stop, n (<= specdec.limits.MAX_CHOICES), best_of
-  (= n only), stream, stream_options.include_usage, prediction;
-- extensions: `speculation` {proposer, k, guess}, `keep_session` (keep this turn's
+  (= n only), stream, stream_options.include_usage, prediction, response_format
+  (text, json_object, json_schema), logprobs, top_logprobs;
+- extensions: `speculation` {proposer, k, guess}, `constraint` {regex | lark}
+  (structured output beyond JSON), `keep_session` (keep this turn's
   session for later turns; its id comes back in `usage.speculation.session_id`),
   `session_id` (continue a kept session: the shared prefix is served from the
   services' KV caches), `top_k`, `min_p`;
 - accepted and ignored: user, metadata, store, service_tier, parallel_tool_calls,
   prompt_cache_key, safety_identifier;
 - declared but not supported: accepted only at their neutral value (frequency_penalty 0,
-  logit_bias {}, logprobs false, tools [], response_format text, ...), otherwise
+  logit_bias {}, tools [], echo false, ...), otherwise
   400 `unsupported_parameter`, since honouring them would change the output
   distribution the verifier guarantees (or is not built yet).
 Anything else is 400 `unknown_parameter`.
@@ -43,13 +45,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0),
     "repetition_penalty": (None, 1),
     "logit_bias": (None, {}),
-    "logprobs": (None, False),  # completions: 0 == False
-    "top_logprobs": (None, 0),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "echo": (None, False),
@@ -92,6 +91,13 @@ class Prediction(_Strict):
     @property
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class GrammarConstraint(_Strict):
+    """The extension field for grammars beyond JSON: exactly one of a regex or a Lark grammar."""
+
+    regex: str | None = Field(None, min_length=1)
+    lark: str | None = Field(None, min_length=1)
 
 
 class ResponseFormatText(_Strict):
@@ -160,6 +166,7 @@ class _Common(_Strict):
     prediction: Prediction | None = None
     # Extensions.
     speculation: Speculation | None = None
+    constraint: GrammarConstraint | None = None
     session_id: str = Field("", max_length=MAX_SESSION_ID)
     keep_session: bool = False
     top_k: int = Field(0, ge=0, le=INT32)
@@ -253,10 +260,43 @@ def parse(model: type[_Common], body: Any) -> _Common:
             spec.proposer not in ("default", "guess") or spec.guess):
         raise invalid("prediction: the prediction is the proposal; it cannot be combined with "
                       f"speculation.proposer {spec.proposer!r} or a guess", param="prediction")
+    _check_structured(request)
     if (request.n or 1) > 1 and (request.session_id or request.keep_session):
         raise invalid("n: each choice is a single-turn session (no session_id or keep_session "
                       "with n > 1)", param="n")
     return request
+
+
+def _check_structured(request: _Common) -> None:
+    """response_format / constraint / logprobs: the combinations that mean something."""
+    fmt = getattr(request, "response_format", None)
+    grammar = request.constraint
+    if grammar is not None and (grammar.regex is None) == (grammar.lark is None):
+        raise invalid("constraint: give exactly one of regex, lark", param="constraint")
+    if grammar is not None and fmt is not None and fmt.type != "text":
+        raise invalid("constraint: not with a response_format other than text", param="constraint")
+    if isinstance(fmt, ResponseFormatJSONSchema) and fmt.json_schema.schema_ is None:
+        raise invalid("response_format.json_schema.schema: required", param="response_format")
+    if isinstance(request, ChatRequest) and request.top_logprobs and not request.logprobs:
+        raise invalid("top_logprobs: requires logprobs: true", param="top_logprobs")
+
+
+def structured_options(request: _Common) -> dict[str, Any]:
+    """The grammar and log-probability keywords of `client.build_request`."""
+    out: dict[str, Any] = {}
+    fmt = getattr(request, "response_format", None)
+    if isinstance(fmt, ResponseFormatJSONObject):
+        out["json_object"] = True
+    elif isinstance(fmt, ResponseFormatJSONSchema):
+        out["json_schema"] = fmt.json_schema.schema_
+    if request.constraint is not None:
+        out["regex"], out["lark"] = request.constraint.regex, request.constraint.lark
+    if isinstance(request, ChatRequest):
+        if request.logprobs:
+            out["logprobs"], out["top_logprobs"] = True, request.top_logprobs or 0
+    elif request.logprobs is not None:  # completions: logprobs = n alternatives (0: the token's own)
+        out["logprobs"], out["top_logprobs"] = True, request.logprobs
+    return out
 
 
 def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
@@ -314,6 +354,7 @@ def generate_options(request: _Common, default_max_tokens: int) -> dict[str, Any
         # Continuing a session keeps it too; otherwise a turn is single-turn and
         # leaves nothing behind (see GenerateRequest.keep_session).
         keep_session=request.keep_session or bool(request.session_id),
+        **structured_options(request),
     )
 
 

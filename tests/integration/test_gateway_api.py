@@ -42,7 +42,8 @@ COMPLETION_PARAMS = {
     "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix",
     "temperature", "top_p", "user",
 }
-EXTENSIONS = {"speculation", "session_id", "keep_session", "top_k", "min_p", "repetition_penalty"}
+EXTENSIONS = {"speculation", "constraint", "session_id", "keep_session", "top_k", "min_p",
+              "repetition_penalty"}
 
 
 def _chat(gw, **body) -> tuple[int, dict]:  # noqa: F811 - the fixture, passed in
@@ -142,11 +143,9 @@ def test_completions_overflow_and_best_of(gw):  # noqa: F811
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(logprobs=True, top_logprobs=2), "logprobs"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
-    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-     "response_format"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    (dict(frequency_penalty=0.5), "frequency_penalty"),
+    (dict(extra_body={"repetition_penalty": 1.3}), "repetition_penalty"),
 ])
 def test_not_yet_supported_parameters_are_a_clear_400(gw, kwargs, param):  # noqa: F811
     with pytest.raises(openai.BadRequestError) as err:
