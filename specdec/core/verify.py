@@ -10,8 +10,14 @@ tokens, so speculation never needs more target passes than plain decoding.
 Greedy verification compares token ids; sampled verification is the rejection
 sampler of Leviathan et al. 2023 ("Fast Inference from Transformers via
 Speculative Decoding", Algorithm 1), whose output has exactly the target's
-distribution whatever the draft. A deterministic proposer (prompt lookup, a user
-guess) is verified by the same sampler with a one-hot q.
+distribution whatever the draft. A deterministic proposal (prompt lookup, a user
+guess, a prediction: q one-hot) is verified by coupling instead: the target's
+own token at every position is drawn with the very uniform target-only decoding
+would use there, and a drafted token is accepted iff it equals that draw. Each
+committed token is then exactly the token target-only sampling commits, so the
+text is the same as without the proposal (not only its distribution), at the
+same acceptance rate (P(draw = d) = p(d), as Algorithm 1's test gives for a
+one-hot q).
 """
 from __future__ import annotations
 
@@ -215,6 +221,56 @@ def _uniform_tables(seeds: list[int], positions: list[int], k_max: int) -> tuple
 def _verify_lists(
     drafted: list[list[int]],
     draft_probs: list[torch.Tensor | None],  # each [k_b, vocab] or None
+    target_probs: list[torch.Tensor],  # each [k_b + 1, vocab]
+    seeds: list[int],
+    positions: list[int],
+) -> list[Verdict]:
+    """Sessions with a q by rejection sampling, deterministic proposals (q None) by coupling."""
+    out: list[Verdict | None] = [None] * len(drafted)
+    groups = ([b for b, q in enumerate(draft_probs) if q is None], _verify_coupled), \
+             ([b for b, q in enumerate(draft_probs) if q is not None], _verify_rejection)
+    for members, verify in groups:
+        if members:
+            verdicts = verify([drafted[b] for b in members], [draft_probs[b] for b in members],
+                              [target_probs[b] for b in members], [seeds[b] for b in members],
+                              [positions[b] for b in members])
+            for b, verdict in zip(members, verdicts):
+                out[b] = verdict
+    return out  # type: ignore[return-value]
+
+
+def _verify_coupled(
+    drafted: list[list[int]],
+    draft_probs: list[None],
+    target_probs: list[torch.Tensor],  # each [k_b + 1, vocab]
+    seeds: list[int],
+    positions: list[int],
+) -> list[Verdict]:
+    """Deterministic proposals: draw x_j ~ p_j with the RESAMPLE uniform at j, accept d_j iff x_j == d_j.
+
+    The first x_j that differs is the recovered token (it is never d_j), and
+    x_k is the bonus; one inverse-CDF call draws every row of every session.
+    """
+    k_max = max(len(d) for d in drafted)
+    _, resample_u = _uniform_tables(seeds, positions, k_max)
+    rows = torch.cat([p[: len(d) + 1] for d, p in zip(drafted, target_probs)])
+    u = torch.cat([resample_u[b, : len(d) + 1] for b, d in enumerate(drafted)])
+    draws = sample(rows, u).tolist()
+    verdicts, at = [], 0
+    for d in drafted:
+        x = draws[at:at + len(d) + 1]
+        at += len(d) + 1
+        m = 0
+        while m < len(d) and x[m] == d[m]:
+            m += 1
+        verdicts.append(Verdict(accepted=m, tokens=list(d[:m]) + [x[m]],
+                                extra_kind=RECOVERED if m < len(d) else BONUS))
+    return verdicts
+
+
+def _verify_rejection(
+    drafted: list[list[int]],
+    draft_probs: list[torch.Tensor],  # each [k_b, vocab]
     target_probs: list[torch.Tensor],  # each [k_b + 1, vocab]
     seeds: list[int],
     positions: list[int],

@@ -246,3 +246,18 @@ def test_fixed_k_drafts_k_per_round(client):
     for drafted, accepted in zip(out.stats.drafted_per_round, out.stats.accepted_per_round):
         assert drafted == min(3, left - 1)
         left -= accepted + 1
+
+
+@pytest.mark.parametrize("proposer", ["lookup", "guess"])
+def test_sampled_deterministic_proposals_give_the_target_only_text(client, references, tokenizer, proposer):
+    """A deterministic proposal (q one-hot) is verified by coupling with target-only's own
+    draws: the sampled text is token for token the target-only one for the same seed."""
+    for seed in (3, 11, 12345):
+        for prompt, ref in references.items():
+            plain = client.complete(prompt, max_new_tokens=N_NEW, proposer="none", temperature=0.9,
+                                    top_k=40, seed=seed)
+            guess = tokenizer.decode(list(ref.token_ids)[:16])
+            out = client.complete(prompt, max_new_tokens=N_NEW, proposer=proposer, k=4, temperature=0.9,
+                                  top_k=40, seed=seed, guess=guess if proposer == "guess" else "")
+            assert out.token_ids == plain.token_ids, (proposer, seed, prompt)
+            assert out.stats.target_passes <= plain.stats.target_passes
