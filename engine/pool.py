@@ -94,6 +94,17 @@ class SessionKV:
         self.blocks = []
         self.length = 0
 
+    def copy_prefix(self, source: "SessionKV", length: int) -> None:
+        """Hold a copy of `source`'s first `length` positions (this session must be empty)."""
+        self.reserve(length)
+        if length:
+            device = self.pool.device
+            src = torch.tensor(source.slots(0, length), dtype=torch.long).to(device)
+            dst = torch.tensor(self.slots(0, length), dtype=torch.long).to(device)
+            for store in (*self.pool.keys, *self.pool.values):
+                store.index_copy_(0, dst, store.index_select(0, src))
+        self.length = length
+
     def slots(self, start: int, n: int) -> list[int]:
         """Pool slots of positions start .. start + n - 1 (blocks must be reserved)."""
         bs, blocks = self.pool.block_size, self.blocks

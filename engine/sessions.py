@@ -123,6 +123,37 @@ class SessionStore:
         self._sessions.move_to_end(session_id)
         return session
 
+    def fork(self, source_id: str, new_id: str, length: int, prefix_hash: int) -> CachedSession:
+        """A new session `new_id` holding a copy of `source_id`'s first `length` tokens.
+
+        The source is checked as a call's cache_position would be (CacheMiss when
+        it does not hold exactly that prefix); a session already named `new_id`
+        is replaced.
+        """
+        source = self.acquire_view(source_id, length, prefix_hash)
+        self._forget(new_id)
+        self._make_room()
+        session = CachedSession(new_id, self._new_cache())
+        session.cache.copy_prefix(source.cache, length)
+        session.fingerprints = source.fingerprints[: length + 1]
+        self._sessions[new_id] = session
+        self.settle(session)
+        return session
+
+    def acquire_view(self, session_id: str, length: int, prefix_hash: int) -> CachedSession:
+        """The session if it holds `length` tokens with this fingerprint (nothing cropped)."""
+        session = self._sessions.get(session_id)
+        if session is None or length > session.length:
+            metrics.CACHE_MISSES.labels("unknown_session" if session is None else "beyond_held").inc()
+            raise CacheMiss(f"fork: session {session_id!r} does not hold {length} tokens here")
+        if session.fingerprints[length] != prefix_hash:
+            metrics.CACHE_MISSES.labels("prefix_mismatch").inc()
+            raise CacheMiss("fork: prefix_hash does not match the source session's first "
+                            f"{length} tokens")
+        session.last_used = time.monotonic()
+        self._sessions.move_to_end(session_id)
+        return session
+
     def settle(self, session: CachedSession) -> None:
         """After a call: re-measure the session and enforce the byte budget."""
         measured = session.cache.nbytes

@@ -48,6 +48,13 @@ class DynamicKV:
     def free(self) -> None:
         self.crop(0)
 
+    def copy_prefix(self, source: "DynamicKV", length: int) -> None:
+        """Hold a copy of `source`'s first `length` positions."""
+        import copy
+
+        self.cache = copy.deepcopy(source.cache)
+        self.crop(length)
+
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors behind the cache (storage, so views count in full)."""

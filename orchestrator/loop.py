@@ -77,6 +77,9 @@ class ChunkEvent:
     session_id: str = ""  # on the stream's first chunk (what a resume names)
     round: RoundDetail | None = None  # spec.round_tokens only
     logprobs: list[TokenLogprob] | None = None  # spec.logprobs only: one per token_ids entry
+    # On the first chunk: the target and draft replicas holding the session's KV ("" = none),
+    # which the other choices of an n > 1 request fork the prefilled prompt from.
+    replicas: tuple[str, str] = ("", "")
 
 
 @dataclass(frozen=True)
@@ -208,8 +211,11 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                                      verdict.extra_kind, kept) if spec.round_tokens else None
                 logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)[len(kept) - len(fresh):len(kept)]
                             if n_logprobs else None)
+                replicas = ("", "") if sent else (
+                    session.target.address, proposer.replica.address if proposer.replica is not None else "")
                 yield ChunkEvent(text=text, token_ids=fresh, start_index=len(tokens) - len(fresh),
-                                 session_id="" if sent else session.id, round=detail, logprobs=logprobs)
+                                 session_id="" if sent else session.id, round=detail, logprobs=logprobs,
+                                 replicas=replicas)
                 sent += 1
             tally.close_round(rnd)  # the round ends once its chunk is on the stream
             if len(tally.rounds) > 1:  # a chunk gap (the first round is the time to first token)

@@ -158,7 +158,7 @@ class ModelClient:
         verb = "Score" if role == "target" else "Propose"
         self._methods = {
             name: self.channel.unary_unary(_method_path(service, name))
-            for name in ("GetInfo", "Release", verb, _BATCH[verb][0])
+            for name in ("GetInfo", "Release", "Fork", verb, _BATCH[verb][0])
         }
         batch = batch or BatchCalls()
         self._batcher: CallBatcher | None = None
@@ -270,6 +270,13 @@ class ModelClient:
         request = common_pb2.ReleaseRequest(session_id=session_id)
         response, _ = await self._call("Release", request, common_pb2.ReleaseResponse, timeout_s)
         return response.released
+
+    async def fork(self, source: str, new: str, length: int, prefix_hash: int, timeout_s: float = 10.0) -> int:
+        """Fork (model.proto): `new` holds a copy of `source`'s first `length` tokens; its length."""
+        request = model_pb2.ForkRequest(session_id=source, new_session_id=new, length=length,
+                                        prefix_hash=prefix_hash)
+        response, _ = await self._call("Fork", request, model_pb2.ForkResponse, timeout_s)
+        return response.cache_length
 
     async def request_limit(self) -> int:
         """The replica's max_request_tokens (GetInfo, asked once); 0 when it reports none.

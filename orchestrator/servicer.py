@@ -9,8 +9,6 @@ the tenant that created it (specdec.security.TENANT).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import secrets
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -20,13 +18,13 @@ import grpc
 from orchestrator import check as checking
 from orchestrator import predict as predicting
 from orchestrator import metrics
+from orchestrator.choices import SharedPrefill, choice_specs, merged
 from orchestrator.grammar import Constraint
 from orchestrator.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
 from orchestrator.sessions import forget_session
 from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
 from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
-from specdec.core.rng import choice_seed
 from specdec.errors import InvalidArgument, OutOfRange
 from specdec.limits import MAX_CHOICES, MAX_SESSION_ID, Admission, AdmissionLimits
 from specdec.security import TENANT
@@ -165,54 +163,9 @@ def _check_choices(request: pb.GenerateRequest) -> None:
                                       "session)")
 
 
-def choice_specs(spec: GenerateSpec, n: int) -> list[GenerateSpec]:
-    """The n choices of one request: the same prompt, each its own counter-based seed
-    (choice 0 keeps the request's, so it is the n = 1 answer). A random seed (0) is
-    drawn once here so that every choice derives from the one reported."""
-    if n <= 1:
-        return [spec]
-    seed = spec.seed or secrets.randbits(63) + 1
-    return [dataclasses.replace(spec, seed=choice_seed(seed, i), index=i) for i in range(n)]
-
-
 # Request.speculation -> GenerateSpec.parallel (None: the orchestrator's default); an
 # unknown value from a newer client is taken as unspecified.
 _SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
-
-
-async def _merged(streams: list[AsyncIterator[pb.GenerateResponse]]) -> AsyncIterator[pb.GenerateResponse]:
-    """The responses of concurrent choices on one stream, as each commits. The first
-    failure ends the stream (the other choices are cancelled and free their KV)."""
-    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * len(streams))
-    done = object()
-
-    async def pump(stream) -> None:  # an async generator: closed here, wherever it stopped
-        try:
-            async for response in stream:
-                await queue.put(response)
-            await queue.put(done)
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            await queue.put(exc)
-        finally:
-            # Cancelled while waiting to hand a response over: the choice's own clean-up
-            # (its session, both services' KV) runs now, not when the generator is collected.
-            await stream.aclose()
-
-    tasks = [asyncio.create_task(pump(s)) for s in streams]
-    try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is done:
-                running -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
@@ -233,15 +186,43 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         with self.admission.enter(tenant):
             spec = await self._off_loop(spec_from_request, request, self.config, tenant)
             specs = choice_specs(spec, request.n)
-            responses = self._generate(spec) if len(specs) == 1 else _merged(
-                [self._generate(s, resumable=False) for s in specs])
+            if len(specs) == 1:
+                responses = self._generate(spec)
+            else:  # choices 1.. start from choice 0's prefilled prompt (orchestrator.choices)
+                shared = SharedPrefill(self.config, specs)
+                responses = merged([self._generate(specs[0], resumable=False, shared=shared)]
+                                   + [self._choice(s, shared) for s in specs[1:]])
             async for response in responses:
                 yield response
 
-    async def _generate(self, spec: GenerateSpec,
-                        resumable: bool = True) -> AsyncIterator[pb.GenerateResponse]:
-        """One choice's responses; a choice of n > 1 names no session (it cannot be resumed)."""
+    async def _choice(self, spec: GenerateSpec, shared: SharedPrefill) -> AsyncIterator[pb.GenerateResponse]:
+        """Choice i > 0 of n: waits for choice 0's prefill, then runs from its fork."""
+        started = False
+        try:
+            spec = await shared.spec_for(spec)
+            started = True
+            async for response in self._generate(spec, resumable=False):
+                yield response
+        finally:
+            if not started:  # cancelled while waiting: the fork made for it goes
+                await asyncio.shield(shared.discard(spec.index))
+
+    async def _generate(self, spec: GenerateSpec, resumable: bool = True,
+                        shared: SharedPrefill | None = None) -> AsyncIterator[pb.GenerateResponse]:
+        """One choice's responses; a choice of n > 1 names no session (it cannot be resumed).
+        Choice 0 of n > 1 (`shared`) hands its first chunk's replicas to the others' forks."""
+        try:
+            async for response in self._responses(spec, resumable, shared):
+                yield response
+        finally:
+            if shared is not None:
+                shared.give_up()
+
+    async def _responses(self, spec: GenerateSpec, resumable: bool,
+                         shared: SharedPrefill | None) -> AsyncIterator[pb.GenerateResponse]:
         async for event in generate(spec, self.config):
+            if shared is not None and isinstance(event, ChunkEvent):
+                await shared.offer(event)  # the loop waits at this chunk: its KV is still held
             if isinstance(event, ChunkEvent):
                 yield pb.GenerateResponse(chunk=pb.Chunk(
                     text=event.text, token_ids=event.token_ids, start_index=event.start_index,

@@ -17,9 +17,10 @@ import torch
 
 from engine.host import ModelHost, SessionWork
 from engine.scheduler import Work
-from specdec.errors import new_request_id, status_for
+from specdec.errors import InvalidArgument, new_request_id, status_for
 from specdec.hosting.requests import ModelRequest, decode_request, require_session_id
-from specdec.v1 import common_pb2
+from specdec.limits import MAX_SESSION_ID
+from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import encode_probs
 
 
@@ -76,6 +77,20 @@ class ModelServicerBase:
     async def Release(self, request: common_pb2.ReleaseRequest, context: Any) -> common_pb2.ReleaseResponse:
         timed = await self.host.run(self.host.release, require_session_id(request.session_id))
         return common_pb2.ReleaseResponse(released=timed.value)
+
+    async def Fork(self, request: Any, context: Any) -> Any:
+        """A new session holding a copy of another's first `length` tokens (on the worker)."""
+        source = require_session_id(request.session_id)
+        if not request.new_session_id:
+            raise InvalidArgument("new_session_id must not be empty")
+        for name in ("session_id", "new_session_id"):
+            if len(getattr(request, name)) > MAX_SESSION_ID:
+                raise InvalidArgument(f"{name} must be at most {MAX_SESSION_ID} characters")
+        if request.new_session_id == source:
+            raise InvalidArgument("new_session_id must differ from session_id")
+        timed = await self.host.run(self.host.fork, source, request.new_session_id, int(request.length),
+                                    int(request.prefix_hash))
+        return model_pb2.ForkResponse(cache_length=timed.value)
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context: Any) -> common_pb2.ModelInfo:
         m = self.host.loaded

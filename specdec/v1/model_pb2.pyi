@@ -112,3 +112,21 @@ class ProposeBatchResponse(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[ProposeResponse]
     status: _containers.RepeatedCompositeFieldContainer[ItemStatus]
     def __init__(self, items: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ...) -> None: ...
+
+class ForkRequest(_message.Message):
+    __slots__ = ("session_id", "new_session_id", "length", "prefix_hash")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    new_session_id: str
+    length: int
+    prefix_hash: int
+    def __init__(self, session_id: _Optional[str] = ..., new_session_id: _Optional[str] = ..., length: _Optional[int] = ..., prefix_hash: _Optional[int] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("cache_length",)
+    CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    cache_length: int
+    def __init__(self, cache_length: _Optional[int] = ...) -> None: ...

@@ -55,6 +55,11 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.Fork = channel.unary_unary(
+                '/specdec.v1.TargetService/Fork',
+                request_serializer=specdec_dot_v1_dot_model__pb2.ForkRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_model__pb2.ForkResponse.FromString,
+                _registered_method=True)
 
 
 class TargetServiceServicer:
@@ -94,6 +99,17 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fork(self, request, context):
+        """A new session holding a copy of the first `length` tokens of another's KV
+        (added later; an older replica answers UNIMPLEMENTED): n choices of one
+        prompt prefill it once. The cache contract applies to the source:
+        `prefix_hash` must be the fingerprint of those tokens, else
+        FAILED_PRECONDITION "cache miss:".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +132,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=specdec_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+            ),
+            'Fork': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fork,
+                    request_deserializer=specdec_dot_v1_dot_model__pb2.ForkRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_model__pb2.ForkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -236,6 +257,33 @@ class TargetService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Fork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.TargetService/Fork',
+            specdec_dot_v1_dot_model__pb2.ForkRequest.SerializeToString,
+            specdec_dot_v1_dot_model__pb2.ForkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class DraftServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -265,6 +313,11 @@ class DraftServiceStub:
                 '/specdec.v1.DraftService/GetInfo',
                 request_serializer=specdec_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.Fork = channel.unary_unary(
+                '/specdec.v1.DraftService/Fork',
+                request_serializer=specdec_dot_v1_dot_model__pb2.ForkRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_model__pb2.ForkResponse.FromString,
                 _registered_method=True)
 
 
@@ -303,6 +356,13 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fork(self, request, context):
+        """as TargetService.Fork
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -325,6 +385,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=specdec_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+            ),
+            'Fork': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fork,
+                    request_deserializer=specdec_dot_v1_dot_model__pb2.ForkRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_model__pb2.ForkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +500,33 @@ class DraftService:
             '/specdec.v1.DraftService/GetInfo',
             specdec_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
             specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/Fork',
+            specdec_dot_v1_dot_model__pb2.ForkRequest.SerializeToString,
+            specdec_dot_v1_dot_model__pb2.ForkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -95,3 +95,19 @@ def test_bad_n_is_invalid_argument(client, options):
         client.complete(REWRITE, max_new_tokens=4, **options)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().split(":")[0] in ("n", "keep_session")
+
+
+def test_n_choices_share_the_prompts_prefill(client):
+    """Choices 1.. start from a fork of choice 0's prefilled prompt on both services: they
+    report the prompt as reused (all but its last token) and their texts are those of
+    choices prefilling on their own (the same seeds)."""
+    options = dict(max_new_tokens=12, temperature=0.8, seed=7, proposer="draft", k=3)
+    texts, stats = choices(client, n=3, **options)
+    prompt = stats[0].prompt_tokens
+    assert stats[0].reused_prompt_tokens == 0
+    assert [stats[i].reused_prompt_tokens for i in (1, 2)] == [prompt - 1] * 2
+    from specdec.core.rng import choice_seed
+
+    for i in (1, 2):  # the same choice alone (its own prefill) writes the same tokens
+        alone = client.complete(REWRITE, **{**options, "seed": choice_seed(7, i)})
+        assert tuple(texts[i]) == alone.token_ids and alone.stats.reused_prompt_tokens == 0

@@ -78,7 +78,7 @@ def test_choice_seeds():
 def test_choice_specs_and_the_merged_stream():
     import asyncio
 
-    from orchestrator.servicer import _merged, choice_specs
+    from orchestrator.choices import choice_specs, merged as _merged
     from orchestrator.spec import GenerateSpec
     from specdec.core.sampling import SamplingParams
 
