@@ -20,6 +20,11 @@ served by a pre-draft (Stats.Round.pre_drafted) made no draft call of their
 own; their pre-draft's compute is Round.draft_hidden_ms, outside the round.
 Its prediction is specdec.core.speedup.parallel_speedup with the measured hit
 rate next to the modelled alpha^(k+1).
+
+Phase "structured" (the structured-output cell) records carry `pair_id`,
+`constraint` ("json_schema" / "regex") and `valid` (the text matches the pair's
+schema or regex); its summaries add `valid`, `identical` (tokens equal to the
+cell's own constrained target-only, svc-none rep 0) and `pairs`.
 """
 from __future__ import annotations
 
@@ -293,7 +298,9 @@ def _request_level(out: dict, records: list[dict]) -> dict:
 
 def summarize(records: list[dict]) -> list[dict]:
     """One summary per cell, with ratios to the baselines of the same phase/mode/link."""
-    cells = {key: summarize_cell(recs) for key, recs in group(records).items()}
+    groups = group(records)
+    cells = {key: summarize_cell(recs) for key, recs in groups.items()}
+    _structured_counts(cells, groups)
     for (phase, mode, rtt, rate, config), s in cells.items():
         base = cells.get((phase, mode, rtt, rate, "svc-none"))
         s["vs_svc_none"] = s["tps_median"] / base["tps_median"] if base else math.nan
@@ -309,11 +316,23 @@ def summarize(records: list[dict]) -> list[dict]:
     return sorted(cells.values(), key=_order)
 
 
+def _structured_counts(cells: dict[tuple, dict], groups: dict[tuple, list[dict]]) -> None:
+    """Per structured cell: requests whose text is valid for its pair, and requests whose tokens
+    equal constrained target-only's (rep 0 of the phase's svc-none, the same grammar)."""
+    ref = {r["prompt_id"]: r["token_ids"] for key, recs in groups.items()
+           if key[0] == "structured" and key[-1] == "svc-none" for r in recs if r["rep"] == 0}
+    for key, recs in groups.items():
+        if key[0] == "structured":
+            cells[key].update(valid=sum(bool(r.get("valid")) for r in recs),
+                              identical=sum(r["token_ids"] == ref.get(r["prompt_id"]) for r in recs),
+                              pairs=len({r["prompt_id"] for r in recs}))
+
+
 def _order(s: dict) -> tuple:
     fam = {"svc": 0, "hf": 1}[s["family"]]
     prop = {"none": 0, "target": 0, "draft": 1, "assisted": 1, "lookup": 2, "combined": 3, "adaptive": 4}
     return (
-        {"main": 0, "rtt": 1, "rate": 2}.get(s["phase"], 3),  # then the prediction phase
+        {"main": 0, "rtt": 1, "rate": 2, "prediction": 3}.get(s["phase"], 4),  # then structured
         s["mode"] != "greedy",
         -1.0 if s.get("rtt_ms") is None else s["rtt_ms"],  # direct first
         -1.0 if s.get("rate_mbps") is None else s["rate_mbps"],
@@ -442,13 +461,14 @@ def greedy_mismatches(records: list[dict]) -> list[dict]:
 
     The reference is rep 0 of svc-none in the main phase for each prompt (for a
     prompt the main phase did not run, rep 0 of svc-none in the record's own
-    phase); every other greedy service record (any config, phase, link,
+    phase: the predicted-output cell's, and the structured cell's constrained
+    target-only); every other greedy service record (any config, phase, link,
     repetition) must equal it token for token.
     """
     ref = {r["prompt_id"]: r["token_ids"] for r in records
            if r["mode"] == "greedy" and r["config"] == "svc-none" and r["phase"] == "main"
            and r["rep"] == 0}
-    # A prompt only another phase ran (the predicted-output cell's): that phase's svc-none.
+    # A prompt only another phase ran (predicted-output, structured): that phase's svc-none.
     own = {(r["phase"], r["prompt_id"]): r["token_ids"] for r in records
            if r["mode"] == "greedy" and r["config"] == "svc-none" and r["rep"] == 0}
     bad = []

@@ -169,6 +169,7 @@ def markdown(result: dict) -> str:
     lines += _parallel_section(result, main)
     lines += _category_section(result)
     lines += _prediction_section(summaries)
+    lines += _structured_section(summaries)
     net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
     if net:
         lines += ["", "## Network between orchestrator and services", "",
@@ -389,23 +390,57 @@ def _parallel_section(result: dict, main: list[dict]) -> list[str]:
     return lines
 
 
+SPEED_COLUMNS = ("target passes/token", "tokens/s (min–max)", "× svc-none")
+
+
+def _phase_table(title: str, note: str, columns: tuple[str, ...]) -> list[str]:
+    """A section's heading, note and table header (one column per name)."""
+    return ["", f"## {title}", "", note, "", "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns)]
+
+
+def _passes_and_speed(s: dict) -> str:
+    """The SPEED_COLUMNS cells of one summary."""
+    return (f"{_f(s['passes_per_token'], '.3f')} | {_f(s['tps_median'], '.1f')} "
+            f"({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | {_f(s['vs_svc_none'])}")
+
+
 def _prediction_section(summaries: list[dict]) -> list[str]:
     """The predicted-output cell: target passes per token with and without a prediction."""
     cells = [s for s in summaries if s["phase"] == "prediction"]
     if not cells:
         return []
-    lines = ["", "## Predicted Outputs (greedy, edit prompts)", "",
-             "The same requests without a prediction (svc-none), with the edited text as the "
-             "prediction (source: what an editor sends) and with the target-only answer itself "
-             "(exact: a correct prediction); the text is the same in all three (greedy identity "
-             "above). accepted / rejected = prediction tokens the target accepted / rejected.", "",
-             "| config | target passes/token | tokens/s (min–max) | × svc-none | accepted | rejected |",
-             "|---|---|---|---|---|---|"]
+    lines = _phase_table(
+        "Predicted Outputs (greedy, edit prompts)",
+        "The same requests without a prediction (svc-none), with the edited text as the "
+        "prediction (source: what an editor sends) and with the target-only answer itself "
+        "(exact: a correct prediction); the text is the same in all three (greedy identity "
+        "above). accepted / rejected = prediction tokens the target accepted / rejected.",
+        ("config", *SPEED_COLUMNS, "accepted", "rejected"))
     for s in cells:
         lines.append(
-            f"| {s['config']} | {_f(s['passes_per_token'], '.3f')} | {_f(s['tps_median'], '.1f')} "
-            f"({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | {_f(s['vs_svc_none'])} | "
+            f"| {s['config']} | {_passes_and_speed(s)} | "
             f"{s.get('accepted_tokens', 0)} | {s.get('drafted_tokens', 0) - s.get('accepted_tokens', 0)} |")
+    return lines
+
+
+def _structured_section(summaries: list[dict]) -> list[str]:
+    """The structured-output cell: validity, identity and target passes per token, per config."""
+    cells = [s for s in summaries if s["phase"] == "structured"]
+    if not cells:
+        return []
+    lines = _phase_table(
+        "Structured output (greedy, JSON Schema / regex pairs)",
+        "Each request constrained by its pair's grammar (benchmarks/prompts/structured-v1.jsonl): "
+        "constrained target-only (svc-none), then the same request with the draft at k = 4 and "
+        "with the orchestrator's default proposer (svc-default). valid = outputs that parse and "
+        "validate against their schema (or match their regex); identical = outputs token for "
+        "token equal to constrained target-only (rep 0); both out of all requests "
+        "(pairs × repetitions).",
+        ("config", "valid", "identical", *SPEED_COLUMNS))
+    for s in cells:
+        lines.append(f"| {s['config']} | {s.get('valid', 0)}/{s['requests']} | "
+                     f"{s.get('identical', 0)}/{s['requests']} | {_passes_and_speed(s)} |")
     return lines
 
 

@@ -23,6 +23,12 @@ proxy: this kernel has no netem), an RTT sweep (greedy) and a bandwidth cap
 svc-prediction-source-k{K} (the text being edited, what an editor would send)
 and svc-prediction-exact-k{K} (the answer itself: a correct prediction); their
 target passes per token are the cell's figure, their text must equal target-only.
+Then the structured-output cell (greedy, the first --structured-prompts pairs of
+benchmarks/prompts/structured-v1.jsonl, each constrained by its JSON Schema or
+regex): constrained target-only (svc-none), svc-draft-k4 and svc-default (the
+orchestrator's default proposer), as benchmarks.structured runs them; per config
+valid outputs, outputs identical to constrained target-only, target passes per
+token and tokens/s.
 
 Greedy outputs of every service configuration must equal target-only through
 the services token for token; otherwise the run exits 1 and lists the prompts.
@@ -44,6 +50,7 @@ service request carries its own trace id (records' "trace_id"), and
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -61,7 +68,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks import analysis, report, suite
+from benchmarks import analysis, report, structured, suite
 from benchmarks.linkemu import LinkSettings, netem_available
 
 GREEDY, SAMPLING = "greedy", "sampling"
@@ -73,7 +80,7 @@ class Config:
     """One way of decoding: family "svc" (through the services) or "hf" (in-process)."""
 
     family: str
-    proposer: str  # svc: none / draft / lookup / combined; hf: target / assisted / lookup
+    proposer: str  # svc: none / draft / lookup / combined / default; hf: target / assisted / lookup
     k: int = 0  # svc-draft: 0 = adaptive (the orchestrator picks k each round)
     parallel: bool = False  # svc-draft: parallel speculation (Speculation.PARALLEL)
     prediction: str = ""  # svc-prediction: "source" (the edited text) or "exact" (the answer)
@@ -84,7 +91,7 @@ class Config:
 
     @property
     def name(self) -> str:
-        if self.proposer in ("none", "target"):
+        if self.proposer in ("none", "target", "default"):  # default: the orchestrator's choice
             return f"{self.family}-{self.proposer}"
         if self.adaptive or (self.proposer == "combined" and self.k == 0):
             return f"{self.family}-{self.proposer}-auto"  # k = 0: the orchestrator's default bound
@@ -107,6 +114,7 @@ class Item:
     link: LinkSettings | None = None
     top_p: float | None = None  # overrides --top-p (the rate phase ships dense distributions)
     prediction: str = ""  # GenerateRequest.prediction (the prediction phase)
+    grammar: tuple[str, str] = ()  # (Constraint field, text): GenerateRequest.constraint (structured)
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -130,15 +138,18 @@ def _floats(text: str) -> list[float]:
 FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8", parallel_k="1,2,4",
             lookup_k="4", combined_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
             rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1, prediction_prompts=2,
-            prediction_tokens=96)
+            prediction_tokens=96, structured_prompts=6, structured_tokens=128)
 QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2", parallel_k="1",
              lookup_k="4", combined_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
              rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1, prediction_prompts=1,
-             prediction_tokens=48)
+             prediction_tokens=48, structured_prompts=1, structured_tokens=128)
 # The predicted-output cell's edit prompts, in order: the text after the instruction's blank line
 # is what is edited (and the "source" prediction).
 PREDICTION_PROMPTS = ("code-05", "code-04", "code-06", "code-09")
 PREDICTION_K = 8
+# The structured-output cell's speculating configurations (benchmarks.structured.CONFIGS), after
+# constrained target-only. max_new_tokens there is a bound: an output ends when its grammar does.
+STRUCTURED_CONFIGS = ("draft-k4", "default")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -197,6 +208,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"(full {FULL['prediction_prompts']})")
     p.add_argument("--prediction-tokens", type=int,
                    help=f"max_new_tokens there (full {FULL['prediction_tokens']})")
+    p.add_argument("--structured-prompts", type=int,
+                   help=f"schema/regex pairs in the structured-output cell, 0 to skip "
+                        f"(full {FULL['structured_prompts']})")
+    p.add_argument("--structured-tokens", type=int,
+                   help=f"max_new_tokens there (full {FULL['structured_tokens']})")
     p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
     p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -302,6 +318,35 @@ def prediction_phase(args, runner: ServiceRunner, prompts: list[suite.Prompt],
                 yield _record(item, args, args.prediction_tokens, result)
 
 
+def structured_phase(args, runner: ServiceRunner) -> Iterator[dict]:
+    """The structured-output cell: per pair and repetition, constrained target-only, then each of
+    STRUCTURED_CONFIGS under the same grammar (the order rotated each time); each record says
+    whether its text is valid for the pair (benchmarks.structured.valid)."""
+    pairs = structured.load_pairs()[: args.structured_prompts]
+    if not pairs:
+        return
+    configs = [Config("svc", "none")] + [Config("svc", c["proposer"], c["k"])
+                                         for c in map(structured.CONFIGS.get, STRUCTURED_CONFIGS)]
+    prompts = [suite.Prompt(f"structured-{p['id']}", "structured", (("user", p["prompt"]),))
+               for p in pairs]
+    grammars = [next(iter(structured.grammar(p).items())) for p in pairs]
+    print(f"structured-output cell: {len(pairs)} pairs x {args.reps} reps", file=sys.stderr)
+    # Warm-up, not recorded: the first constrained request builds the grammar's tokenizer.
+    runner.run(Item("structured", GREEDY, configs[0], prompts[0], 0, grammar=grammars[0]), args,
+               _seed(args, 0), 8)
+    turn = 0
+    for rep in range(args.reps):
+        for i, (pair, prompt, grammar) in enumerate(zip(pairs, prompts, grammars)):
+            shift = turn % len(configs)
+            for config in configs[shift:] + configs[:shift]:
+                item = Item("structured", GREEDY, config, prompt, rep, grammar=grammar)
+                result = runner.run(item, args, _seed(args, i), args.structured_tokens)
+                result.update(pair_id=pair["id"], constraint=grammar[0],
+                              valid=structured.valid(pair, result["text"]))
+                yield _record(item, args, args.structured_tokens, result)
+            turn += 1
+
+
 def _record(item: Item, args, max_new_tokens: int, result: dict) -> dict:
     """One request's record (records.jsonl): the cell it belongs to, then its figures."""
     return {
@@ -351,7 +396,8 @@ class ServiceRunner:
 
         proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP,
                     "combined": pb.PROPOSER_COMBINED,
-                    "prediction": pb.PROPOSER_UNSPECIFIED}[item.config.proposer]
+                    "prediction": pb.PROPOSER_UNSPECIFIED,
+                    "default": pb.PROPOSER_UNSPECIFIED}[item.config.proposer]
         sampling = (common_pb2.SamplingParams(temperature=0.0) if item.mode == GREEDY else
                     common_pb2.SamplingParams(temperature=args.temperature,
                                               top_p=item.top_p or args.top_p))
@@ -362,6 +408,8 @@ class ServiceRunner:
             speculation=pb.SPECULATION_PARALLEL if item.config.parallel else pb.SPECULATION_SEQUENTIAL,
             prediction=item.prediction,
         )
+        if item.grammar:
+            request.constraint.CopyFrom(pb.Constraint(**dict([item.grammar])))
         token_ids: list[int] = []
         texts: list[str] = []
         stats = None
@@ -603,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update()
         if bar is not None:
             bar.close()
-        for record in prediction_phase(args, runners["direct"], suite.load(args.suite), index):
+        for record in itertools.chain(
+                prediction_phase(args, runners["direct"], suite.load(args.suite), index),
+                structured_phase(args, runners["direct"])):
             records.append(record)
             raw.write(json.dumps(record) + "\n")
         raw.close()
@@ -647,6 +697,7 @@ def _write(args, records, stack, link_note, started, failure, model_info) -> Non
         "per_category": args.per_category,
         "n_prompts": len({r["prompt_id"] for r in records if r["phase"] == "main"}),
         "prediction_prompts": args.prediction_prompts, "prediction_tokens": args.prediction_tokens,
+        "structured_prompts": args.structured_prompts, "structured_tokens": args.structured_tokens,
         "max_new_tokens": args.max_new_tokens, "reps": args.reps, "k": args.k,
         "sampling_k": args.sampling_k, "parallel_k": args.parallel_k, "lookup_k": args.lookup_k, "peer_k": args.peer_k,
         "adaptive": not args.no_auto,

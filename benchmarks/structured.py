@@ -47,11 +47,15 @@ def valid(pair: dict, text: str) -> bool:
     return True
 
 
+def grammar(pair: dict) -> dict[str, str]:
+    """The pair's constraint as {Constraint field: text}: {"regex": ...} or {"json_schema": JSON}."""
+    return {"regex": pair["regex"]} if "regex" in pair else {"json_schema": json.dumps(pair["schema"])}
+
+
 def run_pair(client, pair: dict, options: dict, max_new_tokens: int):
-    grammar = {"regex": pair["regex"]} if "regex" in pair else {"json_schema": pair["schema"]}
     start = time.perf_counter()
     out = client.complete(messages=[{"role": "user", "content": pair["prompt"]}],
-                          max_new_tokens=max_new_tokens, **grammar, **options)
+                          max_new_tokens=max_new_tokens, **grammar(pair), **options)
     return out, time.perf_counter() - start
 
 

@@ -55,6 +55,8 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     # The predicted-output cell: the same edit prompt without and with a prediction.
     assert {c for p, _, c in by_config if p == "prediction"} == {
         "svc-none", "svc-prediction-source-k8", "svc-prediction-exact-k8"}
+    # The structured-output cell: constrained target-only, draft k = 4, the default proposer.
+    assert {c for p, _, c in by_config if p == "structured"} == {"svc-none", "svc-draft-k4", "svc-default"}
     assert any(p == "rtt" for p, _, _ in by_config)
     assert any(p == "rate" for p, _, _ in by_config)
 
@@ -114,13 +116,25 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     sources = {rnd["source"] for r in combined for rnd in r["stats"]["rounds"]}
     assert sources <= {"", "draft", "lookup"} and sources - {""}, sources
     by_cat = {(r["mode"], r["config"], r["category"]): r for r in result["by_category"]}
-    categories = {r["category"] for r in result["records"]}
+    categories = {r["category"] for r in result["records"] if r["phase"] == "main"}
     assert len(categories) >= 5
     for c in categories:
         assert by_cat[("greedy", "svc-none", c)]["vs_svc_none"] == 1.0
         assert by_cat[("greedy", "svc-combined-k4", c)]["tps_median"] > 0
 
+    # Its outputs are valid for their schema and equal constrained target-only's, token for token.
+    constrained = [r for r in result["records"] if r["phase"] == "structured"]
+    assert len(constrained) == 3 * 3 * result["settings"]["structured_prompts"]
+    own = {r["prompt_id"]: r["token_ids"] for r in constrained if r["config"] == "svc-none" and r["rep"] == 0}
+    assert all(r["valid"] and r["token_ids"] == own[r["prompt_id"]] for r in constrained)
+    for s in (s for s in result["summaries"] if s["phase"] == "structured"):
+        assert s["valid"] == s["identical"] == s["requests"] == 3 * s["pairs"], s["config"]
+        assert 0 < s["passes_per_token"] <= 1.0, s["config"]
+    assert next(s for s in result["summaries"] if s["phase"] == "structured"
+                and s["config"] == "svc-draft-k4")["passes_per_token"] < 1.0  # speculation paid
+
     md = (out / "results.md").read_text()
+    assert "## Structured output" in md and "| svc-default | 3/3 | 3/3 |" in md
     assert "PASSED" in md and "| greedy | svc-none |" in md and "| greedy | svc-draft-auto |" in md
     assert "## By prompt category" in md and "| greedy | svc-combined-k4 |" in md
     for png in ("speedup_vs_k.png", "breakdown.png", "acceptance_by_position.png",
