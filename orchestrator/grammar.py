@@ -10,7 +10,7 @@ then roll back) before the target scores them.
 A round (orchestrator.loop):
   1. `round_masks(drafted)`: the allowed tokens at each of the k + 1 scored
      positions, advancing along the drafted tokens and rolling back; where a
-     drafted token is disallowed the draft is cut (see `RoundMasks.keep`);
+     drafted token is disallowed the draft is cut (see `RoundMasks.sent`);
   2. the target applies the masks to its logits (model.proto TokenMasks), so
      greedy takes the masked argmax and sampling the masked, renormalised p;
   3. `commit(tokens)` advances the matcher along what the round committed.
@@ -95,41 +95,47 @@ class Grammars:
 
     def matcher(self, constraint: Constraint) -> TurnMatcher:
         """A fresh matcher for one turn; INVALID_ARGUMENT naming the field if the grammar is bad."""
-        grammar = to_grammar(constraint)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
-        if is_error:
-            raise InvalidArgument(f"constraint.{constraint.kind}: {messages[0] if messages else 'invalid'}")
-        return TurnMatcher(llguidance.LLMatcher(self._tokenizer(), grammar), self.vocab_size, self._eos)
+        field = f"constraint.{constraint.kind}"
+        try:
+            grammar = to_grammar(constraint)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
+            if is_error:
+                raise InvalidArgument(f"{field}: {messages[0] if messages else 'invalid'}")
+            return TurnMatcher(llguidance.LLMatcher(self._tokenizer(), grammar), self.vocab_size, self._eos)
+        except InvalidArgument:
+            raise
+        except (ValueError, TypeError, RuntimeError) as exc:  # the compiler's own complaint
+            raise InvalidArgument(f"{field}: {exc}") from None
 
 
-def drafted_to_send(valid: int, drafted: int, keep_first_invalid: bool) -> int:
+def drafted_to_send(valid: int, drafted: int, send_first_invalid: bool) -> int:
     """How many drafted tokens to score when the grammar allows only the first `valid`.
 
     A forbidden drafted token is certainly rejected (its masked p is 0), and
     nothing after it can commit this round. Greedy, or a deterministic
     proposal (one-hot q): cut it, the extra token at its place is the same.
-    A sampled draft with its q: keep it (`keep_first_invalid`), so that the
+    A sampled draft with its q: send it (`send_first_invalid`), so that the
     extra token is recovered from norm(max(0, p - q)) with the masked p. That
     is what keeps the output's distribution exactly the constrained target's;
     cutting it and drawing the bonus from p would not (the draft's mass on
     forbidden tokens would then be resampled from p, over-weighting what q
     and p share).
     """
-    return valid + 1 if keep_first_invalid and valid < drafted else valid
+    return valid + 1 if send_first_invalid and valid < drafted else valid
 
 
 @dataclass(frozen=True)
 class RoundMasks:
     """The masks of one round's scored positions and how much of the draft to send."""
 
-    keep: int  # drafted tokens to send: the valid prefix (+ the first invalid one, see round_masks)
-    valid: int  # drafted tokens the grammar allows in a row from the start
-    words: np.ndarray  # [keep + len(forced) + 1, words] int32: row i = tokens allowed at scored position i
-    forced: tuple[int, ...] = ()  # grammar-forced tokens proposed after the first `keep` drafted ones
+    sent: int  # drafted tokens to send: the valid prefix (+ the first invalid one, see round_masks)
+    valid: int  # drafted tokens the grammar allows, consecutively from the start
+    words: np.ndarray  # [sent + len(forced) + 1, words] int32: [i] = the tokens allowed at scored position i
+    forced: tuple[int, ...] = ()  # grammar-forced tokens proposed after the first `sent` drafted ones
 
     def proposal(self, drafted: list[int]) -> list[int]:
-        """The tokens the round scores: the kept drafted ones, then the forced ones."""
-        return list(drafted[: self.keep]) + list(self.forced)
+        """The tokens the round scores: the sent drafted ones, then the forced ones."""
+        return list(drafted[: self.sent]) + list(self.forced)
 
 
 class TurnMatcher:
@@ -137,7 +143,7 @@ class TurnMatcher:
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids=()):
         self._m = matcher
-        self._words = masks.words_per_row(vocab_size)
+        self._words = masks.words_per_position(vocab_size)
         # An end of sequence ends the turn: it is checked against the mask but never fed to
         # the matcher (nothing follows it, and a consumed EOS does not roll back cleanly).
         self._eos = frozenset(eos_ids)
@@ -147,50 +153,50 @@ class TurnMatcher:
         if self._m.is_error():
             raise RuntimeError(f"grammar matcher error: {self._m.get_error()}")
 
-    def round_masks(self, drafted: list[int], keep_first_invalid: bool, k: int | None = None) -> RoundMasks:
-        """Masks for the positions of drafted[0..] and the one after the last drafted token kept.
+    def round_masks(self, drafted: list[int], send_first_invalid: bool, k: int | None = None) -> RoundMasks:
+        """Masks for the positions of drafted[0..] and the one after the last drafted token sent.
 
         The draft is cut after its valid prefix as `drafted_to_send` says. Where
         it was cut (or came back shorter than `k`) and the grammar forces what
         follows (the bytes of a JSON key, a closing bracket: llguidance's
         fast-forward tokens), those tokens fill the draft up to k: proposals
         with a one-hot q, verified by the target like any other, so the output
-        is unchanged and fewer target passes make it. The mask after a kept
+        is unchanged and fewer target passes make it. The mask after a sent
         invalid token is never used (that position cannot commit): it allows
         every token.
         """
         k = len(drafted) if k is None else k
-        rows = np.full((max(k, len(drafted)) + 1, self._words), -1, dtype=np.int32)
+        words = np.full((max(k, len(drafted)) + 1, self._words), -1, dtype=np.int32)
         valid, consumed, ended = 0, 0, False
         for token in drafted:
-            self._fill(rows, valid)
-            if not masks.allows(rows[valid], token):
+            self._fill(words, valid)
+            if not masks.allows(words[valid], token):
                 break
-            if token in self._eos:  # allowed: the turn ends here; the row after it is never used
+            if token in self._eos:  # allowed: the turn ends here; the mask after it is never used
                 valid, ended = valid + 1, True
                 break
             if not self._m.consume_token(token):
                 break
             valid += 1
             consumed += 1
-        keep = drafted_to_send(valid, len(drafted), keep_first_invalid)
+        sent = drafted_to_send(valid, len(drafted), send_first_invalid)
         forced: list[int] = []
-        if keep == valid and not ended and valid < k:
+        if sent == valid and not ended and valid < k:
             for token in self._m.compute_ff_tokens()[: k - valid]:
-                self._fill(rows, valid + len(forced))
-                if token in self._eos or not masks.allows(rows[valid + len(forced)], token) \
+                self._fill(words, valid + len(forced))
+                if token in self._eos or not masks.allows(words[valid + len(forced)], token) \
                         or not self._m.consume_token(token):
                     break
                 forced.append(token)
                 consumed += 1
-        if not ended and keep == valid:
-            self._fill(rows, valid + len(forced))
+        if not ended and sent == valid:
+            self._fill(words, valid + len(forced))
         self._m.rollback(consumed)
         self._check()
-        return RoundMasks(keep=keep, valid=valid, words=rows[: keep + len(forced) + 1], forced=tuple(forced))
+        return RoundMasks(sent=sent, valid=valid, words=words[: sent + len(forced) + 1], forced=tuple(forced))
 
-    def _fill(self, rows: np.ndarray, i: int) -> None:
-        view = rows[i]
+    def _fill(self, words: np.ndarray, i: int) -> None:
+        view = words[i]
         self._m.unsafe_compute_mask_ptr(view.ctypes.data, view.size * view.itemsize)
 
     def commit(self, tokens: list[int]) -> None:
