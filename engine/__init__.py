@@ -3,10 +3,10 @@ and run many sessions' rows in one forward.
 
   scheduler -> plan -> runner:
     engine.scheduler  the worker thread: queue, continuous batching, one StepPlan per forward
-    engine.plan       the plan (rows, tokens, kept logits, wanted outputs) and a row's outputs
+    engine.plan       the plan (rows, tokens, emitted logits, wanted outputs) and a row's outputs
     engine.runner     executes a plan as one forward over the pool (engine.stock: the fallback)
   the forward:
-    engine.llama      the Llama-family forward over packed rows
+    engine.llama      the Llama-family forward over the packed tokens of every row
     engine.attention  grouped attention over the pool (one SDPA call per group of rows)
     engine.linear     batch-invariant matrix products, calibrated at start-up
     engine.sampler    argmax, distributions, draws and confidence for all rows at once

@@ -65,7 +65,7 @@ class Group:
     tq: int  # queries per row (padded)
     size: int  # rows
     identity: bool  # one query per row and the rows are exactly the packed tokens, in order
-    q_index: torch.Tensor | None  # [size * tq] packed token of each (row, query); T = the zero row
+    q_index: torch.Tensor | None  # [size * tq] packed token of each (row, query); T = the zero query (padding)
     real_src: torch.Tensor | None  # [n_real] flat (row, query) index of each real query
     real_dst: torch.Tensor | None  # [n_real] its packed token index
     kv_index: torch.Tensor  # [size * length] pool slot of each (row, key); 0 = scratch
@@ -157,7 +157,7 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
         if group.identity:
             gq = q.view(group.size, 1, heads, hd).transpose(1, 2)  # [size, heads, 1, hd]
         else:
-            padded = torch.cat([q, q.new_zeros(1, heads, hd)])  # row T: the zero query of padding
+            padded = torch.cat([q, q.new_zeros(1, heads, hd)])  # index T: the zero query of padding
             gq = padded.index_select(0, group.q_index).view(group.size, group.tq, heads, hd).transpose(1, 2)
         o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.mask, scale=scaling,
                                            enable_gqa=heads != kvh)  # [size, heads, tq, hd]

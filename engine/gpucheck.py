@@ -22,7 +22,7 @@ says how far it got), then OUT_DIR/report.md sums them up:
   top_p          top-p distributions: the same bits on every repeat, the same kept set as on the CPU
 
 --quick (the CI dry run on a CPU) keeps every phase but shrinks the model to 2
-layers and the row counts. Exit status: 0 all phases passed, 1 a phase failed,
+layers and the token counts. Exit status: 0 all phases passed, 1 a phase failed,
 2 the device is not there.
 """
 from __future__ import annotations
@@ -162,8 +162,8 @@ def _logits(runner, rows) -> list[torch.Tensor]:
     out = runner.logits(StepPlan(plans)).float()
     result, at = [], 0
     for plan in plans:
-        result.append(out[at:at + plan.keep])
-        at += plan.keep
+        result.append(out[at:at + plan.emit])
+        at += plan.emit
     return result
 
 

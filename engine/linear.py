@@ -1,7 +1,7 @@
-"""Matrix products whose rows come out the same whatever else is in the batch.
+"""Matrix products whose output for a token comes out the same whatever else is in the batch.
 
-A GEMM library picks its kernel by the row count M, and with it the rounding:
-row 0 of x[:1] @ W and of x[:8] @ W can differ in the last bits. On this
+A GEMM library picks its kernel by the token count M (x is [M, in], one row of x per
+token), and with it the rounding: token 0 of x[:1] @ W and of x[:8] @ W can differ in the last bits. On this
 project's CPU (MKL + oneDNN, fp32, one thread), measured per weight shape of
 SmolLM2-135M over M = 1..64:
 
@@ -11,18 +11,18 @@ SmolLM2-135M over M = 1..64:
     kernel inductor's CPU freezing pass uses): ONE class for every M, except
     the 1536-wide down projection, whose M = 1 differs from M >= 2;
   * the same in bfloat16 (AMX): M <= 32 (36 for the down projection) differ
-    from larger M, and mostly only in a few rows: bf16 output rounding hides
+    from larger M, and mostly only for a few tokens: bf16 output rounding hides
     most accumulation differences, so the test input has columns spread over
     four orders of magnitude to make them show.
 
-So a `RowLinear` is a kernel plus `pad_to`: fewer rows than that are padded with
-zero rows (never seen by anyone). `calibrate` measures, at start-up on the
+So an `InvariantLinear` is a kernel plus `pad_to`: fewer tokens than that are padded
+with zero tokens (never seen by anyone). `calibrate` measures, at start-up on the
 serving device, dtype and thread count, per weight shape and kernel the
-smallest `pad_to` for which every row count gives the same bits, and keeps the
+smallest `pad_to` for which every token count gives the same bits, and keeps the
 kernel whose padded product costs least; a lone one-token decode then pays
 only for the shapes that need it (SmolLM2 fp32 on this CPU: oneDNN everywhere,
-one 1 -> 2 row pad per layer) instead of padding the whole forward, and a
-small model's products take F.linear padded to 16 rows, cheaper there than
+one 1 -> 2 token pad per layer) instead of padding the whole forward, and a
+small model's products take F.linear padded to 16 tokens, cheaper there than
 oneDNN's per-call cost.
 
 On CUDA (no oneDNN) the kernel is `F.linear` (cuBLAS); there the runner pads
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-DENSE_UP_TO = 64  # calibration tests every row count up to this, then a sample
+DENSE_UP_TO = 64  # calibration tests every token count M up to this, then a sample
 
 
 def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -57,8 +57,8 @@ def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32
 
 
-class RowLinear:
-    """y = x @ W.T + b for x [M, in], with a fixed kernel and rows padded up to `pad_to`.
+class InvariantLinear:
+    """y = x @ W.T + b for x [M, in], with a fixed kernel and M (tokens) padded up to `pad_to`.
 
     `onednn` says which kernel runs: the prepacked oneDNN one, or F.linear on
     the plain weight. A linear made with onednn=True keeps both forms until
@@ -103,10 +103,10 @@ class RowLinear:
             return self.kernel(padded)[:m]
         return self.kernel(x)
 
-    def narrowed(self, width: int, onednn: bool) -> "RowLinear":
+    def narrowed(self, width: int, onednn: bool) -> "InvariantLinear":
         """The same kernel over the first `width` outputs (a cheap calibration probe)."""
         bias = self.bias[:width] if self.bias is not None else None
-        return RowLinear(self.plain[:width], bias, onednn=onednn)
+        return InvariantLinear(self.plain[:width], bias, onednn=onednn)
 
     @property
     def shape(self) -> tuple[int, int, torch.dtype, bool]:
@@ -114,11 +114,11 @@ class RowLinear:
 
     def __repr__(self) -> str:
         kind = "oneDNN" if self.onednn else "F.linear"
-        return f"RowLinear({self.in_features}->{self.out_features}, {kind}, pad_to={self.pad_to})"
+        return f"InvariantLinear({self.in_features}->{self.out_features}, {kind}, pad_to={self.pad_to})"
 
 
-def fused(linears: Sequence[torch.nn.Linear], *, onednn: bool) -> RowLinear:
-    """One RowLinear computing several linears of the same input side by side (q|k|v, gate|up)."""
+def fused(linears: Sequence[torch.nn.Linear], *, onednn: bool) -> InvariantLinear:
+    """One InvariantLinear computing several linears of the same input side by side (q|k|v, gate|up)."""
     weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
@@ -126,11 +126,11 @@ def fused(linears: Sequence[torch.nn.Linear], *, onednn: bool) -> RowLinear:
     else:
         bias = torch.cat([b.detach() if b is not None else lin.weight.new_zeros(lin.out_features)
                           for b, lin in zip(biases, linears)])
-    return RowLinear(weight, bias, onednn=onednn)
+    return InvariantLinear(weight, bias, onednn=onednn)
 
 
 def _candidates(limit: int) -> list[int]:
-    """Every row count up to DENSE_UP_TO, then a geometric-ish sample up to `limit`."""
+    """Every token count up to DENSE_UP_TO, then a geometric-ish sample up to `limit`."""
     out = list(range(1, min(limit, DENSE_UP_TO) + 1))
     m = DENSE_UP_TO
     while m < limit:
@@ -140,12 +140,12 @@ def _candidates(limit: int) -> list[int]:
 
 
 def _agreeing(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: list[int]) -> list[bool]:
-    """Per count whether its rows equal the same rows computed among counts[-1] rows."""
+    """Per count m whether its m tokens' outputs equal the same tokens' computed among counts[-1]."""
     reference = fn(x[:counts[-1]])
     return [torch.equal(fn(x[:m]), reference[:m]) for m in counts]
 
 
-TRIALS = 2  # inputs per shape; a class split shows in some rows of some inputs only
+TRIALS = 2  # inputs per shape; a class split shows for some tokens of some inputs only
 PROBE_WIDTH = 4096  # wider products (the LM head) are probed on their first outputs only
 LARGE = 1 << 18  # weights with this many elements take oneDNN where it is invariant, untimed
 
@@ -164,7 +164,7 @@ class Calibration:
         return ", ".join(parts) + ("" if self.invariant else " (NOT invariant for every count)")
 
 
-def _pad_for(lin: RowLinear, onednn: bool, counts: list[int], gen: torch.Generator) -> int | None:
+def _pad_for(lin: InvariantLinear, onednn: bool, counts: list[int], gen: torch.Generator) -> int | None:
     """The smallest count from which every larger count gives the bits of the largest; None past DENSE_UP_TO."""
     probe = lin.narrowed(min(lin.out_features, PROBE_WIDTH), onednn)
     pad = 1
@@ -177,12 +177,12 @@ def _pad_for(lin: RowLinear, onednn: bool, counts: list[int], gen: torch.Generat
     return pad if pad <= DENSE_UP_TO else None
 
 
-def _cost(lin: RowLinear, onednn: bool, pad: int, rows: tuple[int, ...] = (1, 5), reps: int = 9) -> float:
-    """Median seconds of the padded product at these row counts, summed (the full weight)."""
-    trial = RowLinear(lin.plain, lin.bias, onednn=onednn)
+def _cost(lin: InvariantLinear, onednn: bool, pad: int, counts: tuple[int, ...] = (1, 5), reps: int = 9) -> float:
+    """Median seconds of the padded product at these token counts, summed (the full weight)."""
+    trial = InvariantLinear(lin.plain, lin.bias, onednn=onednn)
     trial.pad_to = pad
     total = 0.0
-    for m in rows:
+    for m in counts:
         x = torch.randn(m, lin.in_features).to(lin.device, lin.dtype)
         times = []
         for _ in range(reps + 2):
@@ -197,16 +197,16 @@ def _cost(lin: RowLinear, onednn: bool, pad: int, rows: tuple[int, ...] = (1, 5)
     return total
 
 
-def calibrate(linears: Sequence[RowLinear], max_rows: int) -> Calibration:
-    """Per distinct weight shape: the kernel and `pad_to` that keep every row count's bits the same,
+def calibrate(linears: Sequence[InvariantLinear], max_tokens: int) -> Calibration:
+    """Per distinct weight shape: the kernel and `pad_to` that keep every token count's bits the same,
     the cheaper of them where there is a choice.
 
     For each kernel a linear can run, one representative of the shape is tested
-    on random input over 1..max_rows (dense up to DENSE_UP_TO, then sampled),
+    on random input over M = 1..max_tokens (dense up to DENSE_UP_TO, then sampled),
     each count against the largest, to find its pad; products wider than
     PROBE_WIDTH are probed on their first outputs (engine.selfcheck then checks
     the whole model). Among the kernels with a pad, the one whose padded
-    product costs least at 1 and 5 rows (a decode step, a Score of 4 drafts)
+    product costs least at 1 and 5 tokens (a decode step, a Score of 4 drafts)
     is kept: oneDNN's prepacked kernel streams a large weight well but costs
     tens of microseconds per call, which dominates a small one. A shape with no
     pad for any kernel is left unpadded and the result says it is not invariant.
@@ -214,7 +214,7 @@ def calibrate(linears: Sequence[RowLinear], max_rows: int) -> Calibration:
     gen = torch.Generator(device="cpu").manual_seed(0)
     chosen: dict[tuple, tuple[bool, int]] = {}
     invariant = True
-    counts = _candidates(max(max_rows, 2))
+    counts = _candidates(max(max_tokens, 2))
     with torch.inference_mode():
         for lin in linears:
             if lin.shape in chosen:

@@ -14,12 +14,12 @@ line saying why.
 Per layer, in packed [T, ...] form: norm -> one fused q|k|v product -> rotary ->
 write K/V to the pool -> grouped attention -> o product (+ residual) -> norm ->
 one fused gate|up product -> act(gate) * up -> down product (+ residual).
-The products are engine.linear.RowLinear (batch-invariant kernels).
+The products are engine.linear.InvariantLinear (batch-invariant kernels).
 
 `compile=True` (--compile) hands the norms and the gated activation to
 torch.compile (dynamic shapes; CUDA graphs through mode "reduce-overhead" on a
 GPU, where the runner's token buckets keep the shapes few). The products stay
-eager: inductor cannot lower the prepacked oneDNN linear with dynamic row
+eager: inductor cannot lower the prepacked oneDNN linear with dynamic token
 counts. Off by default: on this project's CPU it measured slower (a lone
 SmolLM2 decode 99 vs 90 ms, after 37 s of compiling); on a GPU,
 engine.gpucheck times it.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionPlan, attend
-from engine.linear import RowLinear, fused, onednn_available
+from engine.linear import InvariantLinear, fused, onednn_available
 from engine.pool import KVPool
 
 SUPPORTED = ("llama", "qwen2", "mistral")
@@ -71,11 +71,11 @@ def unsupported(model: torch.nn.Module) -> str:
 @dataclass
 class _Layer:
     attn_norm: torch.nn.Module
-    qkv: RowLinear
-    o: RowLinear
+    qkv: InvariantLinear
+    o: InvariantLinear
     mlp_norm: torch.nn.Module
-    gate_up: RowLinear
-    down: RowLinear
+    gate_up: InvariantLinear
+    down: InvariantLinear
     act: torch.nn.Module
     q_width: int
     kv_width: int
@@ -83,12 +83,12 @@ class _Layer:
 
 
 class Head:
-    """The LM head over kept rows: a full-vocabulary product, or a subset one scattered into -inf."""
+    """The LM head over the emitted positions: a full-vocabulary product, or a subset one scattered into -inf."""
 
     def __init__(self, module: torch.nn.Module, *, onednn: bool):
         subset = getattr(module, "subset", None)
         weight = module.sub_weight if subset is not None else module.weight
-        self.linear = RowLinear(weight, getattr(module, "bias", None), onednn=onednn)
+        self.linear = InvariantLinear(weight, getattr(module, "bias", None), onednn=onednn)
         self.subset = subset
         self.vocab = int(module.weight.shape[0])
 
@@ -102,7 +102,7 @@ class Head:
 
 
 class LlamaForward:
-    """Packed forward over the pool: token ids + positions + attention plan -> kept logits."""
+    """Packed forward over the pool: token ids + positions + attention plan -> the emitted logits."""
 
     def __init__(self, model: torch.nn.Module, *, compile: bool = False):
         reason = unsupported(model)
@@ -127,10 +127,10 @@ class LlamaForward:
             self.layers.append(_Layer(
                 attn_norm=layer.input_layernorm,
                 qkv=fused([a.q_proj, a.k_proj, a.v_proj], onednn=onednn),
-                o=RowLinear(a.o_proj.weight, a.o_proj.bias, onednn=onednn),
+                o=InvariantLinear(a.o_proj.weight, a.o_proj.bias, onednn=onednn),
                 mlp_norm=layer.post_attention_layernorm,
                 gate_up=fused([m.gate_proj, m.up_proj], onednn=onednn),
-                down=RowLinear(m.down_proj.weight, m.down_proj.bias, onednn=onednn),
+                down=InvariantLinear(m.down_proj.weight, m.down_proj.bias, onednn=onednn),
                 act=m.act_fn,
                 q_width=int(a.q_proj.out_features),
                 kv_width=int(a.k_proj.out_features),
@@ -149,7 +149,7 @@ class LlamaForward:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def linears(self) -> list[RowLinear]:
+    def linears(self) -> list[InvariantLinear]:
         out = [self.head.linear]
         for layer in self.layers:
             out.extend((layer.qkv, layer.o, layer.gate_up, layer.down))
@@ -159,8 +159,8 @@ class LlamaForward:
         return KVPool(self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device, budget_bytes)
 
     def __call__(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,
-                 kept: torch.Tensor) -> torch.Tensor:
-        """ids, positions [T] (long, on the device); kept [K] packed indices -> logits [K, vocab]."""
+                 emitted: torch.Tensor) -> torch.Tensor:
+        """ids, positions [T] (long, on the device); emitted [K] packed indices -> logits [K, vocab]."""
         h = self.embed(ids)  # [T, hidden]
         cos, sin = self.rotary(h[None], positions[None])  # [1, T, hd] each
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, hd]
@@ -178,7 +178,7 @@ class LlamaForward:
             h = h + layer.o(o)
             x = layer.mlp_norm(h)
             h = h + layer.down(self.gated(layer.gate_up(x), layer.act))
-        return self.head(self.norm(h.index_select(0, kept)))
+        return self.head(self.norm(h.index_select(0, emitted)))
 
     def release_originals(self) -> None:
         """Free the loaded model's own linear weights (the engine holds its packed copies)."""
@@ -211,10 +211,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def token_tensors(ids: Sequence[int], positions: Sequence[int], kept: Sequence[int],
+def token_tensors(ids: Sequence[int], positions: Sequence[int], emitted: Sequence[int],
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward's index inputs as device tensors (one host->device copy each)."""
     def put(values: Sequence[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
-    return put(ids), put(positions), put(kept)
+    return put(ids), put(positions), put(emitted)

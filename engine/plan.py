@@ -1,4 +1,4 @@
-"""One forward pass as plain data: which sessions' rows, which tokens, which logits to keep.
+"""One forward pass as plain data: which sessions' rows, which tokens, which positions emit logits.
 
 The scheduler (engine.scheduler) builds a `StepPlan` each step; a runner
 (engine.runner) executes it as one forward and hands back one `RowOutput` per
@@ -20,28 +20,33 @@ GREEDY = SamplingParams()
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """What a row wants from its kept positions besides the argmax (always computed)."""
+    """What a row wants from its emitted positions besides the argmax (always computed)."""
 
     sampling: SamplingParams = GREEDY
-    probs: bool = False  # the sampling distributions of every kept position
-    uniforms: tuple[float, ...] = ()  # one draw per kept position from those distributions
+    probs: bool = False  # the sampling distributions of every emitted position
+    uniforms: tuple[float, ...] = ()  # one draw per emitted position from those distributions
     top_prob: bool = False  # the top probability of the plain softmax (a draft's confidence)
     # Structured output: packed little-endian int32 bitmasks, one row of words per
-    # kept position (bit j of word w allows token 32 w + j); b"" = no mask. The
+    # emitted position (bit j of word w allows token 32 w + j); b"" = no mask. The
     # logits of disallowed tokens become -inf before the argmax and the distributions.
     allowed: bytes = b""
-    logprobs: int = 0  # top-n log-probabilities per kept position (engine.sampler); 0 = none
+    logprobs: int = 0  # top-n log-probabilities per emitted position (engine.sampler); 0 = none
 
 
 @dataclass(frozen=True)
 class RowPlan:
-    """One session's share of a forward: feed `tokens` at positions past.., keep the last `keep`."""
+    """One session's share of a forward: feed `tokens` at positions past.., output the logits of the last `emit`."""
 
     cache: Any  # the session's KV handle (engine.pool.SessionKV, or engine.stock.DynamicKV)
     tokens: Sequence[int]
     past: int  # positions the cache holds before these tokens
-    keep: int  # 0..len(tokens): logits kept from the end
+    emit: int  # 0..len(tokens): the last positions whose logits are output (emitted)
     output: OutputSpec = field(default_factory=OutputSpec)
+
+    @property
+    def keep(self) -> int:
+        """Deprecated name of `emit`, until benchmarks/batch_invariance.py reads `emit`."""
+        return self.emit
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,10 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class RowOutput:
-    """What a row gets back, on the host: per kept position, in order."""
+    """What a row gets back, on the host: per emitted position, in order."""
 
     argmax: list[int]
-    probs: torch.Tensor | None = None  # [keep, vocab] float32 on the CPU (OutputSpec.probs)
+    probs: torch.Tensor | None = None  # [emit, vocab] float32 on the CPU (OutputSpec.probs)
     sampled: list[int] | None = None  # OutputSpec.uniforms
     top_prob: list[float] | None = None  # OutputSpec.top_prob
     logprobs: "RowLogprobs | None" = None  # OutputSpec.logprobs
@@ -66,9 +71,9 @@ class RowOutput:
 
 @dataclass(frozen=True)
 class RowLogprobs:
-    """Log-probabilities of a row's kept positions (the distribution: engine.sampler.logprobs)."""
+    """Log-probabilities of a row's emitted positions (the distribution: engine.sampler.logprobs)."""
 
-    next_fed: list[float]  # [keep - 1]: of the token fed after each kept position but the last
-    argmax: list[float]  # [keep]: of RowOutput.argmax[i]
-    top_ids: list[list[int]]  # [keep][n], most likely first
-    top_logprobs: list[list[float]]  # [keep][n]
+    next_fed: list[float]  # [emit - 1]: of the token fed after each emitted position but the last
+    argmax: list[float]  # [emit]: of RowOutput.argmax[i]
+    top_ids: list[list[int]]  # [emit][n], most likely first
+    top_logprobs: list[list[float]]  # [emit][n]

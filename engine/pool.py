@@ -84,10 +84,10 @@ class SessionKV:
     def crop(self, length: int) -> None:
         """Keep the first `length` positions (absolute); blocks past them go back to the pool."""
         self.length = min(self.length, length)
-        keep = -(-self.length // self.pool.block_size)
-        if keep < len(self.blocks):
-            self.pool.release(self.blocks[keep:])
-            del self.blocks[keep:]
+        needed = -(-self.length // self.pool.block_size)
+        if needed < len(self.blocks):
+            self.pool.release(self.blocks[needed:])
+            del self.blocks[needed:]
 
     def free(self) -> None:
         self.pool.release(self.blocks)

@@ -3,15 +3,15 @@
 Per step: reserve nothing (the scheduler did), pack every row's tokens into one
 token axis, pad it to a token bucket where the device wants fixed shapes, plan
 the attention groups (engine.attention), run engine.llama's forward once, and
-turn the kept logits into every row's outputs in one sampler call
+turn the emitted logits into every row's outputs in one sampler call
 (engine.sampler). The host builds a handful of index lists per step; the device
 is synced once, when the small outputs come back.
 
 Batch invariance per device (HostLimits.batch_invariant):
-  * CPU: each linear pads its own row count where its kernel needs it
+  * CPU: each linear pads its own token count M where its kernel needs it
     (engine.linear.calibrate; on this CPU in fp32 only the down projection,
-    1 -> 2 rows), attention groups rows by shape; no whole-forward padding.
-  * CUDA: the packed token count and the kept-logit count are padded to fixed
+    1 -> 2 tokens), attention groups rows by shape; no whole-forward padding.
+  * CUDA: the packed token count and the emitted-logit count are padded to fixed
     buckets (TOKEN_BUCKETS), so every linear and norm sees one of a few shapes
     whoever shares the forward; padding is nearly free on a GPU.
 """
@@ -54,27 +54,27 @@ class PooledRunner:
         return sampler.outputs(plan.rows, self.logits(plan))
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
-        """One forward; the kept logits of every row, one row after another ([K, vocab])."""
+        """One forward; the emitted logits of every row, one row after another ([K, vocab])."""
         ids: list[int] = []
         positions: list[int] = []
-        kept: list[int] = []
+        emitted: list[int] = []
         spec = []
         for row in plan.rows:
             n = len(row.tokens)
             assert row.cache.length == row.past, "the scheduler crops a session to its past first"
             spec.append((row.cache, row.past, n))
-            kept.extend(range(len(ids) + n - row.keep, len(ids) + n))
+            emitted.extend(range(len(ids) + n - row.emit, len(ids) + n))
             ids.extend(row.tokens)
             positions.extend(range(row.past, row.past + n))
-        t, k = len(ids), len(kept)
+        t, k = len(ids), len(emitted)
         padded = bucket(t, TOKEN_BUCKETS) if self.fixed_shapes else t
         ids.extend([0] * (padded - t))  # filler: token 0 at position 0, written to the scratch slot
         positions.extend([0] * (padded - t))
-        n_kept = bucket(max(k, 1), TOKEN_BUCKETS) if self.fixed_shapes else max(k, 1)
-        kept.extend([kept[-1] if kept else 0] * (n_kept - k))
+        n_emitted = bucket(max(k, 1), TOKEN_BUCKETS) if self.fixed_shapes else max(k, 1)
+        emitted.extend([emitted[-1] if emitted else 0] * (n_emitted - k))
         attention = plan_attention(self.pool, spec, padded, self.device)
-        ids_t, positions_t, kept_t = token_tensors(ids, positions, kept, self.device)
-        logits = self.forward(self.pool, ids_t, positions_t, attention, kept_t)[:k]  # [K, vocab]
+        ids_t, positions_t, emitted_t = token_tensors(ids, positions, emitted, self.device)
+        logits = self.forward(self.pool, ids_t, positions_t, attention, emitted_t)[:k]  # [K, vocab]
         for row in plan.rows:
             row.cache.length = row.past + len(row.tokens)
         return logits

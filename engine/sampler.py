@@ -1,6 +1,6 @@
 """The outputs of one forward for all rows at once: argmax, distributions, draws, confidence.
 
-Given the kept logits of every row ([K, vocab], rows one after another), one
+Given the emitted logits of every row ([K, vocab], rows one after another), one
 argmax covers all rows; the sampling distributions are computed once per
 distinct SamplingParams in the forward (rows asking the same, the common case,
 share one call of specdec.core.sampling.probs_from_logits); one inverse-CDF
@@ -43,27 +43,27 @@ def _index(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
-    """logits [sum(row.keep), vocab] on the model's device -> one RowOutput per row."""
+    """logits [sum(row.emit), vocab] on the model's device -> one RowOutput per row."""
     device = logits.device
     spans, at = [], 0
     for row in rows:
-        spans.append((at, at + row.keep))
-        at += row.keep
+        spans.append((at, at + row.emit))
+        at += row.emit
     _apply_masks(rows, spans, logits)
     argmax = logits.argmax(dim=-1)  # [K]
     # 1. Distributions, one call per distinct sampling parameters.
-    wanted = [i for i, row in enumerate(rows) if row.keep and (
+    wanted = [i for i, row in enumerate(rows) if row.emit and (
         row.output.probs or row.output.uniforms or (row.output.logprobs and not row.output.sampling.greedy))]
     by_params: dict[SamplingParams, list[int]] = {}
     for i in wanted:
         by_params.setdefault(rows[i].output.sampling, []).append(i)
-    probs_of: dict[int, torch.Tensor] = {}  # row -> [keep, vocab] on the device
+    probs_of: dict[int, torch.Tensor] = {}  # row -> [emit, vocab] on the device
     for params, members in by_params.items():
         index = _index([j for i in members for j in range(*spans[i])], device)
         p = probs_from_logits(logits.index_select(0, index), params)  # [n, vocab] float32
         at = 0
         for i in members:
-            n = rows[i].keep
+            n = rows[i].emit
             probs_of[i] = p[at:at + n]
             at += n
     # 2. Draws for the rows that asked, in one call.
@@ -74,7 +74,7 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
         u = torch.tensor([x for i in drawers for x in rows[i].output.uniforms], dtype=torch.float64)
         sampled = sample(p, u)  # [draws]
     # 3. Confidence: the top probability of the plain softmax.
-    confident = [i for i, row in enumerate(rows) if row.keep and row.output.top_prob]
+    confident = [i for i, row in enumerate(rows) if row.emit and row.output.top_prob]
     top = None
     if confident:
         index = _index([j for i in confident for j in range(*spans[i])], device)
@@ -88,7 +88,7 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
             block = _to_host(torch.cat([probs_of[i] for i in order]))
             at = 0
             for i in order:
-                n = rows[i].keep
+                n = rows[i].emit
                 host_probs[i] = block[at:at + n]
                 at += n
     logprobs = _logprobs(rows, spans, logits, argmax, probs_of)
@@ -105,7 +105,7 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
     for i, row in enumerate(rows):
         lo, hi = spans[i]
         out_sampled = [next(draws) for _ in row.output.uniforms] if i in drawn else None
-        out_top = [next(tops) for _ in range(row.keep)] if i in confident_set else None
+        out_top = [next(tops) for _ in range(row.emit)] if i in confident_set else None
         result.append(RowOutput(
             argmax=values[lo:hi],
             probs=host_probs.get(i) if row.output.probs else None,
@@ -131,18 +131,18 @@ def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: tor
 
     Two transfers for all rows together (floats, then ids).
     """
-    asking = [i for i, row in enumerate(rows) if row.keep and row.output.logprobs]
+    asking = [i for i, row in enumerate(rows) if row.emit and row.output.logprobs]
     if not asking:
         return {}
     floats, ids = [], []
     for i in asking:
         row, (lo, hi) = rows[i], spans[i]
-        keep, n = row.keep, row.output.logprobs
+        emit, n = row.emit, row.output.logprobs
         if row.output.sampling.greedy:
             lp = torch.log_softmax(logits[lo:hi].float(), dim=-1)
         else:
             lp = torch.log(probs_of[i])  # exactly 0 -> -inf: excluded by truncation or the mask
-        fed = torch.tensor(list(row.tokens[len(row.tokens) - keep + 1:]), dtype=torch.long).to(lp.device)
+        fed = torch.tensor(list(row.tokens[len(row.tokens) - emit + 1:]), dtype=torch.long).to(lp.device)
         top = torch.topk(lp, min(n, lp.shape[-1]), dim=-1)  # sorted, most likely first
         floats += [lp[:-1].gather(1, fed.unsqueeze(1)).squeeze(1),
                    lp.gather(1, argmax[lo:hi].unsqueeze(1)).squeeze(1), top.values.reshape(-1)]
@@ -151,15 +151,15 @@ def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: tor
     top_ids = torch.cat(ids).tolist()
     result, at, at_ids = {}, 0, 0
     for i in asking:
-        keep, n = rows[i].keep, min(rows[i].output.logprobs, logits.shape[-1])
-        next_fed = values[at:at + keep - 1]
-        at += keep - 1
-        arg = values[at:at + keep]
-        at += keep
-        tv = values[at:at + keep * n]
-        at += keep * n
-        ti = top_ids[at_ids:at_ids + keep * n]
-        at_ids += keep * n
-        result[i] = RowLogprobs(next_fed, arg, [ti[j * n:(j + 1) * n] for j in range(keep)],
-                                [tv[j * n:(j + 1) * n] for j in range(keep)])
+        emit, n = rows[i].emit, min(rows[i].output.logprobs, logits.shape[-1])
+        next_fed = values[at:at + emit - 1]
+        at += emit - 1
+        arg = values[at:at + emit]
+        at += emit
+        tv = values[at:at + emit * n]
+        at += emit * n
+        ti = top_ids[at_ids:at_ids + emit * n]
+        at_ids += emit * n
+        result[i] = RowLogprobs(next_fed, arg, [ti[j * n:(j + 1) * n] for j in range(emit)],
+                                [tv[j * n:(j + 1) * n] for j in range(emit)])
     return result

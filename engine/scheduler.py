@@ -65,10 +65,10 @@ class BatchLimits:
 
 
 class Step(NamedTuple):
-    """Feed `tokens` to the session's cache; hand back the outputs of the last `keep`."""
+    """Feed `tokens` to the session's cache; hand back the outputs (logits) of the last `emit`."""
 
     tokens: Sequence[int]
-    keep: int
+    emit: int
     output: OutputSpec = OutputSpec()
 
 
@@ -126,27 +126,27 @@ class _Job:
     started: float = 0.0
     session: CachedSession | None = None
     feed: Sequence[int] = ()  # tokens of the current step not fed yet
-    keep: int = 0
+    emit: int = 0  # the current step's emitted positions
     output: OutputSpec = OutputSpec()
     chunk: int = 0  # tokens of `feed` in the next forward
-    chunk_keep: int = 0
+    chunk_emit: int = 0  # of `emit`, those in the next forward (engine.plan.RowPlan.emit)
     forward_s: float = 0.0
     forwards: int = 0
     rows: int = 0
     tokens: int = 0
 
 
-def chunk_of(position: int, n: int, keep: int, size: int) -> tuple[int, int]:
-    """(tokens, kept logits) of the next forward for a feed of `n` tokens at `position`.
+def chunk_of(position: int, n: int, emit: int, size: int) -> tuple[int, int]:
+    """(tokens, emitted positions) of the next forward for a feed of `n` tokens at `position`.
 
-    Cuts at the next multiple of `size` unless the cut would split off a kept
-    position: the last chunk holds every kept token.
+    Cuts at the next multiple of `size` unless the cut would split off an emitted
+    position: the last chunk holds every emitted position.
     """
     if size > 0:
         boundary = (position // size + 1) * size
-        if boundary <= position + n - max(keep, 1):
+        if boundary <= position + n - max(emit, 1):
             return boundary - position, 0
-    return n, keep
+    return n, emit
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -278,11 +278,11 @@ class Scheduler:
                     self._step(batch)
 
     def _plan(self, job: _Job, step: Step) -> None:
-        job.feed, job.keep, job.output = list(step.tokens), step.keep, step.output
+        job.feed, job.emit, job.output = list(step.tokens), step.emit, step.output
         self._plan_chunk(job, job.session.length)
 
     def _plan_chunk(self, job: _Job, position: int) -> None:
-        job.chunk, job.chunk_keep = chunk_of(position, len(job.feed), job.keep, self.chunk)
+        job.chunk, job.chunk_emit = chunk_of(position, len(job.feed), job.emit, self.chunk)
 
     def _reserve(self, job: _Job, busy: set[str]) -> bool:
         """Room in the pool for the job's next chunk, evicting idle sessions; False: failed alone."""
@@ -349,7 +349,7 @@ class Scheduler:
                     deferred.append(job)  # one row per session per forward; keeps its order
                     continue
                 step = work.begin()
-                n, _ = chunk_of(work.cache_position, len(step.tokens), step.keep, self.chunk)
+                n, _ = chunk_of(work.cache_position, len(step.tokens), step.emit, self.chunk)
                 if batch and tokens + n > self.max_tokens:
                     deferred.append(job)
                     continue
@@ -392,7 +392,7 @@ class Scheduler:
 
     def _forward(self, plan: StepPlan, batch: list[_Job]) -> list[RowOutput]:
         """runner.run, with one retry after freeing idle sessions when memory runs out."""
-        keep = {job.work.session_id for job in self._running}
+        busy = {job.work.session_id for job in self._running}
         for attempt in (1, 2):
             try:
                 return self.runner.run(plan)
@@ -400,7 +400,7 @@ class Scheduler:
                 if not out_of_memory(exc) or attempt == 2:
                     raise
                 freed = 0
-                while self.store.evict_idle(keep, "out_of_memory"):
+                while self.store.evict_idle(busy, "out_of_memory"):
                     freed += 1
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
@@ -410,7 +410,7 @@ class Scheduler:
 
     def _step(self, batch: list[_Job]) -> None:
         plan = StepPlan([
-            RowPlan(job.session.cache, job.feed[:job.chunk], job.session.length, job.chunk_keep,
+            RowPlan(job.session.cache, job.feed[:job.chunk], job.session.length, job.chunk_emit,
                     job.output if job.chunk == len(job.feed) else OutputSpec())
             for job in batch
         ])

@@ -37,8 +37,8 @@ def _run(runner: PooledRunner, caches: list, parts: list[list[int]]) -> list[tor
     logits = runner.logits(StepPlan(rows))
     out, at = [], 0
     for row in rows:
-        out.append(logits[at:at + row.keep].float())
-        at += row.keep
+        out.append(logits[at:at + row.emit].float())
+        at += row.emit
     return out
 
 

@@ -196,9 +196,9 @@ class SessionStore:
             self._forget(session.session_id)
         self._publish()
 
-    def evict_idle(self, keep: set[str], reason: str) -> bool:
-        """Drop the least recently used session not in `keep`; False if there is none."""
-        victim = next((sid for sid, s in self._sessions.items() if sid not in keep and not s.pins), None)
+    def evict_idle(self, busy: set[str], reason: str) -> bool:
+        """Drop the least recently used session not in `busy` (in a running forward); False if there is none."""
+        victim = next((sid for sid, s in self._sessions.items() if sid not in busy and not s.pins), None)
         if victim is None:
             return False
         self._drop(victim, reason)

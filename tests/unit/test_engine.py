@@ -15,7 +15,7 @@ import torch
 
 from engine.attention import key_bucket, plan_attention, query_rows
 from engine.host import HostLimits, pick_runner
-from engine.linear import RowLinear, calibrate
+from engine.linear import InvariantLinear, calibrate
 from engine.llama import LlamaForward, unsupported
 from engine.plan import RowPlan, StepPlan
 from engine.pool import BLOCK_SIZE, KVPool, PoolExhausted
@@ -72,8 +72,8 @@ def _run(runner, schedules, groups: list[list[int]], seed: int = 0,
                 logits = runner.logits(StepPlan(rows))
             offset = 0
             for i, row in zip(step, rows):
-                out[i].append(logits[offset:offset + row.keep].clone())
-                offset += row.keep
+                out[i].append(logits[offset:offset + row.emit].clone())
+                offset += row.emit
                 at[i] += 1
         for cache in caches.values():
             cache.free()
@@ -112,18 +112,18 @@ def test_a_session_is_bitwise_the_same_alone_and_batched(runner, size) -> None:
 
 
 def test_a_kernel_that_varies_with_the_row_count_is_caught(loaded) -> None:
-    """The control: the same check fails with F.linear unpadded, whose bits change with the row count."""
+    """The control: the same check fails with F.linear unpadded, whose bits change with the token count M."""
     forward = LlamaForward(loaded.model)
     for layer in forward.layers:
         for name in ("qkv", "o", "gate_up", "down"):
             lin = getattr(layer, name)
-            setattr(layer, name, RowLinear(lin.source_weight, lin.bias, onednn=False))
+            setattr(layer, name, InvariantLinear(lin.source_weight, lin.bias, onednn=False))
     probe = forward.layers[0].gate_up
     x = torch.randn(40, probe.in_features)
     with torch.inference_mode():
         varies = any(not torch.equal(probe(x[:m]), probe(x)[:m]) for m in range(1, 40))
     if not varies:
-        pytest.skip("F.linear gives the same bits for every row count on this machine")
+        pytest.skip("F.linear gives the same bits for every token count on this machine")
     unpadded = PooledRunner(forward, forward.new_pool(64 << 20), fixed_shapes=False, max_rows=64)
     schedules = [[[5, 6, 7, 8, 9]] + [[t] for t in range(20, 40)] for _ in range(16)]
     alone = _run(unpadded, schedules, [[i] for i in range(16)])
@@ -133,7 +133,7 @@ def test_a_kernel_that_varies_with_the_row_count_is_caught(loaded) -> None:
 
 def test_calibration_pads_make_every_count_agree(loaded) -> None:
     weight = loaded.model.model.layers[0].mlp.down_proj.weight
-    lin = RowLinear(weight, None, onednn=LlamaForward(loaded.model).onednn)
+    lin = InvariantLinear(weight, None, onednn=LlamaForward(loaded.model).onednn)
     calibrate([lin], 100)
     x = torch.randn(100, lin.in_features) * torch.logspace(-2, 2, lin.in_features)
     with torch.inference_mode():
@@ -222,8 +222,8 @@ def test_prefill_chunks_sit_at_fixed_positions() -> None:
     assert chunk_of(64, 136, 1, 64) == (64, 0)
     assert chunk_of(128, 72, 1, 64) == (64, 0)
     assert chunk_of(192, 8, 1, 64) == (8, 1)
-    assert chunk_of(10, 60, 5, 64) == (54, 0)  # kept positions 65..69 lie after the cut
-    assert chunk_of(10, 60, 8, 64) == (60, 8)  # the cut would split off kept positions
+    assert chunk_of(10, 60, 5, 64) == (54, 0)  # emitted positions 65..69 lie after the cut
+    assert chunk_of(10, 60, 8, 64) == (60, 8)  # the cut would split off emitted positions
     assert chunk_of(60, 10, 0, 64) == (4, 0)
     assert chunk_of(0, 64, 0, 64) == (64, 0)
     assert chunk_of(0, 500, 3, 0) == (500, 3)  # chunking off
