@@ -42,7 +42,7 @@ from orchestrator.stats import RoundTally, Tally, Timer
 from orchestrator.text import IncrementalDecoder
 from specdec import tracing
 from specdec.core.fingerprint import extend, prefix_fingerprints
-from specdec.core.kv import keep_lengths
+from specdec.core.kv import crop_lengths
 from specdec.core.speedup import GoodputPolicy
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
@@ -153,9 +153,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             own = len(drafted)  # the proposer's own tokens in `drafted` (the rest: grammar-forced)
             masks = None
             if matcher is not None:  # drafted tokens the grammar forbids cannot commit: cut them
-                keep_invalid = not ctx.sampling.params.greedy and proposal.probs is not None
-                masks = matcher.round_masks(drafted, keep_first_invalid=keep_invalid, k=rnd.k)
-                drafted, own = masks.proposal(drafted), masks.keep
+                send_invalid = not ctx.sampling.params.greedy and proposal.probs is not None
+                masks = matcher.round_masks(drafted, send_first_invalid=send_invalid, k=rnd.k)
+                drafted, own = masks.proposal(drafted), masks.sent
             rnd.source = ((proposal.source or proposer.name) if own else GRAMMAR) if drafted else ""
             tally.draft_calls += proposal.call is not None
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
@@ -179,38 +179,38 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             proposer.observe(own, own_accepted)
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
-            kept, finish = clip_to_stop(verdict.tokens, eos_ids=config.eos_ids, remaining=remaining)
+            committed, finish = clip_to_stop(verdict.tokens, eos_ids=config.eos_ids, remaining=remaining)
             skip = max(0, spec.resume_from - len(tokens))  # already streamed before a resume
-            text, kept, hit = _detokenize(kept, decoder, holdback, skip)
+            text, committed, hit = _detokenize(committed, decoder, holdback, skip)
             finish = STOP if hit else finish
             if matcher is not None:
-                matcher.commit(kept)
+                matcher.commit(committed)
             if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
-            session.target.held, draft_keep = keep_lengths(
+            session.target.held, draft_len = crop_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
                 # The draft's own cache holds its tokens, not grammar-forced ones after them.
                 draft_held=min(proposal.cache_length, len(tokens) + own) if own < len(drafted)
-                else proposal.cache_length, n_committed=len(kept),
+                else proposal.cache_length, n_committed=len(committed),
             )
-            proposer.crop(draft_keep)
-            for token in kept:
+            proposer.crop(draft_len)
+            for token in committed:
                 fps.append(extend(fps[-1], token))
-            tokens.extend(kept)
-            rnd.committed = len(kept)
+            tokens.extend(committed)
+            rnd.committed = len(committed)
             if gate is not None:
-                gate.record(len(kept))
+                gate.record(len(committed))
             tally.new_tokens = len(tokens) - len(spec.prompt_ids)
-            fresh = kept[skip:]
+            fresh = committed[skip:]
             if finish and not hit and fresh:
                 text += _release_held(decoder, holdback)
             await session.save(tokens, proposer.replica, rnd, last=bool(finish))
             if fresh:
                 tally.chunk_sent()
                 detail = RoundDetail(tally.target_passes, rnd.source, drafted, verdict.accepted,
-                                     verdict.extra_kind, kept) if spec.round_tokens else None
-                logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)[len(kept) - len(fresh):len(kept)]
-                            if n_logprobs else None)
+                                     verdict.extra_kind, committed) if spec.round_tokens else None
+                logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)
+                            [len(committed) - len(fresh):len(committed)] if n_logprobs else None)
                 replicas = ("", "") if sent else (
                     session.target.address, proposer.replica.address if proposer.replica is not None else "")
                 yield ChunkEvent(text=text, token_ids=fresh, start_index=len(tokens) - len(fresh),
@@ -233,7 +233,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     if gate is not None:
         gate.leave()
     tally.finish_reason = finish
-    if not session.kept:
+    if not session.multi_turn:
         tally.session_id = ""  # deleted: nothing to continue
     proposer.close()
     tally.proposer, tally.fallback_reason = proposer.name, proposer.fallback_reason
@@ -339,7 +339,7 @@ def _observe_costs(config: LoopConfig, target: SessionReplica, proposer: Propose
 
 
 def _detokenize(
-    kept: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None, skip: int = 0
+    committed: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None, skip: int = 0
 ) -> tuple[str, list[int], bool]:
     """Text for newly committed tokens; with stop strings, cut after the token completing one.
 
@@ -348,16 +348,16 @@ def _detokenize(
     """
     if holdback is None:
         if skip:
-            decoder.push(kept[:skip])
-        return (decoder.push(kept[skip:]) if len(kept) > skip else ""), kept, False
+            decoder.push(committed[:skip])
+        return (decoder.push(committed[skip:]) if len(committed) > skip else ""), committed, False
     text = ""
-    for i, token in enumerate(kept):
-        emit, hit = holdback.push(decoder.push([token]))
+    for i, token in enumerate(committed):
+        piece, hit = holdback.push(decoder.push([token]))
         if i >= skip:
-            text += emit
+            text += piece
         if hit:
-            return text, kept[: i + 1], True
-    return text, kept, False
+            return text, committed[: i + 1], True
+    return text, committed, False
 
 
 def _release_held(decoder: IncrementalDecoder, holdback: StopStringHoldback | None) -> str:
@@ -365,5 +365,5 @@ def _release_held(decoder: IncrementalDecoder, holdback: StopStringHoldback | No
     tail = decoder.flush()
     if holdback is None:
         return tail
-    emit, hit = holdback.push(tail)
+    piece, hit = holdback.push(tail)
     return emit if hit else emit + holdback.flush()

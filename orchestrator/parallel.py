@@ -128,7 +128,7 @@ class ParallelDraftProposer(DraftServiceProposer):
             probs = decode_probs(response.probs)[1 : 1 + len(tokens)]
         pre = PreDraft(hit=True, call=call, waited_ms=waited_ms)
         # The draft holds what it fed: committed + e_1..e_{n-1} (n = all it drafted after e_0);
-        # keep_lengths crops that to what this round accepts.
+        # crop_lengths crops that to what this round accepts.
         return pre, Proposal(tokens, probs, response.cache_length, None, 0, pre)
 
     def _launch(self, ctx: DraftContext, proposal: Proposal) -> None:

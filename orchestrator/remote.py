@@ -357,7 +357,7 @@ class ReplicaPicker(Protocol):
 class SessionReplica:
     """Where one session's KV lives on one role: the replica, and the committed tokens it holds.
 
-    `held` is the caller's bookkeeping: set it to the kept length after each
+    `held` is the caller's bookkeeping: set it to the crop length after each
     round (absolute, so a retried request is idempotent). One word for one
     length: the tokens a replica holds are `held` here, a request's
     cache_position and a reply's cache_length on the wire, and the session

@@ -191,8 +191,8 @@ class Session:
         return self.record.session_id
 
     @property
-    def kept(self) -> bool:
-        return self.record.keep
+    def multi_turn(self) -> bool:
+        return self.record.multi_turn
 
     def draft_home(self) -> tuple[str, int]:
         """The draft replica the record names and how many of this prompt's tokens it holds."""
@@ -251,7 +251,7 @@ class Session:
         """A kept session's last state must land (within the outage bound) before the turn ends;
         a single-turn session's record is deleted and its KV released (neither waits on a fault)."""
         self._leave(draft)
-        if self.kept:
+        if self.multi_turn:
             while not await self.writer.wait(0.05):
                 self._check_outage("session save")
             return
@@ -266,7 +266,7 @@ class Session:
         self._leave(draft)
         if self._unsaved:
             self._submit()  # the rounds since the last write
-        if not self.kept:  # in the background: a hung replica must not hold the error back
+        if not self.multi_turn:  # in the background: a hung replica must not hold the error back
             in_background(release_kv(self.id, [self.target.client, draft.client if draft else None]))
 
 
@@ -327,7 +327,7 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     record = record or SessionRecord(session_id=spec.session_id or uuid.uuid4().hex,
                                      created=time.time(), tenant=spec.tenant)
     record = replace(record, turn_start=len(spec.prompt_ids), turn_seed=seed,
-                     keep=record.keep or spec.keep_session)
+                     multi_turn=record.multi_turn or spec.keep_session)
     tally.session_id = record.session_id
     reuse = common_prefix(record.tokens, spec.prompt_ids)
     with Timer(tally, "redis_ms"):  # admission: a replica with room, else RESOURCE_EXHAUSTED

@@ -89,7 +89,7 @@ class SessionRecord:
     draft_len: int = 0
     turn_start: int = 0  # index of the current turn's first generated token (its prompt length)
     turn_seed: int = 0  # the seed the current turn samples with
-    keep: bool = False  # a multi-turn session (session TTL); else single-turn (short TTL)
+    multi_turn: bool = False  # kept for later turns (session TTL; Redis field "keep"); else single-turn (short TTL)
     created: float = 0.0
     updated: float = 0.0
     tenant: str = ""  # who created it; nobody else may see or continue it
@@ -103,7 +103,7 @@ class SessionRecord:
             "draft_len": str(self.draft_len).encode(),
             "turn_start": str(self.turn_start).encode(),
             "turn_seed": str(self.turn_seed).encode(),
-            "keep": b"1" if self.keep else b"0",
+            "keep": b"1" if self.multi_turn else b"0",
             "created": repr(self.created).encode(),
             "updated": repr(self.updated).encode(),
             "tenant": self.tenant.encode(),
@@ -122,7 +122,7 @@ class SessionRecord:
             draft_len=int(h.get(b"draft_len", b"0")),
             turn_start=int(h.get(b"turn_start", b"0")),
             turn_seed=int(h.get(b"turn_seed", b"0")),
-            keep=h.get(b"keep", b"1") == b"1",  # records from before the flag were all kept
+            multi_turn=h.get(b"keep", b"1") == b"1",  # records from before the flag were all multi-turn
             created=float(h.get(b"created", b"0")),
             updated=float(h.get(b"updated", b"0")),
             tenant=h.get(b"tenant", b"").decode(),
@@ -172,7 +172,7 @@ class SessionStore:
         if not self._saves:
             loop.call_soon(lambda: loop.create_task(self._write_saves()))
         self._saves.append((self._key(record.session_id), record.to_hash(),
-                            self.ttl_s if record.keep else self.single_turn_ttl_s, future))
+                            self.ttl_s if record.multi_turn else self.single_turn_ttl_s, future))
         await future
         return record
 

@@ -55,7 +55,7 @@ def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
     rows = int(request.allowed.rows)
     if rows != k + 1:
         raise InvalidArgument(f"allowed.rows must be 0 or k + 1 = {k + 1}, got {rows}")
-    words = masks.words_per_row(vocab_size)
+    words = masks.words_per_position(vocab_size)
     bits = bytes(request.allowed.bits)
     if len(bits) != rows * words * 4:
         raise InvalidArgument(f"allowed.bits must hold rows * ceil(vocab_size / 32) * 4 = "

@@ -1,4 +1,4 @@
-"""KV-cache bookkeeping: how many tokens each cache keeps after a verdict.
+"""KV-cache bookkeeping: the length each cache is cropped to after a verdict.
 
 Service contract (proto/specdec/v1/model.proto): a request with
 `cache_position = n` crops the cache to its first n tokens, then appends the
@@ -14,18 +14,18 @@ One round, with c = committed_before tokens committed before it and k drafted:
 - the verdict accepts m drafted tokens and adds one extra token; c + m + 1
   tokens are now committed. The extra token has been fed to nobody.
 
-So the target keeps c + m (its entries for the m accepted drafted tokens are
+So the target is cropped to c + m (its entries for the m accepted drafted tokens are
 exactly right; those of rejected ones are dropped) and is next sent the extra
-token. The draft keeps min(held, c + m): after a rejection that drops its
-rejected entries; after full acceptance (m == k) it keeps c + k - 1 and is next
+token. The draft is cropped to min(held, c + m): after a rejection that drops its
+rejected entries; after full acceptance (m == k) that is c + k - 1, and it is next
 sent TWO tokens, the last drafted token it never fed (the catch-up token) and
 the bonus token. In every case the next request's tokens are
-committed[keep:], and its cache_position is keep.
+committed[length:], and its cache_position is that length.
 """
 from __future__ import annotations
 
 
-def keep_lengths(
+def crop_lengths(
     *,
     committed_before: int,
     n_drafted: int,
@@ -33,7 +33,7 @@ def keep_lengths(
     draft_held: int,
     n_committed: int | None = None,
 ) -> tuple[int, int]:
-    """Absolute cache lengths (target_keep, draft_keep) to crop to after a verdict.
+    """Absolute cache lengths (target_len, draft_len) to crop to after a verdict.
 
     `draft_held` is the draft's reported cache length after Propose (0 if no
     draft model proposed this round). `n_committed` is how many of the round's

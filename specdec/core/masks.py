@@ -14,27 +14,27 @@ import torch
 _BITS = 32
 
 
-def words_per_row(vocab_size: int) -> int:
+def words_per_position(vocab_size: int) -> int:
     return (vocab_size + _BITS - 1) // _BITS
 
 
-def pack(allowed: np.ndarray) -> np.ndarray:  # [rows, vocab] bool -> [rows, words] int32
+def pack(allowed: np.ndarray) -> np.ndarray:  # [positions, vocab] bool -> [positions, words] int32
     """The packed form of a boolean mask (bit order as described above)."""
-    rows, vocab = allowed.shape
-    padded = np.zeros((rows, words_per_row(vocab) * _BITS), dtype=np.uint64)
+    positions, vocab = allowed.shape
+    padded = np.zeros((positions, words_per_position(vocab) * _BITS), dtype=np.uint64)
     padded[:, :vocab] = allowed
     weights = np.left_shift(np.uint64(1), np.arange(_BITS, dtype=np.uint64))
-    words = (padded.reshape(rows, -1, _BITS) * weights).sum(axis=-1)
+    words = (padded.reshape(positions, -1, _BITS) * weights).sum(axis=-1)
     return words.astype(np.uint32).view(np.int32)
 
 
 def unpack(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, words] int32 (any device) -> [rows, vocab_size] bool on the same device.
+    """[positions, words] int32 (any device) -> [positions, vocab_size] bool on the same device.
 
     Tokens past the last word (a vocabulary the mask does not cover) are disallowed.
     """
     shifts = torch.arange(_BITS, device=words.device, dtype=torch.int32)
-    bits = (words.unsqueeze(-1) >> shifts) & 1  # [rows, words, 32]
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # [positions, words, 32]
     flat = bits.reshape(words.shape[0], -1).bool()
     if flat.shape[1] >= vocab_size:
         return flat[:, :vocab_size]
@@ -43,11 +43,11 @@ def unpack(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def allows(words: np.ndarray, token: int) -> bool:
-    """Whether one packed row (int32 words) allows `token`."""
+    """Whether one position's packed mask (int32 words) allows `token`."""
     w = token // _BITS
     return 0 <= w < len(words) and bool((int(words[w]) >> (token % _BITS)) & 1)
 
 
-def from_bytes(bits: bytes, rows: int) -> np.ndarray:
-    """Wire bytes (little-endian int32) -> [rows, words] int32."""
-    return np.frombuffer(bits, dtype="<i4").reshape(rows, -1)
+def from_bytes(bits: bytes, positions: int) -> np.ndarray:
+    """Wire bytes (little-endian int32; TokenMasks.rows = positions) -> [positions, words] int32."""
+    return np.frombuffer(bits, dtype="<i4").reshape(positions, -1)

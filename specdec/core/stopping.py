@@ -19,22 +19,22 @@ def clip_to_stop(
 ) -> tuple[list[int], str | None]:
     """Cut a round's new tokens at the first EOS and at `remaining` (max_new_tokens left).
 
-    The EOS token itself IS kept (it is part of the target's sequence, counts
+    The EOS token itself IS committed (it is part of the target's sequence, counts
     toward max_new_tokens, and keeps the committed ids identical to plain
     generation); the caller simply does not stream its text. Returns
-    (tokens to commit, finish reason): "eos" if an EOS was kept, else "length"
+    (tokens to commit, finish reason): "eos" if an EOS was committed, else "length"
     if the limit was reached (exactly or by cutting), else None.
     """
-    kept: list[int] = []
+    committed: list[int] = []
     for token in tokens:
-        if len(kept) >= remaining:
+        if len(committed) >= remaining:
             break
-        kept.append(int(token))
+        committed.append(int(token))
         if token in eos_ids:
-            return kept, EOS
-    if len(kept) >= remaining:
-        return kept, LENGTH
-    return kept, None
+            return committed, EOS
+    if len(committed) >= remaining:
+        return committed, LENGTH
+    return committed, None
 
 
 class StopStringHoldback:

@@ -86,9 +86,9 @@ def test_without_a_mask_nothing_changes(target, tokenizer, reference) -> None:
 
 
 @pytest.mark.parametrize("field,kw", [
-    ("allowed.rows", lambda v: {"allowed": common_pb2.TokenMasks(rows=2, bits=b"\xff" * (2 * masks.words_per_row(v) * 4))}),
+    ("allowed.rows", lambda v: {"allowed": common_pb2.TokenMasks(rows=2, bits=b"\xff" * (2 * masks.words_per_position(v) * 4))}),
     ("allowed.bits", lambda v: {"allowed": common_pb2.TokenMasks(rows=3, bits=b"\xff" * 12)}),
-    ("allows no token", lambda v: {"allowed": common_pb2.TokenMasks(rows=3, bits=b"\x00" * (3 * masks.words_per_row(v) * 4))}),
+    ("allows no token", lambda v: {"allowed": common_pb2.TokenMasks(rows=3, bits=b"\x00" * (3 * masks.words_per_position(v) * 4))}),
     ("logprobs", lambda v: {"logprobs": 21}),
 ])
 def test_bad_masks_and_logprobs_are_invalid_argument(target, tokenizer, reference, field, kw) -> None:

@@ -7,7 +7,7 @@ sends what `orchestrator.grammar.drafted_to_send` says, and `verify_sampled`
 verifies against the masked p. The committed token's distribution over
 100,000 trials (fixed seeds) must match masked p by a chi-square test
 (p-value > 1e-3). Control: the tempting shortcut of cutting a forbidden
-drafted token and drawing the bonus from masked p (keep_first_invalid=False
+drafted token and drawing the bonus from masked p (send_first_invalid=False
 for a sampled draft) must fail the same test.
 """
 from __future__ import annotations
@@ -39,12 +39,12 @@ def _setting():
     return masked / masked.sum(), q, allowed
 
 
-def _committed(keep_first_invalid: bool) -> np.ndarray:
+def _committed(send_first_invalid: bool) -> np.ndarray:
     p, q, allowed = _setting()
     seeds = np.arange(1, TRIALS + 1, dtype=np.uint64)
     drafts = sample(q.expand(TRIALS, VOCAB), torch.from_numpy(rng.uniforms(seeds, np.zeros(TRIALS, np.uint64),
                                                                             Purpose.DRAFT)))
-    sent = [[int(d)][:drafted_to_send(1 if allowed[d] else 0, 1, keep_first_invalid)] for d in drafts]
+    sent = [[int(d)][:drafted_to_send(1 if allowed[d] else 0, 1, send_first_invalid)] for d in drafts]
     verdicts = verify_sampled_batch(sent, [q[None][:len(s)] for s in sent], [p.expand(len(s) + 1, VOCAB) for s in sent],
                                     seeds=[int(x) for x in seeds], positions=[0] * TRIALS)
     return np.array([v.tokens[0] for v in verdicts])
@@ -61,7 +61,7 @@ def _pvalue(tokens: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def exact() -> np.ndarray:
-    return _committed(keep_first_invalid=True)
+    return _committed(send_first_invalid=True)
 
 
 def test_masked_rejection_sampling_has_the_masked_distribution(exact) -> None:
@@ -69,7 +69,7 @@ def test_masked_rejection_sampling_has_the_masked_distribution(exact) -> None:
 
 
 def test_control_cutting_a_forbidden_sampled_draft_is_caught() -> None:
-    assert _pvalue(_committed(keep_first_invalid=False)) < P_THRESHOLD
+    assert _pvalue(_committed(send_first_invalid=False)) < P_THRESHOLD
 
 
 def test_the_cut_rule() -> None:

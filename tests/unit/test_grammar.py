@@ -31,37 +31,37 @@ def _ids(tok, text):
 
 def test_masks_follow_the_draft_and_roll_back(tok, matcher):
     good = _ids(tok, '{"name":"ab"}')
-    first = matcher.round_masks(good[:3], keep_first_invalid=False)
-    assert first.valid == first.keep == 3 and first.words.shape[0] == 4
+    first = matcher.round_masks(good[:3], send_first_invalid=False)
+    assert first.valid == first.sent == 3 and first.words.shape[0] == 4
     assert all(masks.allows(first.words[i], t) for i, t in enumerate(good[:3]))
-    again = matcher.round_masks(good[:3], keep_first_invalid=False)  # rolled back: the same masks
+    again = matcher.round_masks(good[:3], send_first_invalid=False)  # rolled back: the same masks
     assert (again.words == first.words).all()
 
 
-def test_a_forbidden_draft_token_is_cut_or_kept_by_the_rule(tok, matcher):
+def test_a_forbidden_draft_token_is_cut_or_sent_by_the_rule(tok, matcher):
     bad = _ids(tok, "x")[0]
     assert not masks.allows(matcher.round_masks([], False).words[0], bad)
-    cut = matcher.round_masks([bad, bad], keep_first_invalid=False)
-    kept = matcher.round_masks([bad, bad], keep_first_invalid=True)
-    assert (cut.valid, cut.keep) == (0, 0) and (kept.valid, kept.keep) == (0, 1)
-    assert kept.proposal([bad, bad]) == [bad] and kept.words.shape[0] == 2
+    cut = matcher.round_masks([bad, bad], send_first_invalid=False)
+    sent = matcher.round_masks([bad, bad], send_first_invalid=True)
+    assert (cut.valid, cut.sent) == (0, 0) and (sent.valid, sent.sent) == (0, 1)
+    assert sent.proposal([bad, bad]) == [bad] and sent.words.shape[0] == 2
 
 
 def test_forced_tokens_fill_the_draft_and_are_allowed(tok, matcher):
     matcher.commit(_ids(tok, "{"))
-    r = matcher.round_masks([], keep_first_invalid=False, k=4)
+    r = matcher.round_masks([], send_first_invalid=False, k=4)
     assert r.forced, "after '{' the key is forced"
     assert tok.decode(list(r.forced)) == '"name":"'[:len(tok.decode(list(r.forced)))]
     assert all(masks.allows(r.words[i], t) for i, t in enumerate(r.forced))
     assert r.words.shape[0] == len(r.forced) + 1
-    assert matcher.round_masks([], keep_first_invalid=False, k=0).forced == ()  # k bounds them
+    assert matcher.round_masks([], send_first_invalid=False, k=0).forced == ()  # k bounds them
 
 
 def test_eos_ends_the_grammar(tok, matcher):
     matcher.commit(_ids(tok, '{"name":"ab"}'))
     assert matcher.done
-    r = matcher.round_masks([tok.eos_token_id, 5], keep_first_invalid=False, k=2)
-    assert r.valid == r.keep == 1 and r.forced == ()
+    r = matcher.round_masks([tok.eos_token_id, 5], send_first_invalid=False, k=2)
+    assert r.valid == r.sent == 1 and r.forced == ()
     matcher.commit([tok.eos_token_id])  # an EOS is never fed, so this is no error
 
 

@@ -455,7 +455,7 @@ def test_draft_down_falls_back_to_target_only_or_fails_when_strict() -> None:
     # The failed single-turn request keeps its last committed state (for a resume; a short
     # TTL in Redis) and frees its KV on the target.
     (record,) = stack.store.records.values()
-    assert list(record.tokens[: len(PROMPTS[1])]) == list(PROMPTS[1]) and not record.keep
+    assert list(record.tokens[: len(PROMPTS[1])]) == list(PROMPTS[1]) and not record.multi_turn
     assert not stack.services["t0"].caches
 
 
@@ -614,7 +614,7 @@ def test_a_redis_outage_within_the_bound_is_invisible() -> None:
     saves = stack.store.attempts - stack.store.failures
     assert saves < 1 + len(chunks)  # the session's opening + one per round, had nothing coalesced
     record = stack.store.records[tally.session_id]
-    assert list(record.tokens) == list(PROMPTS[0]) + ref and record.keep
+    assert list(record.tokens) == list(PROMPTS[0]) + ref and record.multi_turn
 
 
 def test_a_frozen_redis_within_the_bound_is_invisible() -> None:
@@ -683,7 +683,7 @@ def test_a_cancelled_or_failed_turn_keeps_the_session_and_a_retry_continues() ->
 
     t1, turn2, cut, kept, error, retry, t2 = asyncio.run(body())
     assert list(kept.tokens[: len(turn2) + len(_ids(cut))]) == list(turn2) + _ids(cut)
-    assert kept.keep and error is not None and "strict" in str(error)
+    assert kept.multi_turn and error is not None and "strict" in str(error)
     assert _ids(retry) == plain_greedy(model, turn2) and t2.session_id == t1.session_id
     assert t2.reused_prompt_tokens >= len(turn2) - 1  # the record and the KV were kept
 
@@ -752,4 +752,4 @@ def test_single_turn_requests_leave_no_record_and_no_kv() -> None:
     assert not stack.store.records
     assert not any(svc.caches for svc in stack.services.values())
     _, _, tally = stack.run(PROMPTS[0], k=3, max_new=8, keep_session=True)
-    assert list(stack.store.records) == [tally.session_id] and stack.store.records[tally.session_id].keep
+    assert list(stack.store.records) == [tally.session_id] and stack.store.records[tally.session_id].multi_turn
