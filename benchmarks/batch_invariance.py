@@ -84,8 +84,8 @@ def teacher_forced(runner, prompts, steps, groups, seed: int) -> dict[int, torch
             logits = runner.logits(StepPlan(rows)).float()
             offset = 0
             for i, row in zip(take, rows):
-                got[i].append(logits[offset:offset + row.keep])
-                offset += row.keep
+                got[i].append(logits[offset:offset + row.emit])
+                offset += row.emit
                 at[i] += 1
         for i in group:
             out[i] = torch.cat(got[i])[len(prompts[i]) - 1:]  # [continuation, vocab]

@@ -43,11 +43,6 @@ class RowPlan:
     emit: int  # 0..len(tokens): the last positions whose logits are output (emitted)
     output: OutputSpec = field(default_factory=OutputSpec)
 
-    @property
-    def keep(self) -> int:
-        """Deprecated name of `emit`, until benchmarks/batch_invariance.py reads `emit`."""
-        return self.emit
-
 
 @dataclass(frozen=True)
 class StepPlan:
