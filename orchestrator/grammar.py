@@ -101,7 +101,8 @@ class Grammars:
             is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
             if is_error:
                 raise InvalidArgument(f"{field}: {messages[0] if messages else 'invalid'}")
-            return TurnMatcher(llguidance.LLMatcher(self._tokenizer(), grammar), self.vocab_size, self._eos)
+            tokenizer = self._tokenizer()
+            return TurnMatcher(lambda: llguidance.LLMatcher(tokenizer, grammar), self.vocab_size, self._eos)
         except InvalidArgument:
             raise
         except (ValueError, TypeError, RuntimeError) as exc:  # the compiler's own complaint
@@ -141,17 +142,20 @@ class RoundMasks:
 class TurnMatcher:
     """One turn's grammar state, advanced along committed tokens only."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids=()):
-        self._m = matcher
+    def __init__(self, new_matcher, vocab_size: int, eos_ids=()):
+        self._new = new_matcher  # () -> a fresh llguidance.LLMatcher at the grammar's start
+        self._m = new_matcher()
+        self._committed: list[int] = []  # what the matcher has consumed (to rebuild it)
         self._words = masks.words_per_position(vocab_size)
         # An end of sequence ends the turn: it is checked against the mask but never fed to
         # the matcher (nothing follows it, and a consumed EOS does not roll back cleanly).
         self._eos = frozenset(eos_ids)
         self._check()
+        self.round_masks([], send_first_invalid=False)  # a grammar that matches nothing fails here
 
     def _check(self) -> None:
         if self._m.is_error():
-            raise RuntimeError(f"grammar matcher error: {self._m.get_error()}")
+            raise InvalidArgument(f"constraint: the grammar cannot go on: {self._m.get_error()}")
 
     def round_masks(self, drafted: list[int], send_first_invalid: bool, k: int | None = None) -> RoundMasks:
         """Masks for the positions of drafted[0..] and the one after the last drafted token sent.
@@ -161,50 +165,76 @@ class TurnMatcher:
         follows (the bytes of a JSON key, a closing bracket: llguidance's
         fast-forward tokens), those tokens fill the draft up to k: proposals
         with a one-hot q, verified by the target like any other, so the output
-        is unchanged and fewer target passes make it. The mask after a sent
-        invalid token is never used (that position cannot commit): it allows
-        every token.
+        is unchanged and fewer target passes make it. A token after which the
+        grammar allows nothing (a rule that matches no text) counts as
+        forbidden. The mask after a sent invalid token is never used (that
+        position cannot commit): it allows every token.
         """
         k = len(drafted) if k is None else k
         words = np.full((max(k, len(drafted)) + 1, self._words), -1, dtype=np.int32)
-        valid, consumed, ended = 0, 0, False
+        path: list[int] = []  # the tokens the matcher went along: the valid drafts, then forced ones
+        valid, ended = 0, False
+        self._dead = False  # set by _fill at a dead end (the matcher is then rebuilt, at the start)
         for token in drafted:
-            self._fill(words, valid)
-            if not masks.allows(words[valid], token):
+            self._fill(words, len(path))
+            if self._dead or not masks.allows(words[len(path)], token):
                 break
             if token in self._eos:  # allowed: the turn ends here; the mask after it is never used
                 valid, ended = valid + 1, True
                 break
             if not self._m.consume_token(token):
                 break
+            path.append(token)
             valid += 1
-            consumed += 1
-        sent = drafted_to_send(valid, len(drafted), send_first_invalid)
-        forced: list[int] = []
-        if sent == valid and not ended and valid < k:
-            for token in self._m.compute_ff_tokens()[: k - valid]:
-                self._fill(words, valid + len(forced))
-                if token in self._eos or not masks.allows(words[valid + len(forced)], token) \
-                        or not self._m.consume_token(token):
-                    break
-                forced.append(token)
-                consumed += 1
-        if not ended and sent == valid:
-            self._fill(words, valid + len(forced))
-        self._m.rollback(consumed)
+        sends_invalid = send_first_invalid and not ended and valid < len(drafted)
+        if not ended and not sends_invalid and not self._dead:
+            if valid < k:
+                for token in self._m.compute_ff_tokens()[: k - valid]:
+                    self._fill(words, len(path))
+                    if self._dead or token in self._eos or not masks.allows(words[len(path)], token) \
+                            or not self._m.consume_token(token):
+                        break
+                    path.append(token)
+            if not self._dead:
+                self._fill(words, len(path))
+        if not self._dead:  # a rebuilt matcher already stands at the committed tokens
+            self._m.rollback(len(path))
         self._check()
+        # A token whose next mask is empty leads nowhere: forbid it and cut the path before it.
+        # Rows 0..len(path) were computed (the last: where the drafts stopped, or after the path).
+        dead = next((i for i in range(len(path) + 1) if not words[i].any()), None)
+        if dead == 0:
+            raise InvalidArgument("constraint: the grammar allows no token here (does a rule match no text?)")
+        if dead is not None:
+            masks.forbid(words[dead - 1], path[dead - 1])
+            path = path[: dead - 1]
+            valid = min(valid, dead - 1)
+        forced = path[valid:]
+        sent = valid if ended else drafted_to_send(valid, len(drafted), send_first_invalid)
+        if sent > valid:  # the invalid token sent: the mask after it is never used
+            forced = []
+            words[valid + 1] = -1
         return RoundMasks(sent=sent, valid=valid, words=words[: sent + len(forced) + 1], forced=tuple(forced))
 
     def _fill(self, words: np.ndarray, i: int) -> None:
+        """The mask at position i; empty where the matcher went into its error state (a dead end:
+        llguidance stays there, so the matcher is rebuilt at the committed tokens)."""
         view = words[i]
         self._m.unsafe_compute_mask_ptr(view.ctypes.data, view.size * view.itemsize)
+        if self._m.is_error():
+            view[:] = 0
+            self._m = self._new()
+            if self._committed and not self._m.consume_tokens(self._committed):
+                raise InvalidArgument(f"constraint: the grammar cannot go on: {self._m.get_error()}")
+            self._dead = True
 
     def commit(self, tokens: list[int]) -> None:
         """Advance along a round's committed tokens (each one the target took under the mask)."""
         if tokens and tokens[-1] in self._eos:
             tokens = tokens[:-1]  # a committed EOS is the last token (the turn ends)
         if tokens and not self._m.consume_tokens(tokens):
-            raise RuntimeError(f"grammar matcher refused a committed token: {self._m.get_error()}")
+            raise InvalidArgument(f"constraint: the grammar refused a committed token: {self._m.get_error()}")
+        self._committed.extend(tokens)
 
     @property
     def done(self) -> bool:

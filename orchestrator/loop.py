@@ -366,4 +366,4 @@ def _release_held(decoder: IncrementalDecoder, holdback: StopStringHoldback | No
     if holdback is None:
         return tail
     piece, hit = holdback.push(tail)
-    return emit if hit else emit + holdback.flush()
+    return piece if hit else piece + holdback.flush()

@@ -48,6 +48,13 @@ def allows(words: np.ndarray, token: int) -> bool:
     return 0 <= w < len(words) and bool((int(words[w]) >> (token % _BITS)) & 1)
 
 
+def forbid(words: np.ndarray, token: int) -> None:
+    """Clear `token`'s bit in one packed row (int32 words), in place."""
+    w = token // _BITS
+    if 0 <= w < len(words):
+        words[w] = np.int32(np.uint32(np.int32(words[w]).view(np.uint32) & ~np.uint32(1 << (token % _BITS))).view(np.int32))
+
+
 def from_bytes(bits: bytes, positions: int) -> np.ndarray:
     """Wire bytes (little-endian int32; TokenMasks.rows = positions) -> [positions, words] int32."""
     return np.frombuffer(bits, dtype="<i4").reshape(positions, -1)

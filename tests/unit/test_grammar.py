@@ -73,3 +73,19 @@ def test_eos_ends_the_grammar(tok, matcher):
 def test_bad_grammars_name_their_field(tok, constraint, field):
     with pytest.raises(InvalidArgument, match=field):
         Grammars(tok, len(tok), [tok.eos_token_id]).matcher(constraint)
+
+
+@pytest.mark.parametrize("constraint", [Constraint("regex", "[^\\x00-\\x{10FFFF}]"), Constraint("lark", "start: start")])
+def test_a_grammar_that_matches_nothing_is_invalid_argument(tok, constraint):
+    with pytest.raises(InvalidArgument, match="constraint"):
+        Grammars(tok, len(tok), [tok.eos_token_id]).matcher(constraint)
+
+
+def test_a_token_that_leads_nowhere_counts_as_forbidden(tok):
+    # `b` then the rule `never`, which matches no text: after "ab" nothing can follow.
+    grammar = 'start: "a" ("c" | "b" never)\nnever: never "x"'
+    m = Grammars(tok, len(tok), [tok.eos_token_id]).matcher(Constraint("lark", grammar))
+    a, b = _ids(tok, "a")[0], _ids(tok, "b")[0]
+    r = m.round_masks([a, b], send_first_invalid=False, k=2)
+    assert r.valid == 1 and r.sent == 1  # "b" is cut: it leads nowhere
+    assert not masks.allows(r.words[1], b)
