@@ -87,10 +87,10 @@ class StockRunner:
         """One forward of the plan's one row; its emitted logits ([emit, vocab])."""
         (row,) = plan.rows
         n = len(row.tokens)
-        n = max(row.emit, 1)  # transformers reads logits_to_keep=0 as "all"
+        emit = max(row.emit, 1)  # transformers reads logits_to_keep=0 as "all"
         out = self.model(
             input_ids=torch.tensor([list(row.tokens)], dtype=torch.long, device=self.device),  # [1, n]
             position_ids=torch.arange(row.past, row.past + n, device=self.device).unsqueeze(0),  # [1, n]
-            use_cache=True, logits_to_keep=n, **{self.kwarg: row.cache.cache},
+            use_cache=True, logits_to_keep=emit, **{self.kwarg: row.cache.cache},
         )
-        return out.logits[0, n - row.emit:]  # [emit, vocab]
+        return out.logits[0, emit - row.emit:]  # [emit, vocab]
