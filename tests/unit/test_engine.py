@@ -276,3 +276,16 @@ def test_the_compiled_forward_gives_the_eager_bits(tiny_pair) -> None:
     for i in range(4):
         assert torch.equal(a[i].argmax(-1), b[i].argmax(-1))
         torch.testing.assert_close(a[i], b[i], atol=1e-4, rtol=0)
+
+
+def test_the_stock_runner_emits_the_last_positions_of_a_multi_token_step(loaded) -> None:
+    """The runner for models the engine does not know (and --max-batch 1): a 7-token step
+    emitting 3 positions gives the model's own logits there."""
+    runner = StockRunner(loaded.model)
+    cache = runner.new_cache()
+    tokens = [5, 9, 14, 3, 77, 21, 8]
+    with torch.inference_mode():
+        got = runner.logits(StepPlan([RowPlan(cache, tokens, 0, 3)]))
+        want = loaded.model(torch.tensor([tokens])).logits[0, -3:]
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
