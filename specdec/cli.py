@@ -250,12 +250,16 @@ def launched(args: argparse.Namespace):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C stops everything even when this process was started with SIGINT ignored (a
+    # background job of a non-interactive shell inherits SIG_IGN, and Python then leaves it).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield launch
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         launch.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def start_gateway(launch: Launch, orchestrator: str, port: int, timeout: float, say=print) -> str:
