@@ -278,9 +278,13 @@ def test_the_compiled_forward_gives_the_eager_bits(tiny_pair) -> None:
         torch.testing.assert_close(a[i], b[i], atol=1e-4, rtol=0)
 
 
-def test_the_stock_runner_emits_the_last_positions_of_a_multi_token_step(loaded) -> None:
+def test_the_stock_runner_emits_the_last_positions_of_a_multi_token_step(tiny_pair) -> None:
     """The runner for models the engine does not know (and --max-batch 1): a 7-token step
-    emitting 3 positions gives the model's own logits there."""
+    emitting 3 positions gives the model's own logits there. Its own copy of the model: the
+    module's is handed to the packed forward by the tests above."""
+    from engine.loader import load
+
+    loaded = load(str(tiny_pair[0]))
     runner = StockRunner(loaded.model)
     cache = runner.new_cache()
     tokens = [5, 9, 14, 3, 77, 21, 8]
