@@ -83,6 +83,22 @@ def chi2_pvalue(counts: dict, expected_p: dict, n: int) -> float:
     return float(chisquare(obs, [e * scale for e in exp]).pvalue)
 
 
+def first_pairs(client, **options) -> tuple[dict[tuple[int, int], int], int, int]:
+    """Counts of the first two sampled tokens over SEEDS seeds (draft k = 2), and the drafted
+    and accepted totals."""
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    for seed in range(1, SEEDS + 1):
+        out = client.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
+                              proposer="draft", k=2, **options)
+        assert out.stats.seed == seed and out.stats.proposer == "draft"
+        pair = tuple(out.token_ids[:2])
+        counts[pair] = counts.get(pair, 0) + 1
+        drafted += out.stats.drafted_tokens
+        accepted += out.stats.accepted_tokens
+    return counts, drafted, accepted
+
+
 def test_first_two_tokens_follow_the_target_distribution(mismatched):
     from transformers import AutoTokenizer
 
@@ -91,17 +107,8 @@ def test_first_two_tokens_follow_the_target_distribution(mismatched):
     stack, target_dir, draft_dir = mismatched
     tok = AutoTokenizer.from_pretrained(target_dir)
     prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
-    counts: dict[tuple[int, int], int] = {}
-    drafted = accepted = 0
     with Client(stack.addresses["orch"]) as c:
-        for seed in range(1, SEEDS + 1):
-            out = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
-                             proposer="draft", k=2)
-            assert out.stats.seed == seed and out.stats.proposer == "draft"
-            pair = tuple(out.token_ids[:2])
-            counts[pair] = counts.get(pair, 0) + 1
-            drafted += out.stats.drafted_tokens
-            accepted += out.stats.accepted_tokens
+        counts, drafted, accepted = first_pairs(c)
         again = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
                            proposer="draft", k=2)
         first = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
@@ -160,16 +167,8 @@ def test_constrained_sampling_follows_the_masked_target(mismatched):
     stack, target_dir, _ = mismatched
     tok = AutoTokenizer.from_pretrained(target_dir)
     prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
-    counts: dict[tuple[int, int], int] = {}
-    drafted = accepted = 0
     with Client(stack.addresses["orch"]) as c:
-        for seed in range(1, SEEDS + 1):
-            out = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
-                             proposer="draft", k=2, regex=GRAMMAR)
-            pair = tuple(out.token_ids[:2])
-            counts[pair] = counts.get(pair, 0) + 1
-            drafted += out.stats.drafted_tokens
-            accepted += out.stats.accepted_tokens
+        counts, drafted, accepted = first_pairs(c, regex=GRAMMAR)
     want = constrained_joint(target_dir, prompt_ids)
     assert 0.05 < accepted / drafted < 0.9, accepted / drafted
     p_masked = chi2_pvalue(counts, want, SEEDS)
