@@ -8,6 +8,13 @@ softmax) is below p_min, after an EOS token, and at the context length. The
 cache ends holding the committed tokens plus every drafted token but the last
 (which was sampled, never fed back):
 cache_length = cache_position + len(tokens) + max(len(drafted) - 1, 0).
+
+A feature head (engine.drafts, ModelInfo.feature_dim > 0) reads a target
+feature with every token: the request's rows for the tokens that have one (in
+one step), then the head's own output at the previous position for the rest
+(one step each), and for every drafted token. Its own output at the last fed
+position is kept on the session (CachedSession.tail) for a call that brings no
+feature for its first token (a pre-draft continuing from its own drafts).
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from engine.plan import OutputSpec, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
 from specdec.core.rng import Purpose, uniform
-from specdec.errors import InvalidArgument
+from specdec.errors import CacheMiss, InvalidArgument
 from specdec.hosting.requests import ModelRequest
 
 TOKENS_DRAFTED = Counter("specdec_tokens_drafted_total", "Tokens returned by Propose")
@@ -48,8 +55,14 @@ class ProposeWork(Work[Drafts]):
 
     verb = "propose"
 
-    def __init__(self, host: ModelHost, request: ModelRequest, seed: int, p_min: float):
+    def __init__(self, host: ModelHost, request: ModelRequest, seed: int, p_min: float,
+                 features: torch.Tensor | None = None):
         self.request, self.seed, self.p_min = request, seed, p_min
+        # A feature head: the target features of the first len(features) tokens ([r, H]).
+        self.head = host.loaded.feature_dim > 0
+        self.features = features
+        self._pending: list[int] = []  # tokens still to feed on the head's own features
+        self._own: torch.Tensor | None = None  # [1, H]: the head's output at the last fed position
         self.session_id = request.session_id
         self.cache_position = request.cache_position
         self.prefix_hash = request.prefix_hash
@@ -72,10 +85,38 @@ class ProposeWork(Work[Drafts]):
         self.position = request.cache_position + len(request.tokens)
         room = self.context_length - self.position if self.context_length else request.k
         self.k = max(0, min(request.k, room))
-        return Step(request.tokens, 1, self._output())
+        if not self.head:
+            return Step(request.tokens, 1, self._output())
+        rows = 0 if self.features is None else int(self.features.shape[0])
+        first = max(rows, 1)  # no row at all: the first token reads the session's tail (joined)
+        self._pending = list(request.tokens[first:])
+        features = self.features[:first] if rows else None
+        if rows and request.cache_position == 0:
+            features = features.clone()
+            features[0] = 0.0  # nothing precedes position 0
+        return self._feed(request.tokens[:first], features)
+
+    def _feed(self, tokens, features) -> Step:
+        """A feature head's feeding step: logits only at the last token before drafting."""
+        last = not self._pending
+        return Step(tokens, 1 if last else 0, self._output() if last else OutputSpec(),
+                    features=features, hidden=True)
+
+    def joined(self, session: CachedSession, step: Step) -> Step:
+        if not self.head or step.features is not None or self.request.cache_position == 0:
+            return step  # (position 0 reads zeros: features None)
+        if session.tail is None or session.tail_length != self.request.cache_position:
+            raise CacheMiss(f"features: no feature for position {self.request.cache_position - 1} (the head "
+                            "keeps its own only at its last fed position); send the target's")
+        return step._replace(features=session.tail[None])
 
     def advance(self, session: CachedSession, out: RowOutput) -> Step | None:
         # out: the draft's next-token outputs after everything fed so far
+        if self.head:
+            self._own = out.hidden[-1:]  # [1, H]: predicts the target's feature at the last fed position
+            session.tail, session.tail_length = out.hidden[-1], session.length
+            if self._pending:
+                return self._feed([self._pending.pop(0)], self._own)
         drafted = self.drafted
         if len(drafted) >= self.k:
             return None
@@ -89,6 +130,8 @@ class ProposeWork(Work[Drafts]):
             self.rows.append(out.probs)
         if token in self.eos_ids or len(drafted) >= self.k:
             return None  # the last drafted token is never fed back
+        if self.head:
+            return Step([token], 1, self._output(), features=self._own, hidden=True)
         return Step([token], 1, self._output())
 
     def result(self) -> Drafts:

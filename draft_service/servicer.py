@@ -5,7 +5,9 @@ from typing import Any
 
 from draft_service.drafting import TOKENS_DRAFTED, TOKENS_PREFILLED, ProposeWork, check_p_min
 from engine.host import SessionWork
-from specdec.hosting.servicer import ModelServicerBase, fill_response
+from specdec.errors import InvalidArgument
+from specdec.hosting.servicer import FEATURE_KIND, ModelServicerBase, fill_response
+from specdec.wire import decode_features
 from specdec.v1 import model_pb2, model_pb2_grpc
 
 
@@ -14,7 +16,20 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
 
     def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork:
         req = self.decode(request)
-        return ProposeWork(self.host, req, request.seed, check_p_min(request.p_min))
+        features = None
+        if request.HasField("features") and request.features.rows:
+            dim = self.host.loaded.feature_dim
+            if not dim:
+                raise InvalidArgument("features: this draft reads token ids alone (ModelInfo.feature_dim = 0)")
+            features = decode_features(request.features, dim)
+            if features.shape[0] > len(req.tokens):
+                raise InvalidArgument(f"features: {features.shape[0]} rows for {len(req.tokens)} tokens "
+                                      "(at most one per token)")
+        return ProposeWork(self.host, req, request.seed, check_p_min(request.p_min), features)
+
+    def features(self) -> tuple[int, str]:
+        dim = self.host.loaded.feature_dim
+        return dim, FEATURE_KIND if dim else ""
 
     def respond(self, request: model_pb2.ProposeRequest, done: SessionWork, started: float) -> model_pb2.ProposeResponse:
         drafts = done.value

@@ -2,9 +2,20 @@
 distilled-draft folder format, shared by serving (the loader) and training
 (distill), so serving never imports training.
 
-The distilled draft: the target's embedding, its first L decoder layers
-(trained), its final norm (trained) and its tied head (frozen), optionally
-restricted to a vocabulary subset.
+Two kinds of distilled draft (Manifest.kind):
+  * "layers": the target's embedding, its first L decoder layers (trained),
+    its final norm (trained) and its tied head (frozen), optionally restricted
+    to a vocabulary subset. It reads token ids only.
+  * "eagle" (a feature head): reads [token embedding; target feature] through
+    `model.model.fc` (2H -> H, trained) into L decoder layers (trained,
+    initialised from the target's last L layers) and a final norm (trained),
+    then the target's frozen tied head (optionally a subset). The feature that
+    comes with the token at absolute position p is the target's final hidden
+    state at position p - 1 after its final norm (what the LM head reads;
+    zeros at p = 0). The head's own output after its norm predicts the
+    target's feature at p, and drafting feeds it back as the next input
+    feature (`head_hidden` is the reference computation; the engine's
+    forward, engine.llama, is the serving one).
 
 A draft folder holds only what training changed, plus a manifest:
   specdec-draft.json   format, base target, layers, vocabulary subset size, recipe, eval
@@ -34,6 +45,8 @@ MANIFEST = "specdec-draft.json"  # marks a draft folder; the loader serves any f
 WEIGHTS = "draft.safetensors"
 FORMAT = "specdec-draft/1"
 EMBEDDED = "embedded default"
+LAYERS, EAGLE = "layers", "eagle"  # Manifest.kind
+KINDS = (LAYERS, EAGLE)
 
 
 class SubsetHead(torch.nn.Module):
@@ -76,6 +89,7 @@ class Manifest:
     format: str = FORMAT
     recipe: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
+    kind: str = LAYERS  # LAYERS or EAGLE (a manifest without it: LAYERS)
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -85,6 +99,8 @@ class Manifest:
         data = json.loads((Path(folder) / MANIFEST).read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"{folder / MANIFEST}: unknown format {data.get('format')!r}, expected {FORMAT!r}")
+        if data.get("kind", LAYERS) not in KINDS:
+            raise ValueError(f"{folder / MANIFEST}: unknown kind {data['kind']!r}, expected one of {KINDS}")
         return cls(**data)
 
 
@@ -138,15 +154,85 @@ def build_from_target(model: Any, num_layers: int, subset: torch.Tensor | None) 
     return model
 
 
+def build_feature_head(model: Any, num_layers: int, subset: torch.Tensor | None) -> Any:
+    """Turn a loaded target model into an (untrained) EAGLE-style feature head, in place.
+
+    Keeps the target's LAST `num_layers` decoder layers (they already work on
+    late features), adds `model.model.fc` (Linear 2H -> H with bias, starting
+    as embedding + feature), keeps the final norm; freezes the embedding and
+    the head; with `subset`, a SubsetHead over those ids.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot build a feature head (no model.layers)")
+    if not 0 < num_layers <= len(layers):
+        raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
+    model.model.layers = torch.nn.ModuleList(list(layers)[-num_layers:])
+    for index, layer in enumerate(model.model.layers):  # the KV-cache layer index of each
+        if hasattr(layer.self_attn, "layer_idx"):
+            layer.self_attn.layer_idx = index
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = list(model.config.layer_types)[-num_layers:]
+    embedding = model.get_input_embeddings()
+    hidden = int(embedding.weight.shape[1])
+    param = next(model.parameters())
+    fc = torch.nn.Linear(2 * hidden, hidden, bias=True, device=param.device, dtype=param.dtype)
+    with torch.no_grad():
+        eye = torch.eye(hidden, device=param.device, dtype=param.dtype)
+        fc.weight.copy_(torch.cat([eye, eye], dim=1))
+        fc.bias.zero_()
+    model.model.fc = fc
+    if subset is not None:
+        model.lm_head = SubsetHead(embedding.weight, subset)
+    model.requires_grad_(False)
+    for p in trainable_parameters(model):
+        p.requires_grad_(True)
+    return model
+
+
+def is_feature_head(model: Any) -> bool:
+    """Whether `model` is a feature head (reads target features next to its tokens)."""
+    return isinstance(getattr(getattr(model, "model", None), "fc", None), torch.nn.Linear)
+
+
+def feature_dim(model: Any) -> int:
+    """The width of the target features a feature head reads (0: not a feature head)."""
+    return int(model.model.fc.out_features) if is_feature_head(model) else 0
+
+
+def head_hidden(model: Any, ids: torch.Tensor, features: torch.Tensor,
+                attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference forward of a feature head: ids [B, T], features [B, T, H] -> its normed hidden [B, T, H].
+
+    features[:, t] is the target's feature of the position before ids[:, t]
+    (zeros at absolute position 0). The result's row t predicts the target's
+    feature at t; `model.lm_head(result)` gives the draft's logits for the
+    token after ids[:, t]. Used by training and by the start-up check of the
+    engine's forward.
+    """
+    x = model.model.fc(torch.cat([model.get_input_embeddings()(ids), features.to(model.model.fc.weight.dtype)], -1))
+    out = model.model(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state
+
+
+def target_features(model: Any, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's features: its final hidden state after the final norm, [B, T, H] (what Score returns)."""
+    out = model.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state
+
+
 def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
     return [p for _, p in trainable_named(model)]
 
 
 def trainable_named(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    """The decoder layers and the final norm: everything but embedding and head."""
+    """The decoder layers, the final norm and a feature head's fc: everything but embedding and head."""
     return [
         (name, p) for name, p in model.named_parameters()
-        if name.startswith("model.layers.") or name.startswith("model.norm.")
+        if name.startswith(("model.layers.", "model.norm.", "model.fc."))
     ]
 
 
@@ -180,7 +266,10 @@ def load_trained(model: Any, folder: Path) -> Any:
     subset = tensors.pop("vocab_subset", None)
     if manifest.vocab_subset and (subset is None or subset.numel() != manifest.vocab_subset):
         raise ValueError(f"{folder}: manifest says vocab_subset={manifest.vocab_subset}, tensors disagree")
-    build_from_target(model, manifest.num_layers, subset)
+    if manifest.kind == EAGLE:
+        build_feature_head(model, manifest.num_layers, subset)
+    else:
+        build_from_target(model, manifest.num_layers, subset)
     expected = {name for name, _ in trainable_named(model)}
     if set(tensors) != expected:
         missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)

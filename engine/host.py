@@ -85,6 +85,9 @@ def pool_budget(limits: HostLimits, device: torch.device) -> int:
 def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | StockRunner:
     """The pooled runner where batching is on and the model passes its checks; else stock."""
     model = loaded.model
+    if loaded.feature_dim and (limits.max_batch <= 1 or unsupported(model)):
+        raise ValueError(f"{loaded.name} is a feature head, which only the engine's pooled forward serves: "
+                         + ("--max-batch must be above 1" if limits.max_batch <= 1 else unsupported(model)))
     if limits.max_batch <= 1:
         return StockRunner(model)
     reason = unsupported(model)
@@ -105,6 +108,8 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
     checker = PooledRunner(forward, forward.new_pool(selfcheck.POOL_TOKENS * pool.block_bytes // pool.block_size),
                            fixed_shapes=fixed, max_rows=limits.max_batch)
     reason = selfcheck.numerics(checker, model, loaded.vocab_size)
+    if reason and loaded.feature_dim:
+        raise ValueError(f"{loaded.name}: the engine's forward of this feature head failed its check: {reason}")
     if reason:
         log.warning("batching off for %s: %s; serving one request per forward", loaded.name, reason)
         return StockRunner(model)

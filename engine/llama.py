@@ -116,6 +116,10 @@ class LlamaForward:
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens
+        # A feature head (engine.drafts.build_feature_head): its input is fc([embedding; feature]).
+        fc = getattr(inner, "fc", None)
+        self.fc = InvariantLinear(fc.weight, fc.bias, onednn=onednn) if isinstance(fc, torch.nn.Linear) else None
+        self.feature_dim = int(fc.out_features) if self.fc is not None else 0
         self.rotary = inner.rotary_emb
         self.norm = inner.norm
         self.heads = int(config.num_attention_heads)
@@ -150,7 +154,7 @@ class LlamaForward:
         return len(self.layers)
 
     def linears(self) -> list[InvariantLinear]:
-        out = [self.head.linear]
+        out = [self.head.linear] + ([self.fc] if self.fc is not None else [])
         for layer in self.layers:
             out.extend((layer.qkv, layer.o, layer.gate_up, layer.down))
         return out
@@ -161,7 +165,20 @@ class LlamaForward:
     def __call__(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,
                  emitted: torch.Tensor) -> torch.Tensor:
         """ids, positions [T] (long, on the device); emitted [K] packed indices -> logits [K, vocab]."""
+        return self.step(pool, ids, positions, attention, emitted)[0]
+
+    def step(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,
+             emitted: torch.Tensor, features: torch.Tensor | None = None,
+             hidden_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward: (logits [K, vocab] of `emitted`, normed hidden [H_n, hidden] of `hidden_index` or None).
+
+        features [T, hidden]: a feature head's input features per token (zeros if None).
+        """
         h = self.embed(ids)  # [T, hidden]
+        if self.fc is not None:
+            if features is None:
+                features = h.new_zeros(h.shape)
+            h = self.fc(torch.cat([h, features.to(h.dtype)], dim=-1))
         cos, sin = self.rotary(h[None], positions[None])  # [1, T, hd] each
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, hd]
         t = h.shape[0]
@@ -178,7 +195,8 @@ class LlamaForward:
             h = h + layer.o(o)
             x = layer.mlp_norm(h)
             h = h + layer.down(self.gated(layer.gate_up(x), layer.act))
-        return self.head(self.norm(h.index_select(0, emitted)))
+        hidden = self.norm(h.index_select(0, hidden_index)) if hidden_index is not None else None
+        return self.head(self.norm(h.index_select(0, emitted))), hidden
 
     def release_originals(self) -> None:
         """Free the loaded model's own linear weights (the engine holds its packed copies)."""

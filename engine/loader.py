@@ -49,6 +49,9 @@ class LoadedModel:
     num_layers: int
     device: torch.device
     dtype: torch.dtype
+    # A feature head (engine.drafts, kind "eagle"): the width of the target
+    # features it reads with each token; 0 = a draft of token ids alone.
+    feature_dim: int = 0
 
 
 def cache_root() -> Path:
@@ -171,7 +174,8 @@ def _load_distilled(folder: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
         )
     drafts.load_trained(model, folder)
     model.requires_grad_(False)
-    return model, tokenizer, f"{folder.name}:distilled-{manifest.num_layers}L-from-{manifest.target_name}"
+    kind = "eagle" if manifest.kind == drafts.EAGLE else "distilled"
+    return model, tokenizer, f"{folder.name}:{kind}-{manifest.num_layers}L-from-{manifest.target_name}"
 
 
 def load(
@@ -224,6 +228,7 @@ def load(
         num_layers=int(model.config.num_hidden_layers),
         device=next(model.parameters()).device,
         dtype=torch_dtype,
+        feature_dim=drafts.feature_dim(model),
     )
     log.info(
         "loaded %s from %s in %.2f s: %d layers, vocab %d, context %d, %s %s",

@@ -42,6 +42,12 @@ class RowPlan:
     past: int  # positions the cache holds before these tokens
     emit: int  # 0..len(tokens): the last positions whose logits are output (emitted)
     output: OutputSpec = field(default_factory=OutputSpec)
+    # A feature head (engine.drafts) reads one target feature per token ([len(tokens), H],
+    # any device/dtype); None = zeros. Other models take none.
+    features: Any = None
+    # Return the normed final hidden state of every token of this row (RowOutput.hidden):
+    # a target's features for a feature head, or a feature head's own predicted ones.
+    hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class RowOutput:
     sampled: list[int] | None = None  # OutputSpec.uniforms
     top_prob: list[float] | None = None  # OutputSpec.top_prob
     logprobs: "RowLogprobs | None" = None  # OutputSpec.logprobs
+    hidden: torch.Tensor | None = None  # [len(tokens), H] float32 on the CPU (RowPlan.hidden)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ Batch invariance per device (HostLimits.batch_invariant):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -51,19 +52,47 @@ class PooledRunner:
         return self.pool.new_session()
 
     def run(self, plan: StepPlan) -> list[RowOutput]:
-        return sampler.outputs(plan.rows, self.logits(plan))
+        logits, hidden = self.step(plan)
+        outs = sampler.outputs(plan.rows, logits)
+        if hidden is None:
+            return outs
+        host = hidden.float().cpu()  # [sum of hidden rows' tokens, H]
+        at, result = 0, []
+        for row, out in zip(plan.rows, outs):
+            if row.hidden:
+                n = len(row.tokens)
+                out = replace(out, hidden=host[at:at + n])
+                at += n
+            result.append(out)
+        return result
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """One forward; the emitted logits of every row, one row after another ([K, vocab])."""
+        return self.step(plan)[0]
+
+    def step(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward: the emitted logits ([K, vocab]) and, for rows asking, every token's normed hidden."""
         ids: list[int] = []
         positions: list[int] = []
         emitted: list[int] = []
+        hidden: list[int] = []
         spec = []
+        heads = self.forward.feature_dim > 0
+        features: list[torch.Tensor] = []
         for row in plan.rows:
             n = len(row.tokens)
             assert row.cache.length == row.past, "the scheduler crops a session to its past first"
             spec.append((row.cache, row.past, n))
             emitted.extend(range(len(ids) + n - row.emit, len(ids) + n))
+            if row.hidden:
+                hidden.extend(range(len(ids), len(ids) + n))
+            if heads:
+                if row.features is not None:
+                    assert row.features.shape[0] == n, "one feature per token"
+                    features.append(row.features.to(self.device, self.forward.dtype, non_blocking=True))
+                else:
+                    features.append(torch.zeros(n, self.forward.feature_dim, dtype=self.forward.dtype,
+                                                device=self.device))
             ids.extend(row.tokens)
             positions.extend(range(row.past, row.past + n))
         t, k = len(ids), len(emitted)
@@ -74,7 +103,16 @@ class PooledRunner:
         emitted.extend([emitted[-1] if emitted else 0] * (n_emitted - k))
         attention = plan_attention(self.pool, spec, padded, self.device)
         ids_t, positions_t, emitted_t = token_tensors(ids, positions, emitted, self.device)
-        logits = self.forward(self.pool, ids_t, positions_t, attention, emitted_t)[:k]  # [K, vocab]
+        packed = None
+        if heads:
+            if padded > t:
+                features.append(torch.zeros(padded - t, self.forward.feature_dim, dtype=self.forward.dtype,
+                                            device=self.device))
+            packed = torch.cat(features)  # [padded, H]
+        hidden_t = None
+        if hidden:
+            hidden_t = torch.tensor(hidden, dtype=torch.long).to(self.device, non_blocking=True)
+        logits, states = self.forward.step(self.pool, ids_t, positions_t, attention, emitted_t, packed, hidden_t)
         for row in plan.rows:
             row.cache.length = row.past + len(row.tokens)
-        return logits
+        return logits[:k], states  # [K, vocab], [hidden rows, H] or None

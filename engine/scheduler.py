@@ -41,7 +41,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -70,6 +70,8 @@ class Step(NamedTuple):
     tokens: Sequence[int]
     emit: int
     output: OutputSpec = OutputSpec()
+    features: Any = None  # a feature head's input features, one per token ([len(tokens), H])
+    hidden: bool = False  # hand back every fed token's normed hidden state (RowOutput.hidden)
 
 
 class Work(ABC, Generic[T]):
@@ -83,6 +85,11 @@ class Work(ABC, Generic[T]):
     @abstractmethod
     def begin(self) -> Step:
         """The first step (from the request alone; may be called again if the job is deferred)."""
+
+    def joined(self, session: CachedSession, step: Step) -> Step:
+        """The first step again, once the session is acquired (a feature head reads its state); may
+        raise CacheMiss."""
+        return step
 
     @abstractmethod
     def advance(self, session: CachedSession, out: RowOutput) -> Step | None:
@@ -130,6 +137,9 @@ class _Job:
     output: OutputSpec = OutputSpec()
     chunk: int = 0  # tokens of `feed` in the next forward
     chunk_emit: int = 0  # of `emit`, those in the next forward (engine.plan.RowPlan.emit)
+    features: Any = None  # of the current step, the rows of `feed` (sliced along with it)
+    hidden: bool = False
+    hidden_parts: list = field(default_factory=list)  # the current step's hidden states so far
     forward_s: float = 0.0
     forwards: int = 0
     rows: int = 0
@@ -279,6 +289,7 @@ class Scheduler:
 
     def _plan(self, job: _Job, step: Step) -> None:
         job.feed, job.emit, job.output = list(step.tokens), step.emit, step.output
+        job.features, job.hidden, job.hidden_parts = step.features, step.hidden, []
         self._plan_chunk(job, job.session.length)
 
     def _plan_chunk(self, job: _Job, position: int) -> None:
@@ -355,6 +366,7 @@ class Scheduler:
                     continue
                 try:
                     job.session = self.store.acquire(work.session_id, work.cache_position, work.prefix_hash)
+                    step = work.joined(job.session, step)
                 except CacheMiss as exc:  # this request alone; nothing changed
                     self._resolve(job, error=exc)
                     continue
@@ -411,7 +423,9 @@ class Scheduler:
     def _step(self, batch: list[_Job]) -> None:
         plan = StepPlan([
             RowPlan(job.session.cache, job.feed[:job.chunk], job.session.length, job.chunk_emit,
-                    job.output if job.chunk == len(job.feed) else OutputSpec())
+                    job.output if job.chunk == len(job.feed) else OutputSpec(),
+                    features=job.features[:job.chunk] if job.features is not None else None,
+                    hidden=job.hidden)
             for job in batch
         ])
         tokens = plan.tokens
@@ -446,9 +460,15 @@ class Scheduler:
             fed = job.feed[:job.chunk]
             job.session.append(fed)
             job.feed = job.feed[job.chunk:]
+            if job.features is not None:
+                job.features = job.features[job.chunk:]
+            if job.hidden and out.hidden is not None:
+                job.hidden_parts.append(out.hidden)
             if job.feed:  # the next prefill chunk of this step
                 self._plan_chunk(job, job.session.length)
                 continue
+            if job.hidden and len(job.hidden_parts) > 1:
+                out = replace(out, hidden=torch.cat(job.hidden_parts))
             try:
                 step = job.work.advance(job.session, out)
             except Exception as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.drafts import head_hidden
 from engine.plan import RowPlan, StepPlan
 from engine.runner import PooledRunner
 from engine.stock import cache_kwarg
@@ -29,9 +30,12 @@ def _streams(vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n + 4,), generator=gen).tolist() for n in lengths]
 
 
-def _run(runner: PooledRunner, caches: list, parts: list[list[int]]) -> list[torch.Tensor]:
+def _run(runner: PooledRunner, caches: list, parts: list[list[int]],
+         features: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """One forward over the given rows; each row's logits for all its tokens, as float32."""
-    rows = [RowPlan(cache, tokens, cache.length, len(tokens)) for cache, tokens in zip(caches, parts)]
+    features = features or [None] * len(parts)
+    rows = [RowPlan(cache, tokens, cache.length, len(tokens), features=f)
+            for cache, tokens, f in zip(caches, parts, features)]
     for row in rows:
         row.cache.reserve(row.past + len(row.tokens))
     logits = runner.logits(StepPlan(rows))
@@ -49,22 +53,32 @@ def numerics(runner: PooledRunner, model: torch.nn.Module, vocab: int) -> str:
     kwarg = cache_kwarg(model)
     device = runner.device
     streams = _streams(vocab, 1)
+    dim = runner.forward.feature_dim  # a feature head: random features, the reference is drafts.head_hidden
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    feats = [torch.randn(len(s), dim, generator=gen).to(device, runner.forward.dtype) if dim else None
+             for s in streams]
     caches = [runner.new_cache() for _ in streams]
     try:
-        ours = [torch.cat(pair) for pair in zip(_run(runner, caches, [s[:-3] for s in streams]),
-                                                _run(runner, caches, [s[-3:] for s in streams]))]
+        first = _run(runner, caches, [s[:-3] for s in streams], [f[:-3] for f in feats] if dim else None)
+        second = _run(runner, caches, [s[-3:] for s in streams], [f[-3:] for f in feats] if dim else None)
+        ours = [torch.cat(pair) for pair in zip(first, second)]
     finally:
         for cache in caches:
             cache.free()
-    for stream, mine in zip(streams, ours):
-        cache = DynamicCache(config=model.config)
-        reference = []
-        for lo, hi in ((0, len(stream) - 3), (len(stream) - 3, len(stream))):
-            out = model(input_ids=torch.tensor([stream[lo:hi]], device=device),
-                        position_ids=torch.arange(lo, hi, device=device)[None],
-                        use_cache=True, **{kwarg: cache})
-            reference.append(out.logits[0].float())
-        ref = torch.cat(reference)
+    for stream, feat, mine in zip(streams, feats, ours):
+        if dim:
+            hidden = head_hidden(model, torch.tensor([stream], device=device), feat[None],
+                                 position_ids=torch.arange(len(stream), device=device)[None])
+            ref = model.lm_head(hidden)[0].float()
+        else:
+            cache = DynamicCache(config=model.config)
+            reference = []
+            for lo, hi in ((0, len(stream) - 3), (len(stream) - 3, len(stream))):
+                out = model(input_ids=torch.tensor([stream[lo:hi]], device=device),
+                            position_ids=torch.arange(lo, hi, device=device)[None],
+                            use_cache=True, **{kwarg: cache})
+                reference.append(out.logits[0].float())
+            ref = torch.cat(reference)
         finite = torch.isfinite(ref)
         if not torch.equal(finite, torch.isfinite(mine)):
             return "self-check: the engine's forward masks other logits than the model's"

@@ -40,6 +40,10 @@ class CachedSession:
     nbytes: int = 0
     pins: int = 0  # calls running on it: never evicted, freed only once the last one ends
     dropped: bool = False  # forgotten while pinned: free it at the last unpin
+    # A feature head's own normed hidden state at position tail_length - 1 (its
+    # predicted target feature there); valid while the session holds tail_length tokens.
+    tail: Any = None
+    tail_length: int = -1
 
     @property
     def length(self) -> int:
@@ -50,6 +54,8 @@ class CachedSession:
         if length < self.length:
             self.cache.crop(length)
             del self.fingerprints[length + 1 :]
+        if length < self.tail_length:
+            self.tail, self.tail_length = None, -1
 
     def append(self, tokens: Sequence[int]) -> None:
         """Record tokens the cache has just been extended with."""

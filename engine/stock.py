@@ -17,6 +17,7 @@ import torch
 
 from engine import sampler
 from engine.plan import RowOutput, StepPlan
+from specdec.errors import FailedPrecondition
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
@@ -86,6 +87,10 @@ class StockRunner:
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """One forward of the plan's one row; its emitted logits ([emit, vocab])."""
         (row,) = plan.rows
+        if row.hidden or row.features is not None:
+            raise FailedPrecondition("features: this replica serves its model through the stock forward "
+                                     "(--max-batch 1, or an architecture the engine does not know), which "
+                                     "neither returns nor reads target features")
         n = len(row.tokens)
         emit = max(row.emit, 1)  # transformers reads logits_to_keep=0 as "all"
         out = self.model(

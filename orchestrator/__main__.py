@@ -116,6 +116,13 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
                 f"vs {target_info.vocab_size}); refusing to pair them"
             )
         max_k = min(max_k, int(draft_info.max_k) or max_k)
+        if draft_info.feature_dim and draft_info.feature_dim != target_info.feature_dim:
+            raise StartupError(
+                f"draft {draft_info.model_name!r} is a feature draft reading {draft_info.feature_dim}-wide "
+                f"target features ({draft_info.feature_kind}), but the target {target_info.model_name!r} "
+                + (f"returns {target_info.feature_dim}-wide ones" if target_info.feature_dim else
+                   "returns none (served through the stock forward, or an older service)")
+                + "; refusing to pair them")
     else:
         log.warning("no draft service answered; proposer 'draft' will fall back to target-only")
     log.info("target %s (vocab %d, context %d), draft %s, tokenizer %s",

@@ -73,6 +73,10 @@ class CombinedProposer:
     def fallback_reason(self) -> str:
         return self.draft.fallback_reason
 
+    @property
+    def features(self):
+        return self.draft.features
+
     async def propose(self, ctx: DraftContext) -> Proposal:
         guess = (await self.lookup.propose(ctx)).tokens if ctx.k else []
         source, n = self.choose(ctx.k, guess, draft_usable=bool(ctx.k) and await self.draft.usable())

@@ -69,6 +69,7 @@ class Costs:
     bytes_received: int = 0
     cache_misses: int = 0
     deadline_misses: int = 0  # model-service calls that missed their learned deadline
+    feature_bytes: int = 0  # feature drafts: target features on the wire, Score replies + Propose requests
 
 
 @dataclass

@@ -161,8 +161,12 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
+            relay = proposer.features if proposer.proposes else None
+            if relay is not None:  # what the target skips, the relay must hold the features of
+                session.target.held = min(session.target.held, relay.known)
             with trace.step("score"):
-                reply = await _score(session.target, ctx, drafted, config.target_wait_s, masks, n_logprobs)
+                reply = await _score(session.target, ctx, drafted, config.target_wait_s, masks, n_logprobs,
+                                     relay.encoding if relay is not None else 0)
             tally.target_passes += 1
             rnd.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
             _observe_costs(config, session.target, proposer, proposal, reply, len(drafted))
@@ -185,6 +189,10 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             finish = STOP if hit else finish
             if matcher is not None:
                 matcher.commit(committed)
+            if relay is not None:  # the features of the committed tokens the target has read
+                sent_before = relay.sent
+                relay.absorb(reply.response.features, len(tokens) + min(len(committed), verdict.accepted))
+                rnd.feature_bytes += len(reply.response.features.data) + relay.sent - sent_before
             if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
             session.target.held, draft_len = crop_lengths(
@@ -243,7 +251,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
 
 
 async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], wait_s: float,
-                 masks: RoundMasks | None = None, logprobs: int = 0) -> Reply:
+                 masks: RoundMasks | None = None, logprobs: int = 0, features: int = 0) -> Reply:
     """Step 2: one target pass over the committed tokens it lacks, then the drafted ones.
 
     With a grammar, the masks of the k + 1 scored positions go along; with
@@ -257,13 +265,16 @@ async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], 
             session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
             tokens=[*ctx.tokens[position:], *drafted], k=len(drafted),
             sampling=ctx.sampling.message, output_mode=ctx.sampling.output_mode,
-            allowed=allowed, logprobs=logprobs,
+            allowed=allowed, logprobs=logprobs, features=features,
         ))
 
     reply = await target.call(send, len(ctx.tokens), wait_s=wait_s, extra=len(drafted))
     if logprobs and not reply.response.HasField("logprobs"):
         raise FailedPrecondition(f"logprobs: target replica {target.address} does not return "
                                  "log-probabilities (an older service)")
+    if features and not reply.response.HasField("features"):
+        raise FailedPrecondition(f"features: target replica {target.address} returns no features "
+                                 "(an older service), which the feature draft needs")
     return reply
 
 

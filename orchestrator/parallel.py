@@ -24,7 +24,10 @@ the draft's cache is fixed by absolute length (cache_position and
 prefix_hash) as always, so a discarded pre-draft never needs undoing.
 
 The verifier is untouched: greedy output is the target's, and a seeded
-sampled request gives the same text in both modes at the same k.
+sampled request gives the same text in both modes at the same k. (With a
+feature draft, seeded sampled texts may differ between the modes, though both
+follow the target's distribution: the pre-draft reads the head's own predicted
+features, where a sequential Propose reads the target's.)
 
 What it costs and earns: a hit needs full acceptance and a right bonus guess,
 about alpha^(k+1) of rounds (specdec.core.speedup.parallel_speedup), so

@@ -33,9 +33,12 @@ async def open_proposer(
             raise Unavailable("proposer: no draft service replica is available (strict)")
         parallel = config.parallel if spec.parallel is None else spec.parallel
         if spec.proposer == DRAFT and replica is not None and parallel:
-            return ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k)
+            draft = ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k)
+            await draft.learn_kind()  # a feature draft: the first Score brings the prompt's features
+            return draft
         draft = DraftServiceProposer(replica, strict=spec.strict,
                                      fallback_reason="" if replica else "no draft service replica available")
+        await draft.learn_kind()
         if spec.proposer == DRAFT:
             return draft
         return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)

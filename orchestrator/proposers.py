@@ -25,6 +25,7 @@ from typing import Protocol
 import grpc
 import torch
 
+from orchestrator.features import FeatureRelay
 from orchestrator.remote import (
     Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError,
 )
@@ -85,6 +86,9 @@ class Proposer(Protocol):
     replica: SessionReplica | None  # the draft replica holding the session's KV, if any
     adaptive: bool  # k may be chosen per round from measured acceptance and costs
     proposes: bool  # False: target-only, the loop asks for nothing
+    # A feature draft's relay (orchestrator.features): the loop asks Score for features and
+    # hands them over; None for every other proposer.
+    features: FeatureRelay | None
 
     async def propose(self, ctx: DraftContext) -> Proposal: ...
 
@@ -103,6 +107,7 @@ class _Local:
 
     fallback_reason = ""
     replica: SessionReplica | None = None
+    features: FeatureRelay | None = None
     adaptive = False
     proposes = True
 
@@ -192,6 +197,26 @@ class DraftServiceProposer:
         self.strict = strict
         self.p_min = p_min
         self.fallback_reason = fallback_reason
+        # A feature draft (the replica's GetInfo feature_dim > 0, learned at the first round):
+        # the relay of target features, and the tokens the draft read with true features.
+        self.features: FeatureRelay | None = None
+        self._kind_known = False
+        self._fed = 0
+
+    async def learn_kind(self) -> None:
+        """Whether the replica is a feature draft (its GetInfo, asked once per client and cached)."""
+        if self._kind_known or self.replica is None:
+            return
+        client = self.replica.client
+        ask = getattr(client, "request_limit", None)  # (a test's in-process stand-in has no GetInfo)
+        if ask is not None:
+            try:
+                await ask()
+            except SpecdecError:
+                return  # asked again next round; the call itself will fail over or fall back
+        self._kind_known = True
+        if getattr(client, "feature_dim", 0):
+            self.features = FeatureRelay(client.feature_dim)
 
     @property
     def proposes(self) -> bool:
@@ -214,12 +239,19 @@ class DraftServiceProposer:
             return Proposal(tokens=[], cache_length=self.replica.held if self.replica else 0)
         if not self.strict and not await self.replica.ready():
             return Proposal(tokens=[], cache_length=self.replica.held)  # ejected: sit this round out
+        await self.learn_kind()
+        relay = self.features
+        if relay is not None and relay.known < len(ctx.tokens) - 1:
+            # The features of the committed prefix come with this round's Score (a first round,
+            # a new turn, a resume): nothing to draft from yet.
+            return Proposal(tokens=[], cache_length=self.replica.held)
 
         def send(client: ModelClient, position: int):
             return client.propose(model_pb2.ProposeRequest(
                 session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
                 tokens=ctx.tokens[position:], k=ctx.k, sampling=ctx.sampling.message,
                 output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min,
+                features=relay.rows_for(position, len(ctx.tokens) - position) if relay is not None else None,
             ))
 
         try:
@@ -241,6 +273,7 @@ class DraftServiceProposer:
             return Proposal(tokens=[])
         response = reply.response
         drafted = list(response.tokens)
+        self._fed = len(ctx.tokens)  # read with the target's own features; the drafts with the head's
         probs = None
         if ctx.sampling.output_mode == common_pb2.OUTPUT_MODE_PROBS and drafted:
             probs = decode_probs(response.probs)  # [n, vocab]
@@ -252,7 +285,9 @@ class DraftServiceProposer:
 
     def crop(self, length: int) -> None:
         if self.replica is not None:
-            self.replica.held = length
+            # A feature draft read its drafted tokens with its own predicted features: those
+            # positions are fed again, with the target's, once committed.
+            self.replica.held = min(length, self._fed) if self.features is not None else length
 
     def close(self) -> None:
         pass

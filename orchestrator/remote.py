@@ -149,6 +149,7 @@ class ModelClient:
         self.timeout_s = timeout_s
         self._request_limit: int | None = None  # GetInfo max_request_tokens (0: no limit known)
         self.max_batch = 0  # GetInfo max_batch, once asked (0: unknown)
+        self.feature_dim = 0  # GetInfo feature_dim, once asked (0: unknown, or none)
         security = security or ServiceClientSecurity()
         self._metadata = security.metadata or None  # the service token, if any
         self.channel = aio_channel(address, security.credentials(), CHANNEL_OPTIONS)
@@ -285,6 +286,7 @@ class ModelClient:
             info = await self.get_info()
             self._request_limit = int(info.max_request_tokens)
             self.max_batch = int(info.max_batch)
+            self.feature_dim = int(info.feature_dim)
         return self._request_limit
 
     async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:
@@ -304,6 +306,8 @@ class ModelClient:
         split = len(tokens) - limit  # the last call carries `limit` tokens
         position = int(request.cache_position)
         prefix = int(request.prefix_hash) if position else EMPTY
+        rows = feature_rows(request)  # a Propose's features go with their tokens, chunk by chunk
+        returned = []  # a Score's features of the leading chunks
         for start in range(0, split, limit):
             chunk = tokens[start : min(start + limit, split)]
             lead = type(request)()
@@ -312,7 +316,11 @@ class ModelClient:
             lead.output_mode = common_pb2.OUTPUT_MODE_TOKENS  # a prefill's results are not used
             lead.ClearField("tokens")
             lead.tokens.extend(chunk)
-            _, call = await self._call(name, lead, response_type)
+            if rows is not None:
+                slice_features(lead.features, rows, start, start + len(chunk))
+            response, call = await self._call(name, lead, response_type)
+            if getattr(request, "features", 0) and isinstance(request, model_pb2.ScoreRequest):
+                returned.append(response.features)
             total = call if total is None else total + call
             position += len(chunk)
             for token in chunk:
@@ -322,11 +330,35 @@ class ModelClient:
         last.cache_position, last.prefix_hash = position, prefix
         last.ClearField("tokens")
         last.tokens.extend(tokens[split:])
+        if rows is not None:
+            slice_features(last.features, rows, split, len(tokens))
         response, call = await self._call(name, last, response_type)
+        if returned and response.HasField("features"):
+            returned.append(response.features)
+            merged = common_pb2.Features(first_position=int(request.cache_position), dim=returned[0].dim,
+                                         encoding=returned[0].encoding, rows=sum(f.rows for f in returned),
+                                         data=b"".join(f.data for f in returned))
+            response.features.CopyFrom(merged)
         return response, total + call
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+def feature_rows(request) -> common_pb2.Features | None:
+    """A ProposeRequest's features (rows going with its tokens), or None."""
+    if isinstance(request, model_pb2.ProposeRequest) and request.HasField("features") and request.features.rows:
+        return request.features
+    return None
+
+
+def slice_features(out: common_pb2.Features, rows: common_pb2.Features, lo: int, hi: int) -> None:
+    """`out` = rows lo..hi of `rows` (fewer where `rows` ends before hi)."""
+    hi = min(hi, rows.rows)
+    lo = min(lo, hi)
+    width = len(rows.data) // rows.rows
+    out.CopyFrom(common_pb2.Features(first_position=rows.first_position + lo, rows=hi - lo, dim=rows.dim,
+                                     encoding=rows.encoding, data=rows.data[lo * width:hi * width]))
 
 
 # Sends one request to `client` with the session's KV cropped to `cache_position`.

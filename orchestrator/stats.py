@@ -79,7 +79,8 @@ class RoundTally(Costs):
 
 # Tally totals that are sums over its rounds.
 _SUMMED = ("draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms",
-           "bytes_sent", "bytes_received", "cache_misses", "draft_hidden_ms", "deadline_misses")
+           "bytes_sent", "bytes_received", "cache_misses", "draft_hidden_ms", "deadline_misses",
+           "feature_bytes")
 
 
 @dataclass

@@ -90,3 +90,54 @@ def decode_probs(
     array[np.repeat(np.arange(rows), np.diff(offsets)), ids] = values
     return torch.from_numpy(array).to(device)
 
+
+
+# Feature drafts: hidden states as raw little-endian rows (model.proto Features).
+_FEATURE_DTYPES = {
+    common_pb2.FEATURE_ENCODING_FLOAT16: np.dtype("<f2"),
+    common_pb2.FEATURE_ENCODING_FLOAT32: _F32,
+    common_pb2.FEATURE_ENCODING_BFLOAT16: np.dtype("<u2"),  # the top half of each float32
+}
+FEATURE_ENCODINGS = {"float16": common_pb2.FEATURE_ENCODING_FLOAT16,
+                     "float32": common_pb2.FEATURE_ENCODING_FLOAT32,
+                     "bfloat16": common_pb2.FEATURE_ENCODING_BFLOAT16}
+
+
+def check_feature_encoding(encoding: int) -> int:
+    if encoding not in _FEATURE_DTYPES and encoding != common_pb2.FEATURE_ENCODING_NONE:
+        raise InvalidArgument(f"features: {encoding} is not a known FeatureEncoding")
+    return encoding
+
+
+def encode_features(hidden: torch.Tensor, encoding: int, first_position: int = 0) -> common_pb2.Features:
+    """hidden [rows, dim] (any float dtype, on the CPU) -> Features in `encoding`."""
+    rows, dim = hidden.shape
+    values = hidden.detach().to("cpu", torch.float32).contiguous().numpy()
+    if encoding == common_pb2.FEATURE_ENCODING_BFLOAT16:
+        # Round to nearest even on the top 16 bits, as torch's bfloat16 does.
+        data = hidden.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().astype("<i2")
+        raw = data.tobytes()
+    else:
+        raw = values.astype(_FEATURE_DTYPES[check_feature_encoding(encoding)], copy=False).tobytes()
+    return common_pb2.Features(first_position=first_position, rows=rows, dim=dim, encoding=encoding, data=raw)
+
+
+def decode_features(msg: common_pb2.Features, dim: int | None = None) -> torch.Tensor:
+    """Features -> [rows, dim] float32 tensor; a malformed message is INVALID_ARGUMENT naming the field."""
+    if msg.encoding not in _FEATURE_DTYPES:
+        raise InvalidArgument(f"features.encoding {msg.encoding} is not a known FeatureEncoding")
+    if dim is not None and msg.rows and msg.dim != dim:
+        raise InvalidArgument(f"features.dim must be {dim}, got {msg.dim}")
+    dtype = _FEATURE_DTYPES[msg.encoding]
+    if len(msg.data) != msg.rows * msg.dim * dtype.itemsize:
+        raise InvalidArgument(f"features.data must hold rows * dim * {dtype.itemsize} = "
+                              f"{msg.rows * msg.dim * dtype.itemsize} bytes, got {len(msg.data)}")
+    if msg.encoding == common_pb2.FEATURE_ENCODING_BFLOAT16:
+        raw = np.frombuffer(msg.data, dtype="<i2").astype(np.int16)
+        values = torch.from_numpy(raw.copy()).view(torch.bfloat16).float()
+    else:
+        values = torch.from_numpy(np.frombuffer(msg.data, dtype=dtype).astype(np.float32))
+    values = values.reshape(int(msg.rows), int(msg.dim))
+    if not bool(torch.isfinite(values).all()):
+        raise InvalidArgument("features: values must be finite")
+    return values

@@ -22,6 +22,7 @@ from engine.sessions import CachedSession
 from specdec.core import masks
 from specdec.errors import InvalidArgument
 from specdec.hosting.requests import ModelRequest
+from specdec.wire import check_feature_encoding
 
 TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score forwards")
 
@@ -33,6 +34,7 @@ class Scores:
     argmax_ids: list[int]  # [k + 1]: entry i is the target's choice after tokens[len - k - 1 + i]
     probs: torch.Tensor | None  # [k + 1, vocab] float32 on the CPU, PROBS mode only
     logprobs: RowLogprobs | None = None  # ScoreRequest.logprobs > 0 only
+    hidden: torch.Tensor | None = None  # [len(tokens), H] features of every token sent (ScoreRequest.features)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class ScoreExtras:
 
     allowed: bytes = b""  # packed words, k + 1 rows (specdec.core.masks); b"" = none
     logprobs: int = 0
+    features: int = 0  # a FeatureEncoding: return every token's feature; 0 = none
 
 
 def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
@@ -48,10 +51,11 @@ def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
     logprobs = int(request.logprobs)
     if logprobs > MAX_LOGPROBS:
         raise InvalidArgument(f"logprobs must be at most {MAX_LOGPROBS}, got {logprobs}")
+    features = check_feature_encoding(int(getattr(request, "features", 0)))
     if not request.HasField("allowed") or request.allowed.rows == 0:
         if request.HasField("allowed") and request.allowed.bits:
             raise InvalidArgument("allowed.bits must be empty when allowed.rows is 0")
-        return ScoreExtras(logprobs=logprobs)
+        return ScoreExtras(logprobs=logprobs, features=features)
     rows = int(request.allowed.rows)
     if rows != k + 1:
         raise InvalidArgument(f"allowed.rows must be 0 or k + 1 = {k + 1}, got {rows}")
@@ -64,7 +68,7 @@ def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
     empty = ~packed.any(axis=1)
     if empty.any():
         raise InvalidArgument(f"allowed: row {int(np.argmax(empty))} allows no token")
-    return ScoreExtras(bits, logprobs)
+    return ScoreExtras(bits, logprobs, features)
 
 
 def check_score(request: ModelRequest) -> None:
@@ -93,10 +97,10 @@ class ScoreWork(Work[Scores]):
         request = self.request
         return Step(request.tokens, request.k + 1, OutputSpec(
             request.sampling, probs=request.want_probs,
-            allowed=self.extras.allowed, logprobs=self.extras.logprobs))
+            allowed=self.extras.allowed, logprobs=self.extras.logprobs), hidden=bool(self.extras.features))
 
     def advance(self, session: CachedSession, out: RowOutput) -> None:
-        self.scores = Scores(out.argmax, out.probs, out.logprobs)
+        self.scores = Scores(out.argmax, out.probs, out.logprobs, out.hidden if self.extras.features else None)
         return None
 
     def result(self) -> Scores:

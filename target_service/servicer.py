@@ -4,7 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.host import SessionWork
-from specdec.hosting.servicer import ModelServicerBase, fill_response
+from specdec.errors import FailedPrecondition
+from specdec.hosting.servicer import FEATURE_KIND, ModelServicerBase, fill_response
+from specdec.wire import encode_features
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 from target_service.scoring import TOKENS_SCORED, ScoreWork, check_score, decode_extras
 
@@ -15,7 +17,17 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     def prepare(self, request: model_pb2.ScoreRequest) -> ScoreWork:
         req = self.decode(request)
         check_score(req)
-        return ScoreWork(req, decode_extras(request, req.k, self.host.loaded.vocab_size))
+        extras = decode_extras(request, req.k, self.host.loaded.vocab_size)
+        if extras.features and not self.features()[0]:
+            raise FailedPrecondition("features: this replica serves its model through the stock forward "
+                                     "(--max-batch 1, or an architecture the engine does not know) and "
+                                     "returns no features (ModelInfo.feature_dim = 0)")
+        return ScoreWork(req, extras)
+
+    def features(self) -> tuple[int, str]:
+        if not getattr(self.host.runner, "pooled", False):
+            return 0, ""
+        return int(self.host.loaded.model.config.hidden_size), FEATURE_KIND
 
     def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float) -> model_pb2.ScoreResponse:
         TOKENS_SCORED.inc(len(request.tokens))
@@ -27,6 +39,8 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
                 drafted=lp.next_fed, argmax=lp.argmax, top_n=len(lp.top_ids[0]) if lp.top_ids else 0,
                 top_ids=[t for row in lp.top_ids for t in row],
                 top_logprobs=[v for row in lp.top_logprobs for v in row]))
+        if scores.hidden is not None:
+            response.features.CopyFrom(encode_features(scores.hidden, request.features, request.cache_position))
         return fill_response(response, done, started, scores.probs)
 
     async def Score(self, request: model_pb2.ScoreRequest, context: Any) -> model_pb2.ScoreResponse:

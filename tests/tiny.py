@@ -117,3 +117,39 @@ def build_pair(root: Path, *, draft_noise: float = 0.04) -> tuple[Path, Path]:
     target = build_model(root / "target", seed=0)
     draft = build_model(root / "draft", seed=1, perturb_from=target, perturb_std=draft_noise)
     return target, draft
+
+
+def build_feature_head(target: Path, out_dir: Path, *, feature_weight: float = 0.02, noise: float = 0.0,
+                       seed: int = 0) -> Path:
+    """A tiny EAGLE-style feature head of `target` (engine.drafts kind "eagle"), saved as a draft folder.
+
+    A random tiny target cannot be learned in seconds, so the head is made, not
+    trained: all of the target's layers (build_feature_head keeps the last
+    `num_layers`), fc = [I | feature_weight * R] (its own embedding, plus a random
+    view of the target feature it reads), and Gaussian noise of `noise` (relative
+    to each tensor's std) on every trained tensor. It agrees with the target
+    often but not always, and its drafts depend on the features it is sent.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine import drafts
+    from specdec.core.fingerprint import tokenizer_fingerprint
+
+    gen = torch.Generator().manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    layers = model.config.num_hidden_layers
+    head = drafts.build_feature_head(model, layers, None)
+    hidden = head.config.hidden_size
+    with torch.no_grad():
+        fc = head.model.fc
+        fc.weight[:, :hidden] = torch.eye(hidden)
+        fc.weight[:, hidden:] = torch.randn(hidden, hidden, generator=gen) * feature_weight / hidden ** 0.5
+        for _, p in drafts.trainable_named(head):
+            p.add_(torch.randn(p.shape, generator=gen) * noise * (p.std() if p.numel() > 1 else 1.0))
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    manifest = drafts.Manifest(
+        target=str(Path(target).resolve()), target_name=Path(target).name,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), num_layers=layers, vocab_subset=0,
+        dtype="float32", kind=drafts.EAGLE, recipe={"method": "tests.tiny: the target's layers + noise"})
+    head.requires_grad_(False)
+    return drafts.save(head, out_dir, manifest)

@@ -21,6 +21,10 @@ from specdec.errors import InvalidArgument, new_request_id, status_for
 from specdec.hosting.requests import ModelRequest, decode_request, require_session_id
 from specdec.limits import MAX_SESSION_ID
 from specdec.v1 import common_pb2, model_pb2
+
+# The one kind of feature served (ModelInfo.feature_kind): the target's final
+# hidden state after its final norm (engine.drafts).
+FEATURE_KIND = "last-normed"
 from specdec.wire import encode_probs
 
 
@@ -42,6 +46,10 @@ class ModelServicerBase:
     def respond(self, request: Any, done: SessionWork, started: float) -> Any:
         """The role's response to one finished request."""
         raise NotImplementedError
+
+    def features(self) -> tuple[int, str]:
+        """ModelInfo.feature_dim and .feature_kind for this role (none by default)."""
+        return 0, ""
 
     async def _single(self, request: Any) -> Any:
         started = time.perf_counter()
@@ -108,6 +116,8 @@ class ModelServicerBase:
             replica_id=self.host.replica_id,
             max_request_tokens=self.host.limits.max_request_tokens,
             max_batch=self.host.max_batch,
+            feature_dim=self.features()[0],
+            feature_kind=self.features()[1],
         )
 
 

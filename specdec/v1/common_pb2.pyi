@@ -3,7 +3,7 @@ from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -12,9 +12,20 @@ class OutputMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTPUT_MODE_UNSPECIFIED: _ClassVar[OutputMode]
     OUTPUT_MODE_TOKENS: _ClassVar[OutputMode]
     OUTPUT_MODE_PROBS: _ClassVar[OutputMode]
+
+class FeatureEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FEATURE_ENCODING_NONE: _ClassVar[FeatureEncoding]
+    FEATURE_ENCODING_FLOAT16: _ClassVar[FeatureEncoding]
+    FEATURE_ENCODING_FLOAT32: _ClassVar[FeatureEncoding]
+    FEATURE_ENCODING_BFLOAT16: _ClassVar[FeatureEncoding]
 OUTPUT_MODE_UNSPECIFIED: OutputMode
 OUTPUT_MODE_TOKENS: OutputMode
 OUTPUT_MODE_PROBS: OutputMode
+FEATURE_ENCODING_NONE: FeatureEncoding
+FEATURE_ENCODING_FLOAT16: FeatureEncoding
+FEATURE_ENCODING_FLOAT32: FeatureEncoding
+FEATURE_ENCODING_BFLOAT16: FeatureEncoding
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "min_p")
@@ -99,7 +110,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id", "max_request_tokens", "max_batch")
+    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id", "max_request_tokens", "max_batch", "feature_dim", "feature_kind")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +124,8 @@ class ModelInfo(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_KIND_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     role: str
     vocab_size: int
@@ -126,4 +139,20 @@ class ModelInfo(_message.Message):
     replica_id: str
     max_request_tokens: int
     max_batch: int
-    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ..., max_request_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    feature_dim: int
+    feature_kind: str
+    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ..., max_request_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., feature_dim: _Optional[int] = ..., feature_kind: _Optional[str] = ...) -> None: ...
+
+class Features(_message.Message):
+    __slots__ = ("first_position", "rows", "dim", "encoding", "data")
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    first_position: int
+    rows: int
+    dim: int
+    encoding: FeatureEncoding
+    data: bytes
+    def __init__(self, first_position: _Optional[int] = ..., rows: _Optional[int] = ..., dim: _Optional[int] = ..., encoding: _Optional[_Union[FeatureEncoding, str]] = ..., data: _Optional[bytes] = ...) -> None: ...

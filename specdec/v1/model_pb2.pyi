@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class ScoreRequest(_message.Message):
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
@@ -27,24 +28,27 @@ class ScoreRequest(_message.Message):
     output_mode: _common_pb2.OutputMode
     allowed: _common_pb2.TokenMasks
     logprobs: int
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    features: _common_pb2.FeatureEncoding
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs")
+    __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs", "features")
     ARGMAX_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     argmax_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: _common_pb2.Distributions
     cache_length: int
     timing: _common_pb2.ServerTiming
     logprobs: _common_pb2.Logprobs
-    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Logprobs, _Mapping]] = ...) -> None: ...
+    features: _common_pb2.Features
+    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Logprobs, _Mapping]] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "seed", "p_min")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "seed", "p_min", "features")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +58,7 @@ class ProposeRequest(_message.Message):
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     P_MIN_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
@@ -63,7 +68,8 @@ class ProposeRequest(_message.Message):
     output_mode: _common_pb2.OutputMode
     seed: int
     p_min: float
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., seed: _Optional[int] = ..., p_min: _Optional[float] = ...) -> None: ...
+    features: _common_pb2.Features
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., seed: _Optional[int] = ..., p_min: _Optional[float] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("tokens", "probs", "cache_length", "timing")
