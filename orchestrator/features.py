@@ -76,3 +76,54 @@ class FeatureRelay:
         self.sent += len(data)
         return common_pb2.Features(first_position=position, rows=n_tokens, dim=self.dim,
                                    encoding=self.encoding, data=data)
+
+
+class RelayCache:
+    """The relays of multi-turn sessions between their turns, in this orchestrator's memory (LRU).
+
+    A session's next turn on the same orchestrator starts with the features of
+    its held prefix, so the target need not recompute them; on another
+    orchestrator (or after eviction) the turn starts empty and the first Score
+    resends the prefix. A kept relay is cut to the longest prefix its tokens
+    share with the new turn's (by their prefix fingerprints) before use.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20):
+        from collections import OrderedDict
+
+        self.max_bytes = max_bytes
+        self._relays: OrderedDict[str, tuple[FeatureRelay, int]] = OrderedDict()
+        self._bytes = 0
+
+    def take(self, session_id: str, dim: int, prefix_fps) -> FeatureRelay:
+        """The session's kept relay, cut to the longest prefix it shares with the turn's tokens
+        (prefix_fps[i] = fingerprint of the first i), else a new one."""
+        kept = self._relays.pop(session_id, None)
+        if kept is None:
+            return FeatureRelay(dim)
+        relay, fps = kept
+        self._bytes -= len(relay._data)
+        if relay.dim != dim:
+            return FeatureRelay(dim)
+        lo, hi = 0, min(relay.known, len(prefix_fps) - 1)  # fps[0] (the empty prefix) always matches
+        while lo < hi:  # prefixes share their fingerprints up to where they diverge
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fps[mid] == prefix_fps[mid] else (lo, mid - 1)
+        relay.crop(lo)
+        relay.received = relay.sent = 0
+        return relay
+
+    def keep(self, session_id: str, relay: FeatureRelay, prefix_fps) -> None:
+        """After a turn: keep the relay with the fingerprints of its tokens' prefixes."""
+        if relay.known >= len(prefix_fps) or len(relay._data) > self.max_bytes:
+            return
+        self._relays[session_id] = (relay, list(prefix_fps[:relay.known + 1]))
+        self._bytes += len(relay._data)
+        while self._bytes > self.max_bytes and self._relays:
+            _, (old, _) = self._relays.popitem(last=False)
+            self._bytes -= len(old._data)
+
+    def drop(self, session_id: str) -> None:
+        kept = self._relays.pop(session_id, None)
+        if kept is not None:
+            self._bytes -= len(kept[0]._data)

@@ -243,6 +243,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     tally.finish_reason = finish
     if not session.multi_turn:
         tally.session_id = ""  # deleted: nothing to continue
+    elif proposer.features is not None:  # the next turn here starts with the held prefix's features
+        config.relays.keep(session.id, proposer.features, fps)
     proposer.close()
     tally.proposer, tally.fallback_reason = proposer.name, proposer.fallback_reason
     tally.finish()

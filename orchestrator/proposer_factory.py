@@ -17,6 +17,7 @@ from orchestrator.proposers import (
 )
 from orchestrator.remote import place
 from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
+from specdec.core.fingerprint import prefix_fingerprints
 from specdec.errors import InvalidArgument, Unavailable
 
 
@@ -32,11 +33,12 @@ async def open_proposer(
         if replica is None and spec.strict:
             raise Unavailable("proposer: no draft service replica is available (strict)")
         parallel = config.parallel if spec.parallel is None else spec.parallel
+        relays = lambda dim: config.relays.take(session_id, dim, prefix_fingerprints(spec.prompt_ids))  # noqa: E731
         if spec.proposer == DRAFT and replica is not None and parallel:
-            draft = ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k)
+            draft = ParallelDraftProposer(replica, strict=spec.strict, max_k=config.max_k, relays=relays)
             await draft.learn_kind()  # a feature draft: the first Score brings the prompt's features
             return draft
-        draft = DraftServiceProposer(replica, strict=spec.strict,
+        draft = DraftServiceProposer(replica, strict=spec.strict, relays=relays,
                                      fallback_reason="" if replica else "no draft service replica available")
         await draft.learn_kind()
         if spec.proposer == DRAFT:

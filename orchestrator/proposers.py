@@ -18,7 +18,7 @@ verifies this one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -192,8 +192,9 @@ class DraftServiceProposer:
     """
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
-                 fallback_reason: str = "") -> None:
+                 fallback_reason: str = "", relays: Callable[[int], FeatureRelay] | None = None) -> None:
         self.replica = replica
+        self._relays = relays or FeatureRelay  # dim -> the request's relay (a kept one, multi-turn)
         self.strict = strict
         self.p_min = p_min
         self.fallback_reason = fallback_reason
@@ -216,7 +217,7 @@ class DraftServiceProposer:
                 return  # asked again next round; the call itself will fail over or fall back
         self._kind_known = True
         if getattr(client, "feature_dim", 0):
-            self.features = FeatureRelay(client.feature_dim)
+            self.features = self._relays(client.feature_dim)
 
     @property
     def proposes(self) -> bool:

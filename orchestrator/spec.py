@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from orchestrator.capacity import TargetAdmission
 from orchestrator.costs import CostBook
+from orchestrator.features import RelayCache
 from orchestrator.grammar import Constraint, Grammars
 from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION  # noqa: F401 - re-exported
 from orchestrator.routing import Router
@@ -100,6 +101,8 @@ class LoopConfig:
     speculation_gate: bool = True
     vocab_size: int = 0  # the target's (ModelInfo.vocab_size): the width of grammar masks
     grammars: Grammars | None = None  # built from the tokenizer when None
+    # Feature drafts: multi-turn sessions' feature relays between turns (orchestrator.features).
+    relays: RelayCache = field(default_factory=RelayCache)
 
     def __post_init__(self) -> None:
         if self.admission is None:

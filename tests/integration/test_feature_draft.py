@@ -165,6 +165,13 @@ def test_multi_turn_and_restarts_keep_the_text(feature_stack):
     second = c.complete(messages=turn2, max_new_tokens=16, proposer="draft", k=3, session_id=sid)
     assert second.token_ids == expected2.token_ids
     assert second.stats.accepted_tokens > 0
+    # The turn started with the kept features of the held prefix: the target resent nothing
+    # (its first round returns the new message's features; the head drafts from the second).
+    assert second.stats.reused_prompt_tokens > 0 and second.stats.cache_misses == 0
+    from transformers import AutoConfig
+
+    row = AutoConfig.from_pretrained(target_dir).hidden_size * 2
+    assert 0 < second.stats.rounds[0].feature_bytes < second.stats.prompt_tokens * row
 
     _restart(stack, "draft", "draft", head_dir)  # the head loses its KV: resent from 0, with every feature
     turn3 = turn2 + [{"role": "assistant", "content": second.text}, {"role": "user", "content": "Ok."}]
