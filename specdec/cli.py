@@ -112,12 +112,14 @@ def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, 
 
     from client import Client
 
+    ids: list[int] = []
     with Client(address, **(connection or {})) as c:
         stream = c.generate(None if "messages" in options else prompt, **options)
         try:
             for chunk in stream:
                 out.write(chunk.text)
                 out.flush()
+                ids.extend(chunk.token_ids)
         except grpc.RpcError as exc:
             err.write(f"\nerror: {exc.code().name}: {exc.details()}\n")
             return 1
@@ -129,6 +131,7 @@ def stream_generation(address: str, prompt: str, options: dict, out=sys.stdout, 
     err.write(format_stats(stream.stats) + "\n")
     if result is not None:
         result["stats"] = stream.stats
+        result["token_ids"] = ids
     return 0
 
 
@@ -148,6 +151,8 @@ class Launch:
     prefix: str = field(default_factory=lambda: f"specdec-up-{uuid.uuid4().hex[:8]}:")
     redis_url: str = ""  # set once Redis answers; its keys under `prefix` go at stop()
     processes: Processes = field(init=False)
+    target_folder: Path | None = None  # what the target service loaded (the demo's in-process peer)
+    target_threads: int = 1
 
     def __post_init__(self) -> None:
         self.processes = Processes(self.logs)
@@ -219,6 +224,7 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
         split = split_threads()
         threads = {"target": split.target, "draft": split.draft}
         say(f"threads       {split.describe(available_cores())}")
+    launch.target_folder, launch.target_threads = Path(target_folder), threads["target"]
     ports = {"target": free_port(), "draft": free_port()}
     models = {"target": target_folder, "draft": args.draft_model}
     started = {role: launch.processes.start(role, service_argv(
@@ -318,6 +324,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             rc = stream_generation(address, args.prompt, options, result=result)
             if rc == 0 and options["proposer"] != "none":
                 _compare_with_target_only(address, args.prompt, options, result["stats"])
+            if rc == 0:
+                _compare_with_generate(launch, args, options, result)
             return rc
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
@@ -349,6 +357,47 @@ def _compare_with_target_only(address: str, prompt: str, options: dict, stats, e
     ratio = spec / base if base else float("nan")
     print(f"speed: {stats.proposer} {spec:.1f} tokens/s vs target-only {base:.1f} tokens/s "
           f"= {ratio:.2f}x ({stats.new_tokens} vs {baseline.stats.new_tokens} tokens)", file=err)
+
+
+def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: dict, result: dict,
+                           err=sys.stderr) -> None:
+    """The same prompt through transformers' own `generate` in this process, on the target's
+    weights and its thread count: the plain baseline every configuration must beat."""
+    import torch
+
+    from engine.loader import load
+    from orchestrator.text import encode_prompt
+
+    stats = result["stats"]
+    greedy = not options.get("temperature")
+    print(f"\nsame prompt, in-process transformers generate ({launch.target_threads} thread(s), like the "
+          "target service), for comparison...", file=err, flush=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(launch.target_threads)
+    try:
+        loaded = load(str(launch.target_folder), device=args.device)
+        messages = [(m["role"], m["content"]) for m in options.get("messages", ())]
+        ids = encode_prompt(loaded.tokenizer, "" if messages else args.prompt, messages)
+        model, n = loaded.model, stats.new_tokens
+        config = dict(do_sample=not greedy, temperature=options.get("temperature") or None,
+                      top_k=options.get("top_k") or None, top_p=options.get("top_p") or None,
+                      pad_token_id=loaded.eos_token_ids[0])
+        prompt = torch.tensor([ids], device=loaded.device)
+        with torch.inference_mode():
+            model.generate(prompt, max_new_tokens=2, min_new_tokens=2, **config)  # warm-up
+            started = time.perf_counter()
+            out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **config)
+            seconds = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(previous)
+    made = out.shape[1] - len(ids)
+    base = made / seconds if seconds else 0.0
+    spec = stats.new_tokens / (stats.total_ms / 1e3) if stats.total_ms else 0.0
+    same = ""
+    if greedy and result.get("token_ids") is not None:
+        same = "; same tokens: " + ("yes" if out[0, len(ids):].tolist() == list(result["token_ids"]) else "NO")
+    print(f"speed: {stats.proposer} {spec:.1f} tokens/s vs in-process generate {base:.1f} tokens/s "
+          f"= {spec / base if base else float('nan'):.2f}x ({stats.new_tokens} vs {made} tokens{same})", file=err)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
