@@ -256,7 +256,7 @@ def breakdown(records: list[dict]) -> dict:
     out: dict = {"per_round": False}
     for field in (*COMPONENTS, "total_ms"):
         out[field] = _dist([r["stats"].get(field, 0.0) / rounds_of(r) for r in records])
-    for field in ("bytes_sent", "bytes_received"):
+    for field in ("bytes_sent", "bytes_received", "feature_bytes"):
         out[field + "_per_round"] = _dist([r["stats"].get(field, 0) / rounds_of(r) for r in records])
     shares = []
     for r in records:
@@ -274,7 +274,7 @@ def _breakdown_rounds(records: list[dict]) -> dict:
     out: dict = {"per_round": True, "rounds": len(rounds)}
     for field in (*COMPONENTS, "total_ms", "redis_write_ms", "draft_hidden_ms"):
         out[field] = _dist([rd.get(field, 0.0) for rd in rounds])
-    for field in ("bytes_sent", "bytes_received"):
+    for field in ("bytes_sent", "bytes_received", "feature_bytes"):
         out[field + "_per_round"] = _dist([rd.get(field, 0) for rd in rounds])
     compute = [sum(rd.get(c, 0.0) for c in COMPUTE) for rd in rounds]
     totals = [rd.get("total_ms", 0.0) for rd in rounds]

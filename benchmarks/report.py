@@ -121,7 +121,7 @@ def markdown(result: dict) -> str:
             f"{_f(first['median'], '.1f') if first else '–'} | "
             f"{_f(100 * b['non_compute_share']['median'], '.0f')}%{pooled} | "
             f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
-            f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
+            f"{_f(b['bytes_received_per_round']['median'], '.0f')}{_features(b)} |"
         )
     accept = [s for s in main if s.get("acceptance_by_position")]
     if accept:
@@ -195,7 +195,7 @@ def markdown(result: dict) -> str:
                 f"{_f(s['tps_median'] / d['tps_median']) if d else '–'} | "
                 f"{_f(b['network_ms']['median'], '.1f')} | "
                 f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
-                f"{_f(b['bytes_received_per_round']['median'], '.0f')} |"
+                f"{_f(b['bytes_received_per_round']['median'], '.0f')}{_features(b)} |"
             )
         best = best_k_per_rtt(summaries)
         if best:
@@ -485,3 +485,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _features(b: dict) -> str:
+    """A feature draft's share of the bytes per round (median), where there is one."""
+    f = b.get("feature_bytes_per_round")
+    return f" (features {_f(f['median'], '.0f')})" if f and f.get("median") else ""

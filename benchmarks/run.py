@@ -238,7 +238,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--reps, --max-new-tokens and --per-category must be >= 1")
     if args.orchestrator:
         args.no_network = True
+    if args.peer_k and feature_draft(args):
+        print("the draft is a feature head, which transformers' assistant_model= cannot run: "
+              "no hf-assisted configurations", file=sys.stderr)
+        args.peer_k = []
     return args
+
+
+def feature_draft(args) -> bool:
+    """Whether the draft the services serve is a feature head (engine.drafts kind "eagle")."""
+    from draft_service.role import default_draft
+    from engine import drafts
+
+    folder = args.draft or (None if args.draft_layers else default_draft())
+    return bool(folder) and drafts.is_draft_folder(Path(folder)) and \
+        drafts.Manifest.read(Path(folder)).kind == drafts.EAGLE
 
 
 # ---------------------------------------------------------------------------- plan
@@ -449,10 +463,11 @@ class PeerRunner:
         from engine.loader import load
 
         self.target = load(args.target, device=args.device, dtype=args.dtype)
+        self.draft = None
         if args.draft_layers and not args.draft:
             self.draft = load(args.target, device=args.device, dtype=args.draft_dtype,
                               num_layers=args.draft_layers)
-        else:
+        elif args.peer_k:  # (a feature head has no assisted peer: parse_args emptied peer_k)
             self.draft = load(args.draft or default_draft(), device=args.device,
                               dtype=args.draft_dtype)
         self.eos = list(self.target.eos_token_ids)
@@ -473,7 +488,7 @@ class PeerRunner:
 
         cfg = PeerConfig(item.config.proposer, item.config.k)
         temperature = 0.0 if item.mode == GREEDY else args.temperature
-        r = generate(self.target.model, self.draft.model, self.input_ids(item.prompt), cfg,
+        r = generate(self.target.model, self.draft.model if self.draft else None, self.input_ids(item.prompt), cfg,
                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=args.top_p,
                      seed=seed, eos_token_ids=self.eos)
         return dict(token_ids=r.token_ids, new_tokens=len(r.token_ids), wall_s=r.wall_s,

@@ -56,6 +56,12 @@ def test_score_returns_the_target_features_of_every_token_sent(target, tokenizer
     assert float((got - ref).abs().max()) < 1e-4 * (1 + float(ref.abs().max()))
     plain = score(target.stub, "feat-2", toks, 0, toks)
     assert not plain.HasField("features")  # only when asked
+    # A prompt longer than a prefill chunk (64): the rows of every chunk, in order.
+    long = (toks * 12)[:150]
+    whole = score(target.stub, "feat-3", long, 0, long, features=F32)
+    assert whole.features.rows == 150
+    ref = _features(models[0], long)
+    assert float((decode_features(whole.features) - ref).abs().max()) < 1e-4 * (1 + float(ref.abs().max()))
 
 
 def _reference_drafts(head_model, ids: list[int], feats: torch.Tensor, k: int) -> list[int]:
