@@ -120,8 +120,8 @@ def load_target_spec(spec: str) -> str | None:
     return None if spec == EMBEDDED else spec
 
 
-def truncate_layers(model: Any, num_layers: int) -> None:
-    """Keep only the first `num_layers` decoder layers (early exit).
+def truncate_layers(model: Any, num_layers: int, *, last: bool = False) -> None:
+    """Keep only the first (or with `last`, the last) `num_layers` decoder layers (early exit).
 
     The final norm and the LM head stay, so the result is a complete (weaker)
     causal LM over the same vocabulary. Works for Llama-like models whose
@@ -132,10 +132,24 @@ def truncate_layers(model: Any, num_layers: int) -> None:
         raise ValueError(f"{type(model).__name__}: cannot truncate layers (no model.layers)")
     if not 0 < num_layers <= len(layers):
         raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
-    model.model.layers = torch.nn.ModuleList(list(layers)[:num_layers])
+    kept = slice(len(layers) - num_layers, None) if last else slice(num_layers)
+    model.model.layers = torch.nn.ModuleList(list(layers)[kept])
+    for index, layer in enumerate(model.model.layers):  # the KV-cache layer index of each
+        if hasattr(getattr(layer, "self_attn", None), "layer_idx"):
+            layer.self_attn.layer_idx = index
     model.config.num_hidden_layers = num_layers
     if getattr(model.config, "layer_types", None):
-        model.config.layer_types = list(model.config.layer_types)[:num_layers]
+        model.config.layer_types = list(model.config.layer_types)[kept]
+
+
+def _train_only_the_draft(model: Any, subset: torch.Tensor | None) -> Any:
+    """Freeze the embedding and the head (a SubsetHead over `subset` if given); the rest trains."""
+    if subset is not None:
+        model.lm_head = SubsetHead(model.get_input_embeddings().weight, subset)
+    model.requires_grad_(False)
+    for p in trainable_parameters(model):
+        p.requires_grad_(True)
+    return model
 
 
 def build_from_target(model: Any, num_layers: int, subset: torch.Tensor | None) -> Any:
@@ -145,13 +159,7 @@ def build_from_target(model: Any, num_layers: int, subset: torch.Tensor | None) 
     head; with `subset`, swaps the head for a SubsetHead over those token ids.
     """
     truncate_layers(model, num_layers)
-    embedding = model.get_input_embeddings()
-    if subset is not None:
-        model.lm_head = SubsetHead(embedding.weight, subset)
-    model.requires_grad_(False)
-    for p in trainable_parameters(model):
-        p.requires_grad_(True)
-    return model
+    return _train_only_the_draft(model, subset)
 
 
 def build_feature_head(model: Any, num_layers: int, subset: torch.Tensor | None) -> Any:
@@ -162,20 +170,8 @@ def build_feature_head(model: Any, num_layers: int, subset: torch.Tensor | None)
     as embedding + feature), keeps the final norm; freezes the embedding and
     the head; with `subset`, a SubsetHead over those ids.
     """
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: cannot build a feature head (no model.layers)")
-    if not 0 < num_layers <= len(layers):
-        raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
-    model.model.layers = torch.nn.ModuleList(list(layers)[-num_layers:])
-    for index, layer in enumerate(model.model.layers):  # the KV-cache layer index of each
-        if hasattr(layer.self_attn, "layer_idx"):
-            layer.self_attn.layer_idx = index
-    model.config.num_hidden_layers = num_layers
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = list(model.config.layer_types)[-num_layers:]
-    embedding = model.get_input_embeddings()
-    hidden = int(embedding.weight.shape[1])
+    truncate_layers(model, num_layers, last=True)
+    hidden = int(model.get_input_embeddings().weight.shape[1])
     param = next(model.parameters())
     fc = torch.nn.Linear(2 * hidden, hidden, bias=True, device=param.device, dtype=param.dtype)
     with torch.no_grad():
@@ -183,12 +179,7 @@ def build_feature_head(model: Any, num_layers: int, subset: torch.Tensor | None)
         fc.weight.copy_(torch.cat([eye, eye], dim=1))
         fc.bias.zero_()
     model.model.fc = fc
-    if subset is not None:
-        model.lm_head = SubsetHead(embedding.weight, subset)
-    model.requires_grad_(False)
-    for p in trainable_parameters(model):
-        p.requires_grad_(True)
-    return model
+    return _train_only_the_draft(model, subset)
 
 
 def is_feature_head(model: Any) -> bool:
