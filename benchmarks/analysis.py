@@ -511,7 +511,8 @@ def _mismatch(rec: dict, want: list[int]) -> dict:
 
 
 def by_category(records: list[dict]) -> list[dict]:
-    """Main-phase tokens/s per (mode, config, prompt category) and its ratio to svc-none there.
+    """Main-phase tokens/s per (mode, config, prompt category) and its ratios to svc-none and to
+    hf-target (in-process generate) there.
 
     tokens/s per category = median over repetitions of (tokens / seconds summed
     over the category's prompts), as for the whole cell.
@@ -526,8 +527,10 @@ def by_category(records: list[dict]) -> list[dict]:
     rows = []
     for (mode, config, category), value in sorted(tps.items()):
         base = tps.get((mode, "svc-none", category))
+        plain = tps.get((mode, "hf-target", category))
         rows.append({"mode": mode, "config": config, "category": category, "tps_median": value,
-                     "vs_svc_none": value / base if base else math.nan})
+                     "vs_svc_none": value / base if base else math.nan,
+                     "vs_hf_target": value / plain if plain else math.nan})
     return rows
 
 

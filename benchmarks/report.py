@@ -445,23 +445,26 @@ def _structured_section(summaries: list[dict]) -> list[str]:
 
 
 def _category_section(result: dict) -> list[str]:
-    """× svc-none per prompt category: where each proposer wins or loses."""
+    """× svc-none and × hf-target per prompt category: where each proposer wins or loses."""
     rows = result.get("by_category") or []
     if not rows:
         return []
     categories = sorted({r["category"] for r in rows})
-    lines = ["", "## By prompt category", "",
-             "× svc-none within each category (tokens/s: median over repetitions of tokens / "
-             "seconds summed over the category's prompts); the last column is the lowest.", "",
-             "| mode | config | " + " | ".join(categories) + " | min |",
-             "|---|---|" + "---|" * (len(categories) + 1)]
-    index = {(r["mode"], r["config"], r["category"]): r["vs_svc_none"] for r in rows}
-    for mode, config in dict.fromkeys((r["mode"], r["config"]) for r in rows):
-        if config == "svc-none":
+    lines = ["", "## By prompt category"]
+    for key, base in (("vs_svc_none", "svc-none"), ("vs_hf_target", "hf-target")):
+        index = {(r["mode"], r["config"], r["category"]): r.get(key, math.nan) for r in rows}
+        if all(math.isnan(v) for v in index.values()):
             continue
-        values = [index.get((mode, config, c), float("nan")) for c in categories]
-        lines.append(f"| {mode} | {config} | " + " | ".join(_f(v) for v in values)
-                     + f" | {_f(min(values))} |")
+        lines += ["", f"× {base} within each category (tokens/s: median over repetitions of tokens / "
+                  "seconds summed over the category's prompts); the last column is the lowest.", "",
+                  "| mode | config | " + " | ".join(categories) + " | min |",
+                  "|---|---|" + "---|" * (len(categories) + 1)]
+        for mode, config in dict.fromkeys((r["mode"], r["config"]) for r in rows):
+            if config == base:
+                continue
+            values = [index.get((mode, config, c), math.nan) for c in categories]
+            lines.append(f"| {mode} | {config} | " + " | ".join(_f(v) for v in values)
+                         + f" | {_f(min(values))} |")
     return lines
 
 

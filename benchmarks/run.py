@@ -10,7 +10,8 @@ rotated each time) so drift hits all alike:
              (prompt lookup), svc-draft-par-k{K} (parallel speculation: the draft
              drafts the next round while the target verifies), svc-combined-k{K}
              (per round lookup, draft or neither by goodput; k = 0: svc-combined-auto,
-             bounded by the orchestrator's default k)
+             bounded by the orchestrator's default k), svc-default (a request naming
+             neither proposer nor k: the orchestrator's default configuration)
   in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
              with the same draft, constant K), hf-lookup-k{K}
              (`prompt_lookup_num_tokens=K`)
@@ -158,6 +159,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="CI smoke sizes (see the defaults below)")
     p.add_argument("--tiny", action="store_true",
                    help="use tiny random models (tests.tiny.build_pair) instead of the embedded ones")
+    p.add_argument("--tiny-head", action="store_true",
+                   help="with --tiny: the draft is a feature head of the tiny target "
+                        "(tests.tiny.build_feature_head)")
     p.add_argument("--orchestrator", metavar="ADDR",
                    help="use a running orchestrator instead of starting a stack (no link phases)")
     p.add_argument("--target", help="target --model (folder or .gguf); default: the embedded one")
@@ -192,6 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--no-peer", action="store_true", help="skip the in-process peer")
+    p.add_argument("--no-default", action="store_true",
+                   help="skip svc-default (a request naming neither proposer nor k: the orchestrator's "
+                        "default configuration)")
     p.add_argument("--no-network", action="store_true", help="skip the RTT and rate phases")
     p.add_argument("--rtts", help=f"RTT sweep, ms (full {FULL['rtts']})")
     p.add_argument("--rtt-k", help=f"draft k values in the RTT sweep (full {FULL['rtt_k']})")
@@ -238,10 +245,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--reps, --max-new-tokens and --per-category must be >= 1")
     if args.orchestrator:
         args.no_network = True
-    if args.peer_k and feature_draft(args):
-        print("the draft is a feature head, which transformers' assistant_model= cannot run: "
-              "no hf-assisted configurations", file=sys.stderr)
-        args.peer_k = []
     return args
 
 
@@ -266,6 +269,8 @@ def main_configs(args, mode: str) -> list[Config]:
         configs.append(Config("svc", "draft", 0))  # k = 0: adaptive
     configs += [Config("svc", "lookup", k) for k in args.lookup_k]
     configs += [Config("svc", "combined", k) for k in args.combined_k]
+    if not args.no_default:
+        configs.append(Config("svc", "default"))  # no proposer, no k: what a plain request gets
     if not args.no_peer:
         configs.append(Config("hf", "target"))
         configs += [Config("hf", "assisted", k) for k in args.peer_k]
@@ -419,7 +424,8 @@ class ServiceRunner:
             messages=[pb.ChatMessage(role=r, content=c) for r, c in item.prompt.messages],
             max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer=proposer,
             k=item.config.k, strict=True,
-            speculation=pb.SPECULATION_PARALLEL if item.config.parallel else pb.SPECULATION_SEQUENTIAL,
+            speculation=(pb.SPECULATION_UNSPECIFIED if item.config.proposer == "default" else
+                         pb.SPECULATION_PARALLEL if item.config.parallel else pb.SPECULATION_SEQUENTIAL),
             prediction=item.prediction,
         )
         if item.grammar:
@@ -587,6 +593,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.stack import Stack, StackSpec, prepare_run
 
     workdir = prepare_run(args, "specdec-bench-")
+    if args.peer_k and feature_draft(args):
+        print("the draft is a feature head, which transformers' assistant_model= cannot run: "
+              "no hf-assisted configurations", file=sys.stderr)
+        args.peer_k = []
 
     prompts = suite.subset(suite.load(args.suite), args.per_category)
     items = plan(args, prompts)

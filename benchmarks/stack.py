@@ -150,5 +150,9 @@ def prepare_run(args, prefix: str) -> Path:
         from tests.tiny import build_pair
 
         target_dir, draft_dir = build_pair(workdir / "tiny")
+        if getattr(args, "tiny_head", False):
+            from tests.tiny import build_feature_head
+
+            draft_dir = build_feature_head(target_dir, workdir / "tiny" / "head")
         args.target, args.draft = str(target_dir), str(draft_dir)
     return workdir

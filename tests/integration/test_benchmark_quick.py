@@ -52,6 +52,7 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
         assert ("main", mode, "hf-target") in by_config
         assert any(c.startswith("svc-draft-k") for p, m, c in by_config if p == "main" and m == mode)
         assert ("main", mode, "svc-draft-auto") in by_config
+        assert ("main", mode, "svc-default") in by_config
     # The predicted-output cell: the same edit prompt without and with a prediction.
     assert {c for p, _, c in by_config if p == "prediction"} == {
         "svc-none", "svc-prediction-source-k8", "svc-prediction-exact-k8"}
@@ -158,3 +159,25 @@ def test_greedy_identity_check_catches_a_changed_token(quick_run) -> None:
     bad = analysis.greedy_mismatches(tampered)
     assert [(m["prompt_id"], m["config"], m["first_difference"]) for m in bad] == [
         (victim["prompt_id"], victim["config"], 3)]
+
+
+def test_quick_benchmark_with_a_feature_head(tmp_path) -> None:
+    """The same harness with the draft a feature head: greedy identity holds, the RTT sweep runs it,
+    and the feature bytes per round are in the figures."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--tiny", "--tiny-head", "--threads", "1",
+         "--modes", "greedy", "--k", "2", "--parallel-k", "1", "--lookup-k", "", "--combined-k", "",
+         "--no-auto", "--rtts", "0,5", "--rates", "0", "--prediction-prompts", "0", "--structured-prompts", "0",
+         "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    assert "no hf-assisted configurations" in proc.stderr
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["checks"]["greedy_passed"] is True and result["checks"]["greedy_compared"] > 0
+    drafted = [s for s in result["summaries"] if s["config"] == "svc-draft-k2"]
+    assert {s["phase"] for s in drafted} >= {"main", "rtt"}
+    for s in drafted:
+        assert s["breakdown"]["feature_bytes_per_round"]["median"] > 0, s["phase"]
+    assert "(features " in (tmp_path / "results.md").read_text()
