@@ -14,9 +14,16 @@ Stages (each resumable, each reads what the previous one wrote under --out):
   train  draft = target embedding + first --layers layers + final norm + tied
          head (optionally --vocab rows), trained on the soft labels
          -> OUT/train/checkpoint.pt, then the draft folder OUT/draft/
+         --kind eagle: the target's features of every training sequence
+         (-> OUT/eagle-features/, resumable), then a feature head (fc + the
+         target's last --layers layers + final norm + tied head) trained on them,
+         --depth passes unrolled on its own features
+         -> OUT/train/eagle-checkpoint.pt, then OUT/draft/ (kind eagle)
   eval   agreement and tokens/pass on both held-out sets of OUT/draft (loaded
          through engine.loader, as the draft service loads it) and of
          the early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json.
+         --kind eagle: agreement, per-depth acceptance and tokens/pass of the
+         head drafting on its own features (exact chain simulation), cost
          With --draft-model DIR: another draft folder on the same held-out data
          (e.g. the shipped one, for a side-by-side) -> OUT/eval-NAME.json
 Serve the result with `python -m draft_service --model OUT/draft`.
@@ -67,7 +74,10 @@ SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
              "(0 = none)", 32, float),
     )),
     Group("training", (
-        Flag("layers", "draft decoder layers", 2, int),
+        Flag("kind", "draft kind: layers (the target's first --layers layers, reads tokens) or eagle (an "
+             "EAGLE-style feature head: the target's last --layers layers over [token embedding; target feature], "
+             "drafting on its own features)", "layers", choices=("layers", "eagle")),
+        Flag("layers", "decoder layers of the draft", None, int, default_doc="2 (layers), 1 (eagle)"),
         Flag("init-draft", "train stage: start from this draft folder (its layers, final norm and head "
              "vocabulary) instead of the target's first --layers layers: continued distillation of an "
              "existing draft on new data; empty = from the target", None, Path),
@@ -78,8 +88,17 @@ SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
         Flag("amp", "training autocast dtype; auto = bfloat16 where supported", "auto",
              choices=("auto", "bfloat16", "float32")),
         Flag("draft-dtype", "dtype of the stored draft tensors and of evaluation", "bfloat16"),
-        Flag("train-minutes", "time budget of training: fewer steps if --steps would not fit (0 = none)",
-             17, float),
+        Flag("train-minutes", "time budget of training: fewer steps if --steps would not fit (0 = none); "
+             "for eagle it includes the feature extraction", 17, float),
+        Flag("depth", "eagle: unrolled passes per step on the head's own features (training-time test; 1 = "
+             "teacher-forced only)", 2, int),
+        Flag("feature-weight", "eagle: weight of SmoothL1(head output, target feature) next to the soft "
+             "cross-entropy", 0.1, float),
+        Flag("feature-noise", "eagle: uniform noise on the true input features, relative to their RMS", 0.0, float),
+        Flag("prompt-weight", "eagle: weight of the soft cross-entropy at prompt positions (0 = response "
+             "positions only; the feature loss covers every position)", 0.0, float),
+        Flag("feature-dtype", "eagle: target dtype of the training features (held-out features are always "
+             "float32, as served)", "bfloat16"),
     )),
     Group("evaluation", (
         Flag("draft-model", "eval stage: evaluate this draft folder instead of OUT/draft, without touching "
@@ -191,6 +210,13 @@ def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dic
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     from distill import data, train
     from engine import drafts
+
+    if args.kind == "eagle":
+        from distill import eagle
+
+        if args.init_draft is not None:
+            raise SystemExit("--init-draft is for --kind layers")
+        return eagle.run_train(args)
 
     records = data.load_records(args.out / "data" / "train")
     if not records:
@@ -306,6 +332,11 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     from engine import drafts
     from engine import loader
 
+    if args.kind == "eagle":
+        from distill import eagle
+
+        return eagle.run_eval(args)
+
     sets = heldout_records(args)
     records = sets["heldout"]
     train_records = data.load_records(args.out / "data" / "train")
@@ -365,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.layers is None:
+        args.layers = 1 if args.kind == "eagle" else 2
     if args.layers < 1:
         raise SystemExit("--layers must be >= 1")
     stages = ("data", "train", "eval") if args.stage == "all" else (args.stage,)
