@@ -45,6 +45,9 @@ from typing import Any
 import torch
 
 from distill.heldout import HELDOUT_V2_FILE
+from distill.sources import (
+    _amp, _target_loader_spec, generate_set, heldout_records, heldout_v2_prompts, load_target,
+)
 from specdec.settings import POSITIONAL, Flag, Group, Settings
 
 log = logging.getLogger("distill")
@@ -117,25 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     return SETTINGS.parser()
 
 
-def _amp(args: argparse.Namespace, device: torch.device) -> str:
-    if args.amp != "auto":
-        return args.amp
-    if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"  # fp16 would need loss scaling
-    mkldnn_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return "bfloat16" if mkldnn_bf16 is not None and mkldnn_bf16() else "float32"
-
-
-def _target_loader_spec(target: str) -> str | None:
-    return None if target in ("", "default") else target
-
-
-def load_target(args: argparse.Namespace, dtype: str) -> Any:
-    from engine import loader
-
-    return loader.load(_target_loader_spec(args.target_model), device=args.device, dtype=dtype)
-
-
 def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
     """The model step of the prompt set (self-instruct requests and answers), in the generation dtype."""
     from distill import selfinstruct
@@ -143,32 +127,6 @@ def stage_prompts(args: argparse.Namespace) -> dict[str, Any]:
     summary = selfinstruct.run(load_target(args, args.gen_dtype), batch_size=args.gen_batch)
     log.info("prompt set rebuilt: %s", summary)
     return summary
-
-
-def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
-                 deadline: float | None = None) -> dict[str, Any]:
-    """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
-    from distill import data
-
-    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
-                            shard_prompts=args.shard_prompts)
-    target = load_target(args, dtype)
-    started = time.monotonic()
-    data.generate(target.model, target.tokenizer, subset, args.out / "data" / name, target.eos_token_ids,
-                  config, desc=f"{name} data ({dtype})", deadline=deadline)
-    records = data.load_records(args.out / "data" / name)
-    summary = {"prompts": len(records), "tokens": sum(len(r["response"]) for r in records),
-               "dtype": dtype, "seconds_this_run": round(time.monotonic() - started, 1),
-               "tokenizer_fingerprint": target.tokenizer_fingerprint, "target_name": target.name}
-    log.info("%s data: %d prompts, %d response tokens", name, summary["prompts"], summary["tokens"])
-    return summary
-
-
-def heldout_v2_prompts(args: argparse.Namespace) -> list:
-    """The separately built held-out set of --heldout-file (empty when disabled)."""
-    from distill import heldout
-
-    return heldout.load_v2(Path(args.heldout_file)) if args.heldout_file else []
 
 
 def stage_data(args: argparse.Namespace) -> dict[str, Any]:
@@ -297,19 +255,6 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
             log.info("cost %s/%s head: %.2f ms vs target %.2f ms (c = %.3f)", dtype, head, cost["draft_ms"],
                      cost["target_ms"], cost["c"])
     return out
-
-
-def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    """Held-out records per set: the templated one, and the separate one (generated here if missing)."""
-    from distill import data
-
-    sets = {"heldout": data.load_records(args.out / "data" / "heldout")}
-    if args.heldout_file:
-        v2_prompts = heldout_v2_prompts(args)
-        if len(data.load_records(args.out / "data" / "heldout_v2")) < len(v2_prompts):
-            generate_set(args, "heldout_v2", v2_prompts, "float32")
-        sets["heldout_v2"] = data.load_records(args.out / "data" / "heldout_v2")
-    return sets
 
 
 def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]], target_model: Any,

@@ -609,7 +609,7 @@ def run_train(args: Any) -> dict[str, Any]:
     """
     import json
 
-    from distill import cli, data
+    from distill import data, sources
     from distill.train import choose_subset
     from engine import drafts
 
@@ -618,7 +618,7 @@ def run_train(args: Any) -> dict[str, Any]:
     if not records:
         raise SystemExit(f"no training data under {Path(args.out) / 'data' / 'train'}: run the data stage first")
     info = json.loads((Path(args.out) / "data" / "info.json").read_text())
-    extractor = cli.load_target(args, args.feature_dtype)
+    extractor = sources.load_target(args, args.feature_dtype)
     pad = extractor.tokenizer.pad_token_id if extractor.tokenizer.pad_token_id is not None \
         else extractor.eos_token_ids[0]
     records, features, feature_summary = cached_features(
@@ -628,18 +628,18 @@ def run_train(args: Any) -> dict[str, Any]:
     log.info("train features reproduce the records' greedy tokens at %.2f%% of response positions",
              100 * feature_summary["greedy_fidelity"])
     del extractor
-    target = cli.load_target(args, "float32")
+    target = sources.load_target(args, "float32")
     model, vocab = target.model, target.vocab_size
     subset = None
     if 0 < args.vocab < vocab:
         subset = choose_subset(records, args.vocab, vocab, always=target.eos_token_ids)
-    reference = cli.load_target(args, "float32").model
+    reference = sources.load_target(args, "float32").model
     drafts.build_feature_head(model, args.layers, subset)
     init = balance_init(model, reference, records, features)
     del reference
     log.info("head init: %s", init)
     config = EagleConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
-                         amp=cli._amp(args, target.device), depth=args.depth, feature_weight=args.feature_weight,
+                         amp=sources._amp(args, target.device), depth=args.depth, feature_weight=args.feature_weight,
                          noise=args.feature_noise, prompt_weight=args.prompt_weight, seed=args.seed)
     budget = None
     if args.train_minutes > 0:
@@ -654,7 +654,7 @@ def run_train(args: Any) -> dict[str, Any]:
                     pad_id=pad, vocab=vocab, budget_s=budget)
     config = EagleConfig(**summary["config"])
     manifest = drafts.Manifest(
-        target=drafts.target_spec(cli._target_loader_spec(args.target_model)),
+        target=drafts.target_spec(sources._target_loader_spec(args.target_model)),
         target_name=target.name,
         tokenizer_fingerprint=target.tokenizer_fingerprint,
         num_layers=args.layers,
@@ -688,15 +688,15 @@ def run_eval(args: Any) -> dict[str, Any]:
     """`python -m distill eval --kind eagle`: both held-out sets, per-depth acceptance, tokens/pass, cost."""
     import json
 
-    from distill import cli, evaluate
+    from distill import evaluate, sources
     from engine import drafts, loader
 
-    sets = cli.heldout_records(args)
+    sets = sources.heldout_records(args)
     folder = args.draft_model or Path(args.out) / "draft"
     trained = loader.load(str(folder), device=args.device, dtype=args.draft_dtype)
     if not trained.feature_dim:
         raise SystemExit(f"{folder} is not a feature head (kind eagle)")
-    target = cli.load_target(args, "float32")
+    target = sources.load_target(args, "float32")
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
     subset = subset_of(trained.model)
     result: dict[str, Any] = {"draft_folder": str(folder), "kind": drafts.EAGLE, "dtype": args.draft_dtype,

@@ -29,15 +29,20 @@ MAX_SESSION_ID = 256  # characters in a session id, on every service and the orc
 MAX_CHOICES = 16  # GenerateRequest.n (the OpenAI `n`): choices of one request
 
 
-def model_message_caps(vocab: int, max_k: int, max_request_tokens: int) -> tuple[int, int]:
+def model_message_caps(vocab: int, max_k: int, max_request_tokens: int, *, reads_features: int = 0,
+                       returns_features: int = 0) -> tuple[int, int]:
     """(receive, send) gRPC caps for a model service, from what its largest messages can hold.
 
     Received: a Score/Propose carries at most max_request_tokens int32 varints
-    (10 bytes each at worst) plus small fields. Sent: at most max_k + 1 rows of
-    dense float32 distributions (the CSR form is only used when smaller).
+    (10 bytes each at worst) plus small fields; a feature draft's Propose also
+    one feature row per token (`reads_features` wide). Sent: at most max_k + 1
+    rows of dense float32 distributions (the CSR form is only used when
+    smaller); a target's Score also one feature row per token sent
+    (`returns_features` wide). Feature rows are counted in float32, the widest
+    encoding, twice over (a batch call holds several sessions' rows).
     """
-    receive = 10 * max_request_tokens + 64 * 1024
-    send = (max_k + 1) * vocab * 4 + MARGIN_BYTES
+    receive = 10 * max_request_tokens + 64 * 1024 + 2 * max_request_tokens * reads_features * 4
+    send = (max_k + 1) * vocab * 4 + MARGIN_BYTES + 2 * max_request_tokens * returns_features * 4
     return receive, send
 
 

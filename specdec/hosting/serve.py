@@ -63,8 +63,10 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         return 2
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"
     host = ModelHost(loaded, limits_from_args(args), replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
-    receive, send = model_message_caps(loaded.vocab_size, host.limits.max_k,
-                                       host.limits.max_request_tokens)
+    pooled = getattr(host.runner, "pooled", False)
+    receive, send = model_message_caps(
+        loaded.vocab_size, host.limits.max_k, host.limits.max_request_tokens, reads_features=loaded.feature_dim,
+        returns_features=int(loaded.model.config.hidden_size) if pooled and role.name == "target" else 0)
     options = dataclasses.replace(options, max_receive_bytes=receive, max_send_bytes=send)
     on_serving = [hooks.sweeper(host)]
     if options.redis_url:

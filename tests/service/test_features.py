@@ -96,6 +96,12 @@ def test_the_head_drafts_as_its_reference_forward(head, tokenizer, models):
     again = propose(svc.stub, "h-2", toks, len(toks) - 4, toks[-4:], k=4,
                     features=encode_features(inputs[-4:], F32))
     assert list(again.tokens) == expected
+    # Most of what a request may carry (--max-request-tokens 600; the tiny context is 512), each
+    # token with an fp32 row: the service's message cap makes room for them.
+    long = (toks * 60)[:500]
+    rows = encode_features(torch.zeros(len(long), inputs.shape[1]), F32)
+    assert len(rows.data) > 10 * 600 + 64 * 1024  # more than a token-only request's cap (the cap before)
+    assert len(propose(svc.stub, "h-long", long, 0, long, k=2, features=rows).tokens) == 2
     # Wrong features give other drafts (the head reads them).
     noisy = propose(svc.stub, "h-3", toks, 0, toks, k=4, features=encode_features(inputs * -3.0, F32))
     assert list(noisy.tokens) != expected

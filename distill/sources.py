@@ -1,0 +1,74 @@
+"""What the distill stages share: the target as each stage loads it, and the held-out data.
+
+(Its own module so that distill.cli and the stage modules it dispatches to,
+such as distill.eagle, both import it without importing each other.)
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("distill")
+
+
+def _amp(args: argparse.Namespace, device: torch.device) -> str:
+    if args.amp != "auto":
+        return args.amp
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"  # fp16 would need loss scaling
+    mkldnn_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return "bfloat16" if mkldnn_bf16 is not None and mkldnn_bf16() else "float32"
+
+
+def _target_loader_spec(target: str) -> str | None:
+    return None if target in ("", "default") else target
+
+
+def load_target(args: argparse.Namespace, dtype: str) -> Any:
+    from engine import loader
+
+    return loader.load(_target_loader_spec(args.target_model), device=args.device, dtype=dtype)
+
+
+def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
+                 deadline: float | None = None) -> dict[str, Any]:
+    """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
+    from distill import data
+
+    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
+                            shard_prompts=args.shard_prompts)
+    target = load_target(args, dtype)
+    started = time.monotonic()
+    data.generate(target.model, target.tokenizer, subset, args.out / "data" / name, target.eos_token_ids,
+                  config, desc=f"{name} data ({dtype})", deadline=deadline)
+    records = data.load_records(args.out / "data" / name)
+    summary = {"prompts": len(records), "tokens": sum(len(r["response"]) for r in records),
+               "dtype": dtype, "seconds_this_run": round(time.monotonic() - started, 1),
+               "tokenizer_fingerprint": target.tokenizer_fingerprint, "target_name": target.name}
+    log.info("%s data: %d prompts, %d response tokens", name, summary["prompts"], summary["tokens"])
+    return summary
+
+
+def heldout_v2_prompts(args: argparse.Namespace) -> list:
+    """The separately built held-out set of --heldout-file (empty when disabled)."""
+    from distill import heldout
+
+    return heldout.load_v2(Path(args.heldout_file)) if args.heldout_file else []
+
+
+def heldout_records(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Held-out records per set: the templated one, and the separate one (generated here if missing)."""
+    from distill import data
+
+    sets = {"heldout": data.load_records(args.out / "data" / "heldout")}
+    if args.heldout_file:
+        v2_prompts = heldout_v2_prompts(args)
+        if len(data.load_records(args.out / "data" / "heldout_v2")) < len(v2_prompts):
+            generate_set(args, "heldout_v2", v2_prompts, "float32")
+        sets["heldout_v2"] = data.load_records(args.out / "data" / "heldout_v2")
+    return sets
