@@ -35,15 +35,18 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from distill.train import autocast, column_map, head_logits, lr_at, make_batches
-from engine.drafts import subset_of, target_features, trainable_named, trainable_parameters
+from distill.train import (
+    autocast, column_map, fit_to_budget, head_logits, lr_at, make_batches, optimizer_step, replay_batches, resume,
+    save_checkpoint,
+)
+from engine.drafts import subset_of, target_features, trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -349,39 +352,12 @@ def train(model: Any, records: Sequence[dict[str, Any]], features: Sequence[torc
     device = next(model.parameters()).device
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    step, history = 0, []
-    if ckpt.is_file():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        if state["config"]["steps"] != config.steps:
-            log.warning("checkpoint %s was for %d steps; continuing with %d", ckpt, state["config"]["steps"],
-                        config.steps)
-            config = replace(config, steps=max(config.steps, state["step"]))
-        named = dict(trainable_named(model))
-        with torch.no_grad():
-            for name, value in state["model"].items():
-                named[name].copy_(value)
-        optimizer.load_state_dict(state["optimizer"])
-        step, history = state["step"], state["history"]
-        log.info("resuming from %s at step %d", ckpt, step)
-
-    def save_checkpoint() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": {n: p.detach().cpu() for n, p in trainable_named(model)},
-                    "optimizer": optimizer.state_dict(), "step": step, "history": history,
-                    "config": asdict(config)}, tmp)
-        os.replace(tmp, ckpt)
-
+    step, history, config = resume(ckpt, model, optimizer, config)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     cmap = column_map(model, vocab, device)
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed + step)
-    batches: list[list[int]] = []
-    epoch = 0
-    for _ in range(step):  # replay the shuffles so that a resumed run sees the same order
-        if not batches:
-            batches = make_batches(records, config.batch_tokens, rng)
-            epoch += 1
-        batches.pop()
+    batches, epoch = replay_batches(records, config.batch_tokens, rng, step)
     model.train()
     started, first_step = time.monotonic(), step
     window: list[tuple[float, list[dict[str, float]], int]] = []
@@ -396,27 +372,9 @@ def train(model: Any, records: Sequence[dict[str, Any]], features: Sequence[torc
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, config)
             loss, per_pass = losses(model, batch, config, cmap)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
+            optimizer_step(loss, optimizer, params)
             step += 1
-            if budget_s is not None and step == first_step + 10:
-                per_step = (time.monotonic() - started) / 10
-                fits = step + int((budget_s - (time.monotonic() - started)) / per_step)
-                if fits < config.steps:
-                    log.warning("time budget %.0f s: %.2f s/step, training %d steps instead of %d",
-                                budget_s, per_step, max(fits, step), config.steps)
-                    config = replace(config, steps=max(fits, step))
-                    bar.total = config.steps
-            if budget_s is not None and step > first_step + 10 and step % 50 == 0:  # re-fit to the budget
-                elapsed = time.monotonic() - started
-                fits = step + int((budget_s - elapsed) / (elapsed / (step - first_step)))
-                if fits < config.steps:
-                    log.warning("time budget: %.2f s/step so far, %d steps instead of %d",
-                                elapsed / (step - first_step), max(fits, step), config.steps)
-                    config = replace(config, steps=max(fits, step))
-                    bar.total = config.steps
+            config = fit_to_budget(config, step, first_step, started, budget_s, bar, probe=10)
             window.append((loss.item(), per_pass, int(batch["response"].sum())))
             if step % 10 == 0 or step == config.steps:
                 n = sum(w[2] for w in window)
@@ -433,7 +391,7 @@ def train(model: Any, records: Sequence[dict[str, Any]], features: Sequence[torc
                 window = []
             bar.update(1)
             if step % config.ckpt_every == 0 or step == config.steps:
-                save_checkpoint()
+                save_checkpoint(ckpt, model, optimizer, step, history, config)
     model.eval()
     return {"steps": step, "epochs": epoch, "seconds": round(time.monotonic() - started, 1),
             "history": history, "config": asdict(config)}

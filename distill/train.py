@@ -145,6 +145,70 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (config.min_lr + (1 - config.min_lr) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
 
+def resume(ckpt: Path, model: Any, optimizer: Any, config: Any) -> tuple[int, list, Any]:
+    """(step, history, config) from `ckpt` if it exists (trainable tensors and optimiser restored), else fresh."""
+    if not ckpt.is_file():
+        return 0, [], config
+    device = next(model.parameters()).device
+    state = torch.load(ckpt, map_location=device, weights_only=False)
+    if state["config"]["steps"] != config.steps:
+        log.warning("checkpoint %s was for %d steps; continuing with %d", ckpt, state["config"]["steps"],
+                    config.steps)
+        config = replace(config, steps=max(config.steps, state["step"]))
+    named = dict(trainable_named(model))
+    with torch.no_grad():
+        for name, value in state["model"].items():
+            named[name].copy_(value)
+    optimizer.load_state_dict(state["optimizer"])
+    log.info("resuming from %s at step %d", ckpt, state["step"])
+    return state["step"], state["history"], config
+
+
+def save_checkpoint(ckpt: Path, model: Any, optimizer: Any, step: int, history: list, config: Any) -> None:
+    """Trainable tensors, optimiser, step and history, written atomically."""
+    tmp = ckpt.with_suffix(".tmp")
+    torch.save({"model": {n: p.detach().cpu() for n, p in trainable_named(model)},
+                "optimizer": optimizer.state_dict(), "step": step, "history": history,
+                "config": asdict(config)}, tmp)
+    os.replace(tmp, ckpt)
+
+
+def replay_batches(records: Sequence[dict[str, Any]], batch_tokens: int, rng: random.Random,
+                   step: int) -> tuple[list[list[int]], int]:
+    """(batches left, epoch) after `step` steps: the shuffles replayed, so a resumed run sees the same order."""
+    batches: list[list[int]] = []
+    epoch = 0
+    for _ in range(step):
+        if not batches:
+            batches = make_batches(records, batch_tokens, rng)
+            epoch += 1
+        batches.pop()
+    return batches, epoch
+
+
+def optimizer_step(loss: torch.Tensor, optimizer: Any, params: list) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+
+
+def fit_to_budget(config: Any, step: int, first_step: int, started: float, budget_s: float | None,
+                  bar: Any, probe: int) -> Any:
+    """Fewer steps if the rest would not fit the time budget: timed after `probe` steps, re-timed every 50."""
+    if budget_s is None or step < first_step + probe or (step > first_step + probe and step % 50):
+        return config
+    elapsed = time.monotonic() - started
+    per_step = elapsed / (step - first_step)
+    fits = step + int((budget_s - elapsed) / per_step)
+    if fits < config.steps:
+        log.warning("time budget %.0f s: %.2f s/step, training %d steps instead of %d",
+                    budget_s, per_step, max(fits, step), config.steps)
+        config = replace(config, steps=max(fits, step))
+        bar.total = config.steps
+    return config
+
+
 def train(
     model: Any,
     records: Sequence[dict[str, Any]],
@@ -165,38 +229,11 @@ def train(
     device = next(model.parameters()).device
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    step, history = 0, []
-    if ckpt.is_file():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        if state["config"]["steps"] != config.steps:
-            log.warning("checkpoint %s was for %d steps; continuing with %d", ckpt, state["config"]["steps"], config.steps)
-        named = dict(trainable_named(model))
-        with torch.no_grad():
-            for name, value in state["model"].items():
-                named[name].copy_(value)
-        optimizer.load_state_dict(state["optimizer"])
-        step, history = state["step"], state["history"]
-        log.info("resuming from %s at step %d", ckpt, step)
-
-    def save_checkpoint() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({
-            "model": {n: p.detach().cpu() for n, p in trainable_named(model)},
-            "optimizer": optimizer.state_dict(), "step": step, "history": history,
-            "config": asdict(config),
-        }, tmp)
-        os.replace(tmp, ckpt)
-
+    step, history, config = resume(ckpt, model, optimizer, config)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     cmap = column_map(model, vocab, device)
     rng = random.Random(config.seed)
-    batches: list[list[int]] = []
-    epoch_of_step = 0
-    for _ in range(step):  # replay the shuffles so a resumed run sees the same order
-        if not batches:
-            batches = make_batches(records, config.batch_tokens, rng)
-            epoch_of_step += 1
-        batches.pop()
+    batches, epoch_of_step = replay_batches(records, config.batch_tokens, rng, step)
     model.train()
     started, first_step = time.monotonic(), step
     window: list[tuple[float, float, int]] = []
@@ -212,19 +249,9 @@ def train(
                 hidden = model.model(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
                 logits = head_logits(model, hidden[batch["rows"], batch["cols"]])  # [n, rows]
             loss, agree = soft_loss(logits, batch, cmap, config.label_temperature)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
+            optimizer_step(loss, optimizer, params)
             step += 1
-            if budget_s is not None and step == first_step + 20:
-                per_step = (time.monotonic() - started) / 20
-                fits = step + int((budget_s - (time.monotonic() - started)) / per_step)
-                if fits < config.steps:
-                    log.warning("time budget %.0f s: %.2f s/step, training %d steps instead of %d",
-                                budget_s, per_step, max(fits, step), config.steps)
-                    config = replace(config, steps=max(fits, step))
-                    bar.total = config.steps
+            config = fit_to_budget(config, step, first_step, started, budget_s, bar, probe=20)
             window.append((loss.item(), agree.item(), len(batch["labels"])))
             if step % 10 == 0 or step == config.steps:
                 n = sum(w[2] for w in window)
@@ -236,7 +263,7 @@ def train(
                 window = []
             bar.update(1)
             if step % config.ckpt_every == 0 or step == config.steps:
-                save_checkpoint()
+                save_checkpoint(ckpt, model, optimizer, step, history, config)
     model.eval()
     return {"steps": step, "epochs": epoch_of_step, "seconds": round(time.monotonic() - started, 1),
             "history": history, "config": asdict(config)}
