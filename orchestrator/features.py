@@ -42,6 +42,10 @@ class FeatureRelay:
     def known(self) -> int:
         return len(self._data) // self.width
 
+    @property
+    def nbytes(self) -> int:
+        return len(self._data)
+
     def absorb(self, features: common_pb2.Features | None, fed_committed: int) -> None:
         """A Score's features (one row per token sent, from its cache position); keep the rows of
         positions below `fed_committed` (the committed tokens the target has now read)."""
@@ -102,7 +106,7 @@ class RelayCache:
         if kept is None:
             return FeatureRelay(dim)
         relay, fps = kept
-        self._bytes -= len(relay._data)
+        self._bytes -= relay.nbytes
         if relay.dim != dim:
             return FeatureRelay(dim)
         lo, hi = 0, min(relay.known, len(prefix_fps) - 1)  # fps[0] (the empty prefix) always matches
@@ -115,15 +119,15 @@ class RelayCache:
 
     def keep(self, session_id: str, relay: FeatureRelay, prefix_fps) -> None:
         """After a turn: keep the relay with the fingerprints of its tokens' prefixes."""
-        if relay.known >= len(prefix_fps) or len(relay._data) > self.max_bytes:
+        if relay.known >= len(prefix_fps) or relay.nbytes > self.max_bytes:
             return
         self._relays[session_id] = (relay, list(prefix_fps[:relay.known + 1]))
-        self._bytes += len(relay._data)
+        self._bytes += relay.nbytes
         while self._bytes > self.max_bytes and self._relays:
             _, (old, _) = self._relays.popitem(last=False)
-            self._bytes -= len(old._data)
+            self._bytes -= old.nbytes
 
     def drop(self, session_id: str) -> None:
         kept = self._relays.pop(session_id, None)
         if kept is not None:
-            self._bytes -= len(kept[0]._data)
+            self._bytes -= kept[0].nbytes

@@ -102,6 +102,7 @@ class ModelServicerBase:
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context: Any) -> common_pb2.ModelInfo:
         m = self.host.loaded
+        feature_dim, feature_kind = self.features()
         return common_pb2.ModelInfo(
             model_name=m.name,
             role=self.role,
@@ -116,8 +117,8 @@ class ModelServicerBase:
             replica_id=self.host.replica_id,
             max_request_tokens=self.host.limits.max_request_tokens,
             max_batch=self.host.max_batch,
-            feature_dim=self.features()[0],
-            feature_kind=self.features()[1],
+            feature_dim=feature_dim,
+            feature_kind=feature_kind,
         )
 
 
