@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--no-limit", action="store_true",
                    help="skip measuring the physical limit (one in-process forward over N rows)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every stream generates exactly --max-new-tokens (GenerateRequest.ignore_eos): "
+                        "batches are not thinned by answers that end early")
     args = p.parse_args(argv)
     args.ns = [int(x) for x in (args.ns or ("1,4" if args.quick else "1,2,4,8,16")).split(",") if x.strip()]
     args.max_new_tokens = args.max_new_tokens or (12 if args.quick else 32)
@@ -177,7 +180,12 @@ class LoadStack:
 
     def scrape(self) -> dict:
         """{role: {metric: {"count", "sum", "buckets": {le: cumulative}}}} for the batch histograms."""
-        return {role: _histograms(url) for role, url in self.metrics.items()}
+        return parse_scrape(self.fetch())
+
+    def fetch(self) -> dict[str, str]:
+        """{role: the metrics page's text}: only the fetch (it waits on the socket, so it does not hold
+        up this process's streams the way parsing would; parse_scrape later)."""
+        return {role: _fetch(url) for role, url in self.metrics.items()}
 
     def stop(self) -> None:
         self.group.stop_all()
@@ -193,15 +201,26 @@ class LoadStack:
 
 
 HISTOGRAMS = ("specdec_batch_rows", "specdec_batch_tokens")
+ROUND_FIELDS = ("total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms",
+                "redis_ms")  # Stats.rounds[] fields kept per round (load_report.ROUND_PARTS)
 MODEL_CALLS = ("Score", "ScoreBatch", "Propose", "ProposeBatch")  # RPCs counted per token
 
 
-def _histograms(url: str) -> dict:
+def _fetch(url: str) -> str:
+    try:
+        return urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return ""
+
+
+def parse_scrape(pages: dict[str, str]) -> dict:
+    return {role: _histograms(text) for role, text in pages.items()}
+
+
+def _histograms(text: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
-    except OSError:
+    if not text:
         return {}
     out: dict[str, dict] = {}
     for family in text_string_to_metric_families(text):
@@ -248,7 +267,27 @@ def histogram_delta(before: dict, after: dict) -> dict:
 # ---------------------------------------------------------------------------- streams
 
 
-async def _stream(stub, request, start: float) -> dict:
+class DecodeMark:
+    """When every stream of a cell has its first token (all prompts prefilled: the decode phase
+    begins), `scrape` runs once (in a thread) and its result and time are kept."""
+
+    def __init__(self, streams: int, scrape=None) -> None:
+        self.waiting = streams
+        self.scrape = scrape
+        self.task: asyncio.Task | None = None
+        self.at_s: float | None = None
+
+    def first_token(self, now_s: float) -> None:
+        self.waiting -= 1
+        if self.waiting == 0 and self.scrape is not None:
+            self.at_s = now_s
+            self.task = asyncio.get_running_loop().create_task(asyncio.to_thread(self.scrape))
+
+    async def result(self) -> dict | None:
+        return await self.task if self.task is not None else None
+
+
+async def _stream(stub, request, start: float, mark: DecodeMark | None = None) -> dict:
     from specdec.v1 import orchestrator_pb2 as pb
 
     token_ids, chunks, stats = [], [], None
@@ -257,6 +296,8 @@ async def _stream(stub, request, start: float) -> dict:
             if event.chunk.token_ids:
                 chunks.append((time.perf_counter() - start, len(event.chunk.token_ids)))
                 token_ids.extend(event.chunk.token_ids)
+                if mark is not None and len(chunks) == 1:
+                    mark.first_token(chunks[0][0])
         else:
             stats = event.stats
     end = time.perf_counter() - start
@@ -267,12 +308,15 @@ async def _stream(stub, request, start: float) -> dict:
     return {"token_ids": token_ids, "chunks": chunks, "end_s": end,
             "ttft_s": chunks[0][0] if chunks else end, "prompt_tokens": stats.prompt_tokens,
             "rounds_k": [r.k for r in stats.rounds], "proposer_used": stats.proposer,
-            "rounds": len(stats.rounds)}
+            "rounds": len(stats.rounds),
+            # Where each round's time went (Stats.rounds; load_report.ROUND_PARTS), rounds after the first.
+            "round_ms": [[round(getattr(r, f), 2) for f in ROUND_FIELDS] for r in stats.rounds[1:]]}
 
 
 async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prompt], max_new: int,
-                      seed: int) -> list[dict]:
-    """All prompts' streams at once through the orchestrator at `address`."""
+                      seed: int, *, ignore_eos: bool = False, scrape=None) -> tuple[list[dict], dict | None]:
+    """All prompts' streams at once through the orchestrator at `address`; with `scrape`, also
+    its result once every stream has its first token (DecodeMark), with the time as "at_s"."""
     import grpc
 
     from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc
@@ -284,12 +328,14 @@ async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prom
         requests = [pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in p.messages], max_new_tokens=max_new,
             sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer=kind, k=config.k,
-            strict=config.proposer != "default") for p in prompts]
+            strict=config.proposer != "default", ignore_eos=ignore_eos) for p in prompts]
+        mark = DecodeMark(len(requests), scrape)
         start = time.perf_counter()
-        results = await asyncio.gather(*(_stream(stub, r, start) for r in requests))
+        results = await asyncio.gather(*(_stream(stub, r, start, mark) for r in requests))
+        decoding = await mark.result()
     for p, r in zip(prompts, results):
         r["prompt_id"] = p.id
-    return list(results)
+    return list(results), (None if decoding is None else {"at_s": mark.at_s, "scrape": decoding})
 
 
 # ---------------------------------------------------------------------------- the in-process peer
@@ -305,6 +351,7 @@ class Peer:
         self.target = load(args.target, device="cpu", dtype="float32")
         self.draft = load(args.draft or default_draft(), device="cpu")
         self.eos = list(self.target.eos_token_ids)
+        self.ignore_eos = args.ignore_eos  # generate exactly max_new tokens, as the services' streams
         tok = self.target.tokenizer
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos[0]
         self._ids: dict[str, list[int]] = {}
@@ -317,6 +364,8 @@ class Peer:
         return self._ids[prompt.id]
 
     def _cut(self, new: list[int]) -> list[int]:
+        if self.ignore_eos:
+            return new
         for i, tok in enumerate(new):
             if tok in self.eos:
                 return new[: i + 1]
@@ -336,7 +385,7 @@ class Peer:
             with torch.inference_mode():
                 start = time.perf_counter()
                 out = self.target.model.generate(
-                    input_ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=0, do_sample=False,
+                    input_ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new if self.ignore_eos else 0, do_sample=False,
                     temperature=None, top_p=None, top_k=None, eos_token_id=self.eos, pad_token_id=self.pad,
                     use_cache=True)
                 end = time.perf_counter() - start
@@ -359,7 +408,7 @@ class Peer:
 
         ids = torch.tensor([self.ids(prompt)])
         r = generate(self.target.model, self.draft.model, ids, PeerConfig("assisted", 4),
-                     max_new_tokens=max_new, eos_token_ids=self.eos)
+                     max_new_tokens=max_new, eos_token_ids=None if self.ignore_eos else self.eos)
         n = max(1, len(r.token_ids))
         # transformers streams a round's tokens together; spread the rest evenly after the first.
         step = (r.wall_s - r.ttft_s) / max(1, n - 1)
@@ -372,10 +421,20 @@ class Peer:
 # ---------------------------------------------------------------------------- main
 
 
-def physical_limit(args, prompts: list[suite.Prompt], ns: list[int], reps: int = 5) -> dict[int, dict]:
-    """Per N: the cost of one in-process forward over N one-token rows (the engine, the same
-    weights, one thread), and the tokens/s it allows: N / that cost. The sessions first hold
-    their prompts, as the streams' do."""
+def limit_sizes(ns: list[int]) -> list[int]:
+    """Row counts the physical limit is measured at: every N, and enough in between that the
+    decode phase's shrinking batches (streams ending) are interpolated, not guessed."""
+    top = max(ns)
+    grid = set(ns) | {n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if n <= top}
+    if top <= 16:
+        grid |= set(range(1, top + 1))
+    return sorted(grid)
+
+
+def physical_limit(args, prompts: list[suite.Prompt], ns: list[int], reps: int = 9) -> dict[int, dict]:
+    """Per row count n (limit_sizes): the cost of one in-process forward over n one-token rows
+    (the engine, the same weights, one thread), and the tokens/s it allows: n / that cost. The
+    sessions first hold their prompts, as the streams' do."""
     import torch
 
     from engine.host import HostLimits, pick_runner
@@ -396,7 +455,7 @@ def physical_limit(args, prompts: list[suite.Prompt], ns: list[int], reps: int =
                 cache.reserve(cache.length + len(chunk))
                 runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, 0)]))
             caches.append(cache)
-        for n in ns:
+        for n in limit_sizes(ns):
             times = []
             for _ in range(reps + 1):
                 rows = []
@@ -466,8 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"N={n} {v['limit_tps']:.0f} tok/s" for n, v in limit.items()), file=sys.stderr)
         # Reference (and warm-up): target-only alone on the batched stack, one prompt at a time.
         for p in prompts:
-            (r,) = asyncio.run(run_streams(stacks[BATCHED].address, SERVICE_CONFIGS[0], [p], args.max_new_tokens,
-                                           args.seed))
+            (r,), _ = asyncio.run(run_streams(stacks[BATCHED].address, SERVICE_CONFIGS[0], [p],
+                                              args.max_new_tokens, args.seed, ignore_eos=args.ignore_eos))
             reference[p.id] = r["token_ids"]
         for mode in modes:  # warm-up: every configuration once, short, not recorded
             for c in args.configs:
@@ -481,17 +540,23 @@ def main(argv: list[str] | None = None) -> int:
             group = prompts[:n] if config is not PEER_ASSISTED else prompts[:1]
             before = stacks[mode].scrape() if mode in stacks else {}
             t0 = time.perf_counter()
+            decoding = None
             if mode == PEER:
                 streams = peer.padded(group, args.max_new_tokens) if config is PEER_PADDED \
                     else peer.assisted(group[0], args.max_new_tokens)
             else:
-                streams = asyncio.run(run_streams(stacks[mode].address_for(config), config, group,
-                                                  args.max_new_tokens, args.seed))
+                streams, decoding = asyncio.run(run_streams(
+                    stacks[mode].address_for(config), config, group, args.max_new_tokens, args.seed,
+                    ignore_eos=args.ignore_eos, scrape=stacks[mode].fetch))
             wall = time.perf_counter() - t0
-            batches = histogram_delta(before, stacks[mode].scrape()) if mode in stacks else {}
+            after = stacks[mode].scrape() if mode in stacks else {}
+            batches = histogram_delta(before, after) if mode in stacks else {}
             record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
                       "proposer": config.proposer, "k": config.k, "wall_s": wall, "streams": streams,
                       "batches": batches}
+            if decoding is not None:  # the decode phase: from every stream's first token to the end
+                record["decode"] = {"start_s": decoding["at_s"],
+                                    "batches": histogram_delta(parse_scrape(decoding["scrape"]), after)}
             records.append(record)
             raw.write(json.dumps(record) + "\n")
             raw.flush()
@@ -513,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m benchmarks.load " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
             "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
             "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
+            "ignore_eos": args.ignore_eos,
             "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
             "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
             "elapsed_s": time.time() - started, "failure": failure,

@@ -110,6 +110,7 @@ def build_request(
     top_logprobs: int = 0,
     prediction: str = "",
     n: int = 1,
+    ignore_eos: bool = False,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
@@ -130,6 +131,7 @@ def build_request(
     proposed while the output follows it, re-aligned after a rejection (greedy: the same text).
     n > 1 generates n choices (chunks carry `index`; the stream's `choice_stats` has
     each one's Stats); such a stream is not resumed.
+    ignore_eos=True generates exactly max_new_tokens (an EOS is streamed like any token; for load tests).
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -158,6 +160,7 @@ def build_request(
         top_logprobs=top_logprobs,
         prediction=prediction,
         n=n,
+        ignore_eos=ignore_eos,
     )
 
 

@@ -85,8 +85,8 @@ class ProposeWork(Work[Drafts]):
         self.position = request.cache_position + len(request.tokens)
         room = self.context_length - self.position if self.context_length else request.k
         self.k = max(0, min(request.k, room))
-        if not self.head:
-            return Step(request.tokens, 1, self._output())
+        if not self.head:  # k = 0 only feeds the tokens (no output: nothing is drafted)
+            return Step(request.tokens, 1, self._output()) if self.k else Step(request.tokens, 0)
         rows = 0 if self.features is None else int(self.features.shape[0])
         first = max(rows, 1)  # no row at all: the first token reads the session's tail (joined)
         self._pending = list(request.tokens[first:])

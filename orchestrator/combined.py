@@ -79,7 +79,8 @@ class CombinedProposer:
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         guess = (await self.lookup.propose(ctx)).tokens if ctx.k else []
-        source, n = self.choose(ctx.k, guess, draft_usable=bool(ctx.k) and await self.draft.usable())
+        draft_usable = bool(ctx.k) and not ctx.draft_busy and await self.draft.usable()
+        source, n = self.choose(ctx.k, guess, draft_usable=draft_usable)
         self._last = source
         if source == LOOKUP:
             return self._lookup_round(guess[:n])
@@ -125,6 +126,12 @@ class CombinedProposer:
             self.lookup_policy.observe(n_drafted, n_accepted)
         elif self._last == DRAFT and n_drafted:
             self.draft_policy.observe(n_drafted, n_accepted)
+
+    def lags(self, ctx: DraftContext) -> bool:
+        return self.draft.lags(ctx)
+
+    async def prefetch(self, ctx: DraftContext) -> int | None:
+        return await self.draft.prefetch(ctx)
 
     def crop(self, length: int) -> None:
         self.draft.crop(length)

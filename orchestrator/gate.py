@@ -14,10 +14,21 @@ The rates are kept per load level (how many gated sessions were live:
 1, 2, 3-4, 5-8, 9-16, ...), as a moving average per mode. At a load level
 where one mode has no measurement yet, that mode runs next (an epoch during
 which the load level changed, or the replica sat idle, is not scored); otherwise the
-better one runs, and every EXPLORE_EVERY-th epoch the other one is measured
-again, so the choice follows the load and the text. Drafting must beat
-plain decoding by MARGIN to be chosen. The gate only ever takes drafting away
-(k = 0); what k a drafting round uses stays the goodput model's choice.
+better one runs, and one epoch in EXPLORE_EVERY measures the other one again,
+so the choice follows the load and the text. Each exploration that leaves
+the verdict as it was doubles the wait before the next (up to EXPLORE_MAX), and
+a changed verdict starts it over: a steady load pays little for measuring the
+mode it does not run. Drafting must beat plain decoding by MARGIN to be chosen.
+
+A load level seen for the first time borrows its neighbours' verdicts, since
+drafting's gain shrinks as a replica's batches grow: where a lower level
+measured plain decoding better, the new level starts with plain decoding and
+measures drafting only at its first exploration (and where a higher level
+measured drafting better, the other way round). A ramp of load then does not
+pay a losing epoch at every level it climbs through.
+
+The gate only ever takes drafting away (k = 0); what k a drafting round uses
+stays the goodput model's choice.
 
 Exactness is untouched: k = 0 is ordinary decoding through the same verifier.
 """
@@ -31,6 +42,7 @@ log = logging.getLogger(__name__)
 
 EPOCH_S = 1.0
 EXPLORE_EVERY = 8  # one epoch in this many measures the mode that is not chosen
+EXPLORE_MAX = 32  # ... one in this many at most, doubling while explorations confirm the verdict
 MARGIN = 0.03  # drafting must beat plain decoding by this to be chosen
 EWMA = 0.3  # weight of the newest epoch's rate
 STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
@@ -47,6 +59,9 @@ class _Rates:
     plain: float | None = None  # tokens/s with k = 0
     epochs: int = 0
     choice: bool | None = None  # the mode last chosen on the measurements (not an exploring epoch)
+    wait: int = EXPLORE_EVERY  # one epoch in this many explores
+    run: int = 0  # epochs of the chosen mode since the last exploration
+    explored: bool = False  # the last epoch picked here measured the mode not chosen
 
 
 @dataclass
@@ -56,6 +71,7 @@ class SpeculationGate:
     name: str = ""  # the target replica's address, for the log
     epoch_s: float = EPOCH_S
     explore_every: int = EXPLORE_EVERY
+    explore_max: int = EXPLORE_MAX
     margin: float = MARGIN
     levels: dict[int, _Rates] = field(default_factory=dict)
     live: int = 0  # gated sessions running on the replica now
@@ -105,22 +121,43 @@ class SpeculationGate:
             rates.epochs += 1
         self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))
 
+    def _presumed(self, level: int) -> bool | None:
+        """What the neighbouring levels' verdicts imply here: False where a lower level chose plain
+        decoding, True where a higher one chose drafting, else (or both) None."""
+        plain_below = any(r.choice is False for lv, r in self.levels.items() if lv < level)
+        spec_above = any(r.choice is True for lv, r in self.levels.items() if lv > level)
+        return None if plain_below == spec_above else spec_above
+
+    def _explore(self, rates: _Rates) -> bool:
+        """Whether the next epoch at this level measures the mode not chosen (counting the run)."""
+        if rates.run + 1 >= rates.wait:
+            rates.run, rates.explored = 0, True
+            return True
+        rates.run += 1
+        return False
+
     def _next(self, rates: _Rates, level: int = 1) -> bool:
         """The next epoch's mode at this load level."""
-        if rates.spec is None:
-            return True
-        if rates.plain is None:
-            return False
+        if rates.spec is None or rates.plain is None:
+            presumed = self._presumed(level)
+            measured_spec = rates.spec is not None
+            if rates.spec is None and rates.plain is None:
+                return presumed is not False  # drafting first, unless a lower level chose plain
+            if presumed is measured_spec and not self._explore(rates):
+                return measured_spec  # the neighbours' verdict stands until the first exploration
+            return not measured_spec
         best_spec = rates.spec > rates.plain * (1 + self.margin)
+        if rates.explored:  # the exploration just scored: a verdict it confirms waits longer
+            rates.explored = False
+            if best_spec == rates.choice:
+                rates.wait = min(2 * rates.wait, self.explore_max)
         if best_spec != rates.choice:
-            rates.choice = best_spec
+            rates.choice, rates.wait, rates.run = best_spec, self.explore_every, 0
             low = 1 if level == 1 else 2 ** (level - 2) + 1
             log.info("target %s, %s live session(s): %s (measured %.1f tokens/s drafting, %.1f without)",
                      self.name or "?", low if low == 2 ** (level - 1) else f"{low}-{2 ** (level - 1)}",
                      "drafting" if best_spec else "no drafting (k = 0)", rates.spec, rates.plain)
-        if rates.epochs % self.explore_every == self.explore_every - 1:
-            return not best_spec
-        return best_spec
+        return not best_spec if self._explore(rates) else best_spec
 
     def snapshot(self) -> dict:
         return {level: (r.spec, r.plain, r.epochs) for level, r in sorted(self.levels.items())}

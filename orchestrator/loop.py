@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import math
 
@@ -129,6 +129,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     n_logprobs = max(spec.top_logprobs, 1) if spec.logprobs else 0  # the argmax's comes with the top 1
     finish = None
     sent = 0  # chunks streamed
+    prefetch: asyncio.Future | None = None  # a first round's feeding of the draft (proposer.prefetch)
     try:
         while not finish:
             rnd = RoundTally()
@@ -145,6 +146,13 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                     k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
                 rnd.k = max(0, min(k, remaining - 1))
             ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed)
+            prefetch = None
+            if (gated and rnd.k and not tally.target_passes and getattr(proposer, "prefetch", None)
+                    and proposer.lags(ctx)):
+                # A new prompt: the draft is fed it while the target scores it (its first-round
+                # drafts would cost the draft's prefill before the target's); drafting starts next round.
+                ctx = replace(ctx, draft_busy=True)
+                prefetch = asyncio.ensure_future(proposer.prefetch(ctx))
 
             # 1. Propose (the proposer recovers from its own failures).
             with trace.step("propose"):
@@ -168,6 +176,11 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 reply = await _score(session.target, ctx, drafted, config.target_wait_s, masks, n_logprobs,
                                      relay.encoding if relay is not None else 0)
             tally.target_passes += 1
+            if prefetch is not None:
+                held = await prefetch
+                if held is not None:  # the draft now holds the scored prefix
+                    proposal = replace(proposal, cache_length=held)
+                prefetch = None
             rnd.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
             _observe_costs(config, session.target, proposer, proposal, reply, len(drafted))
 
@@ -183,7 +196,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             proposer.observe(own, own_accepted)
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
-            committed, finish = clip_to_stop(verdict.tokens, eos_ids=config.eos_ids, remaining=remaining)
+            committed, finish = clip_to_stop(verdict.tokens, eos_ids=() if spec.ignore_eos else config.eos_ids,
+                                             remaining=remaining)
             skip = max(0, spec.resume_from - len(tokens))  # already streamed before a resume
             text, committed, hit = _detokenize(committed, decoder, holdback, skip)
             finish = STOP if hit else finish
@@ -230,6 +244,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 config.admission.observe_round(config.router, session.target.address, rnd.total_ms)
             trace.round_closed(rnd)
     except BaseException as exc:
+        if prefetch is not None and not prefetch.done():
+            prefetch.cancel()
         if gate is not None:
             gate.leave()
         trace.abort(exc)

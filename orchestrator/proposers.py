@@ -37,6 +37,9 @@ from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
 
 log = logging.getLogger(__name__)
+# A first round whose draft lacks at least this many committed tokens feeds it alongside the
+# target's Score instead of drafting before it (DraftServiceProposer.prefetch).
+PREFETCH_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class DraftContext:
     k: int  # draft at most this many tokens
     sampling: WireSampling
     seed: int
+    # The draft model is being fed the prompt this round, alongside the target's Score
+    # (DraftServiceProposer.prefetch): propose without it (prompt lookup still may).
+    draft_busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -235,8 +241,39 @@ class DraftServiceProposer:
         """Whether this round may call the draft (moving the session off an ejected replica)."""
         return self.replica is not None and await self.replica.ready()
 
+    def lags(self, ctx: DraftContext) -> bool:
+        """Whether the draft lacks so much of the committed text (a new request's prompt) that
+        feeding it alongside the target's Score (prefetch) beats drafting before it."""
+        return self.replica is not None and len(ctx.tokens) - self.replica.held >= PREFETCH_MIN
+
+    async def prefetch(self, ctx: DraftContext) -> int | None:
+        """Feed the draft the committed tokens it lacks (a Propose with k = 0), meant to run while the
+        target scores the same tokens: a first round then costs the target's prefill alone, not the
+        draft's before it. The draft's held length afterwards, or None where nothing was fed (a
+        feature draft, which reads the target's features of these tokens; no usable replica; any
+        failure: the next Propose sends the tokens as its catch-up and handles the failure)."""
+        if self.replica is None or not await self.replica.ready():
+            return None
+        await self.learn_kind()
+        if self.features is not None:
+            return None
+
+        def send(client: ModelClient, position: int):
+            return client.propose(model_pb2.ProposeRequest(
+                session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
+                tokens=ctx.tokens[position:], k=0, sampling=ctx.sampling.message,
+                output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min))
+
+        try:
+            reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0)
+        except SpecdecError as exc:
+            log.info("session %s: feeding the draft its prompt failed (%s); its next Propose sends it",
+                     ctx.session_id, exc)
+            return None
+        return int(reply.response.cache_length)
+
     async def propose(self, ctx: DraftContext) -> Proposal:
-        if self.replica is None or ctx.k == 0:  # nothing asked: the draft's cache is untouched
+        if self.replica is None or ctx.k == 0 or ctx.draft_busy:  # nothing asked: the cache is untouched
             return Proposal(tokens=[], cache_length=self.replica.held if self.replica else 0)
         if not self.strict and not await self.replica.ready():
             return Proposal(tokens=[], cache_length=self.replica.held)  # ejected: sit this round out

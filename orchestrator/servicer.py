@@ -112,6 +112,7 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         resume_from=int(request.resume_from),
         round_tokens=request.round_tokens,
         max_target_passes=int(request.max_target_passes),
+        ignore_eos=request.ignore_eos,
         constraint=_constraint(config, request),
         logprobs=request.logprobs,
         top_logprobs=_top_logprobs(request),
@@ -127,6 +128,8 @@ def _constraint(config: LoopConfig, request: pb.GenerateRequest) -> Constraint |
     """GenerateRequest.constraint, compiled once here so a bad grammar fails before the stream."""
     if not request.HasField("constraint"):
         return None
+    if request.ignore_eos:
+        raise InvalidArgument("ignore_eos: not with a constraint (a grammar ends at EOS)")
     kind = request.constraint.WhichOneof("kind")
     if kind is None:
         raise InvalidArgument("constraint: set one of json_schema, json_object, regex, lark")

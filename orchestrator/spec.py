@@ -41,6 +41,7 @@ class GenerateSpec:
     resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
     round_tokens: bool = False  # each chunk carries its round's drafted/accepted tokens
     max_target_passes: int = 0  # > 0: finish ("passes") after this many target passes
+    ignore_eos: bool = False  # an EOS commits like any token: exactly max_new_tokens (load tests)
     constraint: Constraint | None = None  # structured output: the grammar every token follows
     logprobs: bool = False  # each chunk carries its tokens' log-probabilities
     top_logprobs: int = 0  # ... and this many alternatives each (0..20)

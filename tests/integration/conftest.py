@@ -14,7 +14,8 @@ def stack(tiny_pair, tmp_path_factory) -> Stack:
     s = Stack(logs=tmp_path_factory.mktemp("logs"))
     try:
         s.start_service("target", "target", target_dir)
-        s.start_service("draft", "draft", draft_dir)
+        s.draft_metrics_port = procs.free_port()
+        s.start_service("draft", "draft", draft_dir, extra=("--metrics-port", str(s.draft_metrics_port)))
         s.metrics_port = procs.free_port()
         s.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(s.metrics_port)))
         yield s

@@ -6,6 +6,7 @@ transformers greedy `generate`.
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import pytest
@@ -261,3 +262,48 @@ def test_sampled_deterministic_proposals_give_the_target_only_text(client, refer
                                   top_k=40, seed=seed, guess=guess if proposer == "guess" else "")
             assert out.token_ids == plain.token_ids, (proposer, seed, prompt)
             assert out.stats.target_passes <= plain.stats.target_passes
+
+
+def _prompt_reaching_eos(tiny_pair, tokenizer) -> tuple[str, list[int]]:
+    """A prompt whose greedy continuation by the tiny target holds its EOS within N_NEW tokens, and
+    that continuation (N_NEW tokens, not stopped at EOS): random prompts (decoded and re-encoded,
+    as the orchestrator encodes them), searched in one batched generate, then checked alone."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # never stop: the continuation past EOS
+    texts = [tokenizer.decode(row) for row in torch.randint(3, len(tokenizer), (4096, 5)).tolist()]
+    encoded = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    width = collections.Counter(len(ids) for ids in encoded).most_common(1)[0][0]
+    same = [(t, ids) for t, ids in zip(texts, encoded) if len(ids) == width][:2048]  # one unpadded batch
+
+    def greedy(rows: list[list[int]]) -> torch.Tensor:
+        with torch.inference_mode():
+            out = model.generate(torch.tensor(rows), max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        return out[:, width:]
+
+    found = greedy([ids for _, ids in same])
+    for (text, ids), row in zip(same, found):
+        if tokenizer.eos_token_id in row.tolist():
+            alone = greedy([ids])[0].tolist()
+            if tokenizer.eos_token_id in alone[:-1]:  # tokens after it: ignore_eos makes a difference
+                return text, alone
+    raise AssertionError("no random prompt leads the tiny target to EOS")
+
+
+def test_ignore_eos_generates_exactly_max_new_tokens(client, tiny_pair, tokenizer):
+    import grpc
+
+    prompt, continuation = _prompt_reaching_eos(tiny_pair, tokenizer)
+    at = continuation.index(tokenizer.eos_token_id)
+    stopped = client.complete(prompt, max_new_tokens=N_NEW, proposer="none")
+    assert list(stopped.token_ids) == continuation[:at + 1] and stopped.stats.finish_reason == "eos"
+    for proposer, k in (("none", 0), ("draft", 4), ("lookup", 3), ("combined", 0)):  # greedy: the same tokens
+        out = client.complete(prompt, max_new_tokens=N_NEW, proposer=proposer, k=k, ignore_eos=True)
+        assert list(out.token_ids) == continuation, proposer
+        assert out.stats.finish_reason == "length" and out.stats.new_tokens == N_NEW
+    with pytest.raises(grpc.RpcError) as err:
+        client.complete(prompt, max_new_tokens=4, ignore_eos=True, regex="[ab]+")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ignore_eos" in err.value.details()

@@ -104,3 +104,28 @@ def test_model_client_times_serialization(stack):
     assert call.server_ms == response.timing.total_ms > 0
     assert call.serialize_ms > 0
     assert call.server_ms + call.serialize_ms + call.network_ms == pytest.approx(call.rpc_ms)
+
+
+def test_a_first_round_feeds_the_draft_beside_the_score(client, stack):
+    """No k in the request: the first round feeds the draft its prompt while the target scores it
+    (drafting nothing), so the second round's Propose sends the draft only what it lacks then;
+    with a fixed k the first round drafts as before. Greedy text the same either way."""
+    import urllib.request
+
+    def prefilled() -> float:  # committed tokens the draft was fed, in all
+        text = urllib.request.urlopen(f"http://127.0.0.1:{stack.draft_metrics_port}/metrics", timeout=5).read()
+        return sum(float(line.split()[-1]) for line in text.decode().splitlines()
+                   if line.startswith("specdec_tokens_prefilled_total"))
+
+    ref = client.complete(PROMPT, max_new_tokens=N_NEW, proposer="none")
+    before = prefilled()
+    out = client.complete(PROMPT, max_new_tokens=N_NEW, proposer="draft", round_tokens=True)
+    fed = prefilled() - before
+    rounds = list(out.stats.rounds)
+    assert list(out.token_ids) == list(ref.token_ids)
+    assert rounds[0].drafted == 0 and rounds[0].draft_ms == 0.0
+    assert any(r.drafted for r in rounds[1:])
+    # Every committed token reaches the draft once (the prompt with the first Score); none twice.
+    assert fed <= out.stats.prompt_tokens + N_NEW
+    fixed = client.complete(PROMPT, max_new_tokens=N_NEW, proposer="draft", k=3)
+    assert fixed.stats.rounds[0].drafted > 0 and list(fixed.token_ids) == list(ref.token_ids)

@@ -71,3 +71,49 @@ def test_a_changed_verdict_is_logged_once_with_its_rates(caplog) -> None:
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["target 10.0.0.7:50061, 5-8 live session(s): no drafting (k = 0) "
                      "(measured 80.0 tokens/s drafting, 100.0 without)"]
+
+
+def test_a_verdict_that_explorations_confirm_is_measured_less_and_less_often() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    modes = _run(gate, 200, {True: 80.0, False: 100.0})
+    explorations = modes[2:].count(True)
+    # Waits of 8, 16 and then 32 epochs: 9 explorations in 198 epochs (a fixed 1-in-8: 24).
+    assert 3 <= explorations <= 10
+    gaps = [i for i, spec in enumerate(modes) if spec][1:]
+    assert gaps[-1] - gaps[-2] == gate.explore_max  # one exploring epoch in the longest wait
+
+
+def test_a_changed_verdict_restarts_the_exploration_schedule() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    _run(gate, 120, {True: 80.0, False: 100.0})  # long confirmed: explorations every 32 epochs
+    modes = _run(gate, 60, {True: 200.0, False: 100.0}, t0=1000.0)  # the text got easy: drafting pays
+    first_on = modes.index(True)
+    assert first_on <= gate.explore_max + 1
+    later = modes[first_on + 4:]
+    assert later.count(True) >= len(later) - len(later) // gate.explore_every - 1  # drafting, mostly
+
+
+def test_a_new_load_level_above_a_plain_one_starts_without_drafting() -> None:
+    gate = SpeculationGate()
+    for _ in range(4):
+        gate.enter()  # 3-4 sessions: drafting measured slower
+    _run(gate, 6, {True: 80.0, False: 100.0})
+    for _ in range(4):
+        gate.enter()  # 8 sessions: a level not seen yet
+    modes = _run(gate, 12, {True: 80.0, False: 100.0}, t0=1000.0)
+    # Plain from the start; drafting first measured at the level's first exploration.
+    assert modes[:gate.explore_every] == [False] * gate.explore_every
+    assert True in modes and gate.snapshot()[4][0] is not None
+
+
+def test_a_new_load_level_below_a_drafting_one_starts_with_drafting() -> None:
+    gate = SpeculationGate()
+    for _ in range(8):
+        gate.enter()
+    _run(gate, 6, {True: 130.0, False: 100.0})  # 5-8 sessions: drafting pays
+    for _ in range(6):
+        gate.leave()  # 2 sessions
+    modes = _run(gate, 10, {True: 130.0, False: 100.0}, t0=1000.0)
+    assert modes[:gate.explore_every] == [True] * gate.explore_every

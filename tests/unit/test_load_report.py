@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from benchmarks.load import histogram_delta
-from benchmarks.load_report import _itl, goals, identity, summarize
+from benchmarks.load import limit_sizes
+from benchmarks.load_report import _itl, decode_phase, forward_ms, goals, identity, summarize
 
 
 def test_histogram_delta_gives_the_batches_formed_in_between() -> None:
@@ -38,9 +39,12 @@ def test_goal_table_met_and_missed() -> None:
     # The physical limit (one in-process forward over N rows): 8 at N = 1, 24 at N = 8, 40 at N = 16.
     limit = {"1": {"limit_tps": 8.0}, "8": {"limit_tps": 24.0}, "16": {"limit_tps": 40.0}}
     table = {g["figure"]: g for g in goals(summaries, ident, {"ns": [1, 8, 16], "physical_limit": limit})}
-    assert table["target-only aggregate tokens/s at N=8 / physical limit"]["met"] is True  # 21.3 / 24
-    assert table["target-only aggregate tokens/s at N=16 / physical limit"]["met"] is False  # 32 / 40
-    assert table["target rows per forward at N=16, target-only"]["met"] is None  # no histograms here
+    whole = "target-only aggregate tokens/s at N={} / physical limit (whole cell, prefill included)"
+    assert table[whole.format(8)]["met"] is True  # 21.3 / 24
+    assert table[whole.format(16)]["met"] is False  # 32 / 40
+    rows = "target rows per forward at N=16, target-only (whole cell, prefill chunks included)"
+    assert table[rows]["met"] is None  # no histograms here
+    assert table["target-only decode phase at N=16 / physical limit of the same streams"]["met"] is None
     assert table["adaptive / target-only aggregate tokens/s, every N"]["met"] is True
     assert table["batched target-only / in-process padded generate, every N"]["met"] is True
     assert table["greedy identity (every stream = target-only alone)"]["met"] is True
@@ -48,3 +52,34 @@ def test_goal_table_met_and_missed() -> None:
     ident = identity(records, ref)
     assert [m["first_difference"] for m in ident["mismatches"]] == [2] and not ident["passed"]
     assert ident["peer_compared"] == 25 and ident["peer_differ"] == []
+
+
+def test_forward_cost_is_interpolated_between_measured_row_counts() -> None:
+    limit = {"1": {"forward_ms": 10.0}, "4": {"forward_ms": 16.0}, "8": {"forward_ms": 24.0}}
+    assert forward_ms(limit, 1) == 10.0
+    assert forward_ms(limit, 2) == 12.0
+    assert forward_ms(limit, 6) == 20.0
+    assert forward_ms(limit, 16) == 40.0  # past the last: the last two's slope
+    assert forward_ms({}, 3) is None
+    noisy = {"1": {"forward_ms": 10.0}, "2": {"forward_ms": 30.0}, "3": {"forward_ms": 14.0}}
+    assert forward_ms(noisy, 2) == 14.0  # no dearer than the 3-row forward measured
+    assert limit_sizes([1, 16]) == list(range(1, 17))
+    assert limit_sizes([1, 64]) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+
+
+def test_decode_phase_against_the_limit_of_the_same_streams() -> None:
+    # Two streams; every stream has its first token at 0.5 s; then 4 and 2 tokens more, the
+    # last at 1.5 s. A full batch: steps of 2, 2, 1, 1 rows; with forwards of 100 ms (1 row)
+    # and 150 ms (2 rows) the limit is 6 tokens in 0.5 s.
+    streams = [{"chunks": [(0.4, 1), (0.8, 2), (1.5, 2)], "end_s": 1.5},
+               {"chunks": [(0.5, 1), (1.0, 2)], "end_s": 1.0}]
+    limit = {"1": {"forward_ms": 100.0}, "2": {"forward_ms": 150.0}}
+    record = {"streams": streams, "decode": {"start_s": 0.5, "batches": {
+        "target": {"batch_rows": {"forwards": 5.0, "mean": 1.4}}}}}
+    phase = decode_phase(record, limit)
+    assert phase["tokens"] == 6 and phase["span_s"] == 1.0 and phase["tps"] == 6.0
+    assert phase["limit_tps"] == 12.0 and phase["efficiency"] == 0.5
+    assert phase["ideal_rows"] == 1.5 and phase["rows"] == 1.4
+    assert decode_phase({"streams": streams}, limit) is None  # no decode mark: not measured
+    no_limit = decode_phase(record, {})
+    assert no_limit["tps"] == 6.0 and no_limit["limit_tps"] is None and no_limit["efficiency"] is None
