@@ -431,45 +431,57 @@ def limit_sizes(ns: list[int]) -> list[int]:
     return sorted(grid)
 
 
-def physical_limit(args, prompts: list[suite.Prompt], ns: list[int], reps: int = 9) -> dict[int, dict]:
-    """Per row count n (limit_sizes): the cost of one in-process forward over n one-token rows
-    (the engine, the same weights, one thread), and the tokens/s it allows: n / that cost. The
-    sessions first hold their prompts, as the streams' do."""
-    import torch
+class PhysicalLimit:
+    """The cost of one in-process forward over n one-token rows (the engine, the same weights, one
+    thread), and the tokens/s it allows: n / that cost. Its sessions first hold their prompts, as
+    the streams' do. Kept for the whole run: `curve` measures every row count of limit_sizes once,
+    and `measure` one row count again right before a cell (the machine's speed drifts; a cell is
+    held to the limit measured next to it)."""
 
-    from engine.host import HostLimits, pick_runner
-    from engine.loader import load
-    from engine.plan import RowPlan, StepPlan
-    from orchestrator.text import encode_prompt
+    def __init__(self, args, prompts: list[suite.Prompt], top: int) -> None:
+        import torch
 
-    lm = load(args.target, device="cpu", dtype="float32")
-    runner = pick_runner(lm, HostLimits(max_batch=max(ns)))
-    ids = [encode_prompt(lm.tokenizer, "", p.messages) for p in prompts]
-    out = {}
-    with torch.inference_mode():
-        caches = []
-        for prompt in ids[:max(ns)]:
-            cache = runner.new_cache()
-            for start in range(0, len(prompt), 64):
-                chunk = prompt[start:start + 64]
-                cache.reserve(cache.length + len(chunk))
-                runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, 0)]))
-            caches.append(cache)
-        for n in limit_sizes(ns):
-            times = []
+        from engine.host import HostLimits, pick_runner
+        from engine.loader import load
+        from engine.plan import RowPlan, StepPlan
+        from orchestrator.text import encode_prompt
+
+        self._torch, self._row, self._plan = torch, RowPlan, StepPlan
+        lm = load(args.target, device="cpu", dtype="float32")
+        self.runner = pick_runner(lm, HostLimits(max_batch=top))
+        self.caches = []
+        with torch.inference_mode():
+            for p in prompts[:top]:
+                prompt = encode_prompt(lm.tokenizer, "", p.messages)
+                cache = self.runner.new_cache()
+                for start in range(0, len(prompt), 64):
+                    chunk = prompt[start:start + 64]
+                    cache.reserve(cache.length + len(chunk))
+                    self.runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, 0)]))
+                self.caches.append(cache)
+
+    def measure(self, n: int, reps: int = 9) -> float:
+        """The median ms of `reps` forwards over n rows (after one warm-up)."""
+        times = []
+        with self._torch.inference_mode():
             for _ in range(reps + 1):
                 rows = []
-                for cache in caches[:n]:
+                for cache in self.caches[:n]:
                     cache.reserve(cache.length + 1)
-                    rows.append(RowPlan(cache, [7], cache.length, 1))
+                    rows.append(self._row(cache, [7], cache.length, 1))
                 t0 = time.perf_counter()
-                runner.run(StepPlan(rows))
+                self.runner.run(self._plan(rows))
                 times.append(time.perf_counter() - t0)
-                for cache in caches[:n]:
+                for cache in self.caches[:n]:
                     cache.crop(cache.length - 1)
-            forward = sorted(times[1:])[len(times[1:]) // 2]
-            out[n] = {"forward_ms": forward * 1e3, "limit_tps": n / forward}
-    return out
+        return sorted(times[1:])[len(times[1:]) // 2] * 1e3
+
+    def curve(self, ns: list[int]) -> dict[int, dict]:
+        out = {}
+        for n in limit_sizes(ns):
+            forward = self.measure(n)
+            out[n] = {"forward_ms": forward, "limit_tps": n / forward * 1e3}
+        return out
 
 
 def plan(args, modes: list[str]) -> list[tuple[int, int, str, LoadConfig]]:
@@ -508,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     stacks: dict[str, LoadStack] = {}
     records: list[dict] = []
     limit: dict[int, dict] = {}
+    limiter: PhysicalLimit | None = None
     reference: dict[str, list[int]] = {}
     failure, result = None, None
     try:
@@ -520,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         for stack in stacks.values():
             stack.wait()
         if not args.no_limit:
-            limit = physical_limit(args, prompts, args.ns)
+            limiter = PhysicalLimit(args, prompts, max(args.ns))
+            limit = limiter.curve(args.ns)
             print("physical limit (one in-process forward over N rows): " + ", ".join(
                 f"N={n} {v['limit_tps']:.0f} tok/s" for n, v in limit.items()), file=sys.stderr)
         # Reference (and warm-up): target-only alone on the batched stack, one prompt at a time.
@@ -538,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
         raw = (args.out / "records.jsonl").open("w")
         for i, (rep, n, mode, config) in enumerate(cells):
             group = prompts[:n] if config is not PEER_ASSISTED else prompts[:1]
+            # The physical limit at this N, measured again next to the cell (target-only's cells:
+            # the ones held to it), with the services idle.
+            cell_limit = limiter.measure(len(group), reps=5) if limiter is not None and mode == BATCHED \
+                and config.proposer == "none" else None
             before = stacks[mode].scrape() if mode in stacks else {}
             t0 = time.perf_counter()
             decoding = None
@@ -554,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
                       "proposer": config.proposer, "k": config.k, "wall_s": wall, "streams": streams,
                       "batches": batches}
+            if cell_limit is not None:
+                record["limit_ms"] = cell_limit
             if decoding is not None:  # the decode phase: from every stream's first token to the end
                 record["decode"] = {"start_s": decoding["at_s"],
                                     "batches": histogram_delta(parse_scrape(decoding["scrape"]), after)}

@@ -138,6 +138,11 @@ def decode_phase(record: dict, limit: dict[int, dict]) -> dict | None:
     streams = record.get("streams") or []
     if start is None or not streams:
         return None
+    # The curve measured once, scaled to the cell's own row count measured next to it (limit_ms).
+    scale = 1.0
+    base = forward_ms(limit, record["n"]) if limit else None
+    if record.get("limit_ms") and base:
+        scale = record["limit_ms"] / base
     left = [sum(n for t, n in s["chunks"] if t > start) for s in streams]
     span = max(s["end_s"] for s in streams) - start
     tokens = sum(left)
@@ -145,7 +150,7 @@ def decode_phase(record: dict, limit: dict[int, dict]) -> dict | None:
         return None
     steps = [sum(1 for r in left if r >= j) for j in range(1, max(left) + 1)]
     costs = [forward_ms(limit, n) for n in steps]
-    ideal_s = sum(costs) / 1e3 if limit and all(c is not None for c in costs) else None
+    ideal_s = scale * sum(costs) / 1e3 if limit and all(c is not None for c in costs) else None
     rows = (record["decode"].get("batches") or {}).get("target", {}).get("batch_rows", {}).get("mean")
     out = {"tokens": tokens, "span_s": span, "tps": tokens / span, "ideal_rows": tokens / len(steps),
            "rows": rows, "limit_tps": tokens / ideal_s if ideal_s else None}
@@ -212,6 +217,9 @@ def summarize(records: list[dict], limit: dict[int, dict] | None = None) -> list
             "k0_share": sum(k == 0 for k in ks) / len(ks) if ks else None,
             "batches": _batches(rs),
             "decode": _median_phase(decodes),
+            # N over the forward over N rows measured next to each of the cell's repetitions.
+            "cell_limit_tps": statistics.median(n / r["limit_ms"] * 1e3 for r in rs if r.get("limit_ms"))
+            if any(r.get("limit_ms") for r in rs) else None,
             "round_parts": _median_phase(parts),
         })
     return out
@@ -246,7 +254,8 @@ def goals(summaries: list[dict], ident: dict, settings: dict) -> list[dict]:
     ns = settings.get("ns", [])
     limit = {int(n): v for n, v in (settings.get("physical_limit") or {}).items()}
     for n in (8, 16):
-        v, lim = tps("batched", "target-only", n), limit.get(n, {}).get("limit_tps")
+        cell = _cell(summaries, "batched", "target-only", n) or {}
+        v, lim = tps("batched", "target-only", n), cell.get("cell_limit_tps") or limit.get(n, {}).get("limit_tps")
         ratio = v / lim if v and lim else None
         add(f"target-only aggregate tokens/s at N={n} / physical limit (whole cell, prefill included)",
             ratio, ">= 0.85", None if ratio is None else ratio >= 0.85,
@@ -352,7 +361,8 @@ def markdown(result: dict) -> str:
               "TTFT and inter-token latency (ITL: a chunk's gap spread over its tokens) pooled over streams. "
               "Batches: the services' histograms over the cell (forwards, mean rows and tokens per forward). "
               "Physical limit: N tokens over the cost of one in-process forward over N one-token rows (the "
-              "engine, the same weights, one thread). RPCs / token: Score, ScoreBatch, Propose and ProposeBatch "
+              "engine, the same weights, one thread), measured next to each target-only cell (the machine's "
+              "speed drifts), else once at the start. RPCs / token: Score, ScoreBatch, Propose and ProposeBatch "
               "calls the services served, per token streamed. "
               "k: the k the adaptive rounds used (mean, share of rounds at k = 0).", "",
               "Decode phase: from the moment every stream had its first token to the last one's end "
@@ -372,7 +382,7 @@ def markdown(result: dict) -> str:
         d_rows = b.get("draft", {}).get("batch_rows", {}).get("mean")
         k = f"{_f(s['k_mean'], '.2f')} ({_f(s['k0_share'] * 100, '.0f')}%)" if s["k_mean"] is not None \
             and s["config"] == "adaptive" else "–"
-        lim = limit.get(s["n"], {}).get("limit_tps") if s["mode"] == "batched" else None
+        lim = (s.get("cell_limit_tps") or limit.get(s["n"], {}).get("limit_tps")) if s["mode"] == "batched" else None
         d = s.get("decode") or {}
         lines.append(
             f"| {s['mode']} | {s['config']} | {s['n']} | {_f(s['agg_tps'])} | {_f(lim)} | "

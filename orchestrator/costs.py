@@ -72,14 +72,20 @@ class Costs:
     feature_bytes: int = 0  # feature drafts: target features on the wire, Score replies + Propose requests
 
 
+STALE_HALFLIFE_S = 2.0  # a draft cost estimate this old weighs half against a new sample
+CATCH_UP_TOKENS = 2  # committed tokens a Propose sends after a drafting round (the bonus, a last draft)
+
+
 @dataclass
 class _Ewma:
     alpha: float
     value: float = 0.0
     n: int = 0
 
-    def add(self, x: float) -> None:
-        self.value = x if self.n == 0 else self.value + self.alpha * (x - self.value)
+    def add(self, x: float, weight: float | None = None) -> None:
+        """A sample, with the EWMA's weight unless a larger one is given (an aged estimate)."""
+        w = self.alpha if weight is None else max(self.alpha, weight)
+        self.value = x if self.n == 0 else self.value + w * (x - self.value)
         self.n += 1
 
 
@@ -99,6 +105,7 @@ class ReplicaCosts:
     forward_ms: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # a Score's forwards' time
     row_tokens: _Ewma = field(default_factory=lambda: _Ewma(0.25))  # tokens one Score carries
     scored: float = 0.0  # monotonic time of the last Score observed
+    proposed: float = 0.0  # monotonic time of the last Propose observed
     seen: dict[str, float] = field(default_factory=dict)  # session -> its last call (monotonic s)
 
     def __post_init__(self) -> None:
@@ -144,12 +151,23 @@ class ReplicaCosts:
         self.rows.add(max(1, call.batch_rows))
         self.call_ms.add(max(0.0, call.rpc_ms - call.forward_ms))
 
-    def observe_propose(self, call: Call, drafted: int) -> None:
-        """A Propose call that drafted `drafted` tokens: latency per drafted token, and the RPC's own."""
+    def observe_propose(self, call: Call, drafted: int, now: float | None = None) -> None:
+        """A Propose call that drafted `drafted` tokens: latency per drafted token, and the RPC's own.
+
+        A call that also fed the draft a catch-up (more committed tokens than a drafting round
+        leaves it short of: after k = 0 rounds, a probe) counts that feed as one step more, not
+        as drafting cost. The draft's costs depend on its load (its queue counts on purpose), and
+        they are only measured when someone drafts: a sample after a pause outweighs the old
+        estimate by the pause (half of it after STALE_HALFLIFE_S), so a load that has gone does
+        not keep making drafting look dear, and keep every session at k = 0, long after."""
         if call.calls != 1 or call.server_ms <= 0 or drafted <= 0:
             return
-        self.step_ms.add(call.server_ms / drafted)
-        self.call_ms.add(max(0.0, call.rpc_ms - call.server_ms))
+        now = time.monotonic() if now is None else now
+        aged = 1.0 - 0.5 ** ((now - self.proposed) / STALE_HALFLIFE_S) if self.proposed else None
+        self.proposed = now
+        feeds = 1 if call.tokens > CATCH_UP_TOKENS else 0
+        self.step_ms.add(call.server_ms / (drafted + feeds), aged)
+        self.call_ms.add(max(0.0, call.rpc_ms - call.server_ms), aged)
 
     @property
     def measured(self) -> bool:

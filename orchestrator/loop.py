@@ -130,6 +130,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     finish = None
     sent = 0  # chunks streamed
     prefetch: asyncio.Future | None = None  # a first round's feeding of the draft (proposer.prefetch)
+
+    def away() -> None:  # drafting: the target's batch calls do not wait for this session meanwhile
+        session.target.client.leave(session.id)
     try:
         while not finish:
             rnd = RoundTally()
@@ -145,7 +148,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 else:
                     k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
                 rnd.k = max(0, min(k, remaining - 1))
-            ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed)
+            ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed,
+                               away=away)
             prefetch = None
             if (gated and rnd.k and not tally.target_passes and getattr(proposer, "prefetch", None)
                     and proposer.lags(ctx)):
@@ -166,6 +170,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 drafted, own = masks.proposal(drafted), masks.sent
             rnd.source = ((proposal.source or proposer.name) if own else GRAMMAR) if drafted else ""
             tally.draft_calls += proposal.call is not None
+            if proposal.call is None and proposer.replica is not None:
+                # No draft call this round: the draft's batch calls need not wait for this session.
+                proposer.replica.client.leave(session.id)
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
             # 2. Score: one target forward over the uncached tokens and the drafts.

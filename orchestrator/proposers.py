@@ -56,6 +56,9 @@ class DraftContext:
     # The draft model is being fed the prompt this round, alongside the target's Score
     # (DraftServiceProposer.prefetch): propose without it (prompt lookup still may).
     draft_busy: bool = False
+    # Called just before the round waits on a draft call: the target's batch calls then stop
+    # waiting for this session (it rejoins them with its Score; orchestrator.batching).
+    away: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,8 @@ class DraftServiceProposer:
                 features=relay.rows_for(position, len(ctx.tokens) - position) if relay is not None else None,
             ))
 
+        if ctx.away is not None:
+            ctx.away()
         try:
             reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0, extra=ctx.k)
         except SpecdecError as exc:  # any draft failure: the target alone can finish the request

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 def load_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("load-quick")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.load", "--quick", "--tiny", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.load", "--quick", "--tiny", "--ignore-eos",
+                           "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     return proc, out
 
@@ -48,6 +49,17 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
     assert {("peer", "hf-padded", 1), ("peer", "hf-padded", 4), ("peer", "hf-assisted-k4", 1)} <= cells
     for s in result["summaries"]:
         assert s["agg_tps"] > 0 and s["ttft_p50_ms"] > 0 and s["itl_p50_ms"] is not None, s
+    # --ignore-eos: every stream exactly --max-new-tokens (12 in quick mode) long.
+    assert all(len(st["token_ids"]) == 12 for r in result["records"] if r["mode"] != "peer"
+               for st in r["streams"])
+    for s in result["summaries"]:
+        if s["mode"] == "batched" and s["n"] == 4:
+            d = s["decode"]  # the decode phase, against the physical limit of the same streams
+            assert d["tps"] > 0 and d["tokens"] > 0 and 0 < d["ideal_rows"] <= 4, s
+            if s["config"] == "target-only":
+                assert d["limit_tps"] > 0 and d["efficiency"] > 0 and 0 < d["rows"] <= 4, s
+            parts = s["round_parts"]  # where a round's time goes
+            assert parts["round"] > 0 and parts["target"] > 0, s
     adaptive = [s for s in result["summaries"] if s["config"] == "adaptive"]
     assert all(s["k_mean"] is not None and 0 <= s["k0_share"] <= 1 for s in adaptive)
     if result["settings"]["batching_flag"]:

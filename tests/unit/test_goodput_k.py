@@ -117,3 +117,34 @@ def test_load_counts_sessions_away_drafting_on_a_batching_replica() -> None:
     for i in range(16):
         one.observe_session(f"s{i}", now=100.0)
     assert one.load_rows(now=100.1) == 1.0
+
+
+def test_a_draft_cost_measured_under_past_load_ages_away() -> None:
+    from orchestrator.costs import STALE_HALFLIFE_S, ReplicaCosts
+
+    costs = ReplicaCosts()
+    busy = Call(rpc_ms=42, server_ms=40, bytes_sent=0, bytes_received=0, tokens=1)
+    for t in range(8):  # a loaded draft: 10 ms a drafted token (queueing included)
+        costs.observe_propose(busy, drafted=4, now=100.0 + 0.1 * t)
+    assert costs.step_ms.value == 10.0
+    light = Call(rpc_ms=10, server_ms=8, bytes_sent=0, bytes_received=0, tokens=1)
+    costs.observe_propose(light, drafted=4, now=100.8)  # soon after: the usual EWMA weight
+    assert abs(costs.step_ms.value - (10.0 + 0.25 * (2.0 - 10.0))) < 1e-9
+    before = costs.step_ms.value
+    costs.observe_propose(light, drafted=4, now=100.8 + 4 * STALE_HALFLIFE_S)  # long after
+    assert abs(costs.step_ms.value - (before + (1 - 0.5 ** 4) * (2.0 - before))) < 1e-9
+
+
+def test_a_catch_up_feed_is_not_drafting_cost() -> None:
+    from orchestrator.costs import ReplicaCosts
+
+    costs = ReplicaCosts()
+    # A probe after many k = 0 rounds: 40 committed tokens fed, then 2 drafted, in 9 ms: the feed
+    # counts as one step (3 ms each), not as 4.5 ms per drafted token.
+    costs.observe_propose(Call(rpc_ms=10, server_ms=9, bytes_sent=0, bytes_received=0, tokens=40), drafted=2,
+                          now=1.0)
+    assert costs.step_ms.value == 3.0
+    fresh = ReplicaCosts()
+    fresh.observe_propose(Call(rpc_ms=10, server_ms=9, bytes_sent=0, bytes_received=0, tokens=2), drafted=3,
+                          now=1.0)
+    assert fresh.step_ms.value == 3.0  # the usual one or two committed tokens: drafting alone

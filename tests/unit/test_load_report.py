@@ -74,7 +74,7 @@ def test_decode_phase_against_the_limit_of_the_same_streams() -> None:
     streams = [{"chunks": [(0.4, 1), (0.8, 2), (1.5, 2)], "end_s": 1.5},
                {"chunks": [(0.5, 1), (1.0, 2)], "end_s": 1.0}]
     limit = {"1": {"forward_ms": 100.0}, "2": {"forward_ms": 150.0}}
-    record = {"streams": streams, "decode": {"start_s": 0.5, "batches": {
+    record = {"n": 2, "streams": streams, "decode": {"start_s": 0.5, "batches": {
         "target": {"batch_rows": {"forwards": 5.0, "mean": 1.4}}}}}
     phase = decode_phase(record, limit)
     assert phase["tokens"] == 6 and phase["span_s"] == 1.0 and phase["tps"] == 6.0
@@ -83,3 +83,12 @@ def test_decode_phase_against_the_limit_of_the_same_streams() -> None:
     assert decode_phase({"streams": streams}, limit) is None  # no decode mark: not measured
     no_limit = decode_phase(record, {})
     assert no_limit["tps"] == 6.0 and no_limit["limit_tps"] is None and no_limit["efficiency"] is None
+
+
+def test_the_decode_limit_follows_the_cell_s_own_measurement() -> None:
+    # The curve said 150 ms for 2 rows; measured next to this cell, 300 ms: the limit halves.
+    streams = [{"chunks": [(0.4, 1), (0.8, 2), (1.5, 2)], "end_s": 1.5},
+               {"chunks": [(0.5, 1), (1.0, 2)], "end_s": 1.0}]
+    limit = {"1": {"forward_ms": 100.0}, "2": {"forward_ms": 150.0}}
+    record = {"n": 2, "streams": streams, "limit_ms": 300.0, "decode": {"start_s": 0.5, "batches": {}}}
+    assert decode_phase(record, limit)["limit_tps"] == 6.0
