@@ -18,7 +18,12 @@ better one runs, and one epoch in EXPLORE_EVERY measures the other one again,
 so the choice follows the load and the text. Each exploration that leaves
 the verdict as it was doubles the wait before the next (up to EXPLORE_MAX), and
 a changed verdict starts it over: a steady load pays little for measuring the
-mode it does not run. Drafting must beat plain decoding by MARGIN to be chosen.
+mode it does not run. Drafting must beat plain decoding by MARGIN to be chosen:
+switching has costs an epoch's rate does not show (each session's first draft call
+after plain epochs feeds the draft what it missed; drafting's extra processes
+slow a shared CPU's other work), and one-second rates on a shared machine are
+noisy, so a draft that only ties loses to no drafting. Where drafting pays (a
+light load) it pays by far more than the margin.
 
 A load level seen for the first time borrows its neighbours' verdicts, since
 drafting's gain shrinks as a replica's batches grow: where a lower level
@@ -43,7 +48,7 @@ log = logging.getLogger(__name__)
 EPOCH_S = 1.0
 EXPLORE_EVERY = 8  # one epoch in this many measures the mode that is not chosen
 EXPLORE_MAX = 32  # ... one in this many at most, doubling while explorations confirm the verdict
-MARGIN = 0.03  # drafting must beat plain decoding by this to be chosen
+MARGIN = 0.10  # drafting must beat plain decoding by this to be chosen
 EWMA = 0.3  # weight of the newest epoch's rate
 STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
 
