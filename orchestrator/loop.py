@@ -132,7 +132,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     prefetch: asyncio.Future | None = None  # a first round's feeding of the draft (proposer.prefetch)
 
     def away() -> None:  # drafting: the target's batch calls do not wait for this session meanwhile
-        session.target.client.leave(session.id)
+        session.target.client.leave(session.target.session_id)
     try:
         while not finish:
             rnd = RoundTally()
@@ -172,7 +172,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             tally.draft_calls += proposal.call is not None
             if proposal.call is None and proposer.replica is not None:
                 # No draft call this round: the draft's batch calls need not wait for this session.
-                proposer.replica.client.leave(session.id)
+                proposer.replica.client.leave(proposer.replica.session_id)
             rnd.add_proposal(proposal)  # its draft call, or the pre-draft it used (parallel)
 
             # 2. Score: one target forward over the uncached tokens and the drafts.
