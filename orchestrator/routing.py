@@ -120,7 +120,8 @@ class Router:
         """One tiny real call to a replica (ReplicaHealth's probe): wall milliseconds.
 
         A 2-token Score (k = 0), or a 2-token Propose drafting one token, on a
-        throwaway session that is released right after.
+        throwaway session that is released right after, and that leaves the replica's batch
+        calls at once (else, for STALE_S, every batch there would wait its bound for it).
         """
         client = self.client(address, role)
         session = f"probe-{uuid.uuid4().hex}"
@@ -133,6 +134,7 @@ class Router:
         try:
             await asyncio.wait_for(call, timeout_s)
         finally:
+            client.leave(session)
             release_in_background(session, client)
         return (time.monotonic() - started) * 1e3
 

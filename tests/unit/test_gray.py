@@ -343,3 +343,14 @@ def test_the_admitted_streams_pace_feeds_the_limit_back() -> None:
     assert pace.limit == 6  # 8 x 150 / 200: the load that would keep the pace
     assert rounds(12, 100.0, 6) == 7  # after a cut: one at a time
     assert rounds(10, 100.0, 2) == 7  # within the pace but well below the limit: no change
+
+
+def test_a_probe_leaves_the_replica_s_batch_calls() -> None:
+    """A probe's throwaway session must not stay counted as coming by the replica's batch calls
+    (each batch would wait its bound for it until it went stale)."""
+    target, draft = make_models(3)
+    stack = Stack(target, draft)
+    for role, address in (("target", "t0"), ("draft", "d0")):
+        ms = asyncio.run(stack.config.router.probe(role, address, 5.0))
+        service = stack.services[address]
+        assert ms >= 0 and len(service.left) == 1 and service.left[0].startswith("probe-")
