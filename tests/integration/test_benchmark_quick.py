@@ -83,8 +83,13 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
     # k); svc-draft-auto (k = 0) gets k chosen per round by the orchestrator.
     for s in drafts:
         if s["config"] == "svc-draft-auto":
-            assert s["k"] == 0 and 1 <= s["k_max"] <= 16 and 0 < s["k_mean"] <= s["k_max"]
-            assert s["acceptance_by_position"] and s["hf_twin"] is None
+            # Its k is the orchestrator's: on the tiny models the speculation gate may have
+            # measured plain decoding faster (the default proposer's earlier cells teach it on
+            # the same orchestrator) and kept every round at k = 0.
+            assert s["k"] == 0 and 0 <= s["k_mean"] <= s["k_max"] <= 16
+            assert s["hf_twin"] is None
+            if s["k_max"]:
+                assert s["acceptance_by_position"]
         else:
             assert s["k_max"] == s["k"] and s["k_mean"] <= s["k"], s["config"]
     auto = [r for r in result["records"] if r["config"] == "svc-draft-auto"]
