@@ -244,6 +244,13 @@ class DraftServiceProposer:
         """Whether this round may call the draft (moving the session off an ejected replica)."""
         return self.replica is not None and await self.replica.ready()
 
+    def _request(self, ctx: DraftContext, position: int, k: int, features=None) -> model_pb2.ProposeRequest:
+        """The Propose of the committed tokens from `position` on, drafting up to k."""
+        return model_pb2.ProposeRequest(
+            session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
+            tokens=ctx.tokens[position:], k=k, sampling=ctx.sampling.message,
+            output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min, features=features)
+
     def lags(self, ctx: DraftContext) -> bool:
         """Whether the draft lacks so much of the committed text (a new request's prompt) that
         feeding it alongside the target's Score (prefetch) beats drafting before it."""
@@ -262,10 +269,7 @@ class DraftServiceProposer:
             return None
 
         def send(client: ModelClient, position: int):
-            return client.propose(model_pb2.ProposeRequest(
-                session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
-                tokens=ctx.tokens[position:], k=0, sampling=ctx.sampling.message,
-                output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min))
+            return client.propose(self._request(ctx, position, 0))
 
         try:
             reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0)
@@ -288,12 +292,8 @@ class DraftServiceProposer:
             return Proposal(tokens=[], cache_length=self.replica.held)
 
         def send(client: ModelClient, position: int):
-            return client.propose(model_pb2.ProposeRequest(
-                session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
-                tokens=ctx.tokens[position:], k=ctx.k, sampling=ctx.sampling.message,
-                output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min,
-                features=relay.rows_for(position, len(ctx.tokens) - position) if relay is not None else None,
-            ))
+            features = relay.rows_for(position, len(ctx.tokens) - position) if relay is not None else None
+            return client.propose(self._request(ctx, position, ctx.k, features))
 
         if ctx.away is not None:
             ctx.away()
