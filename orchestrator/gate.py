@@ -10,6 +10,13 @@ that replica, from this orchestrator's sessions, in epochs with drafting
 allowed and in epochs with every such session at k = 0.
 
 Each epoch (EPOCH_S) runs one mode for every gated session on the replica.
+An epoch's rate is what its decoding rounds committed over the time they
+took: the tokens over the sum of the rounds' wall times, times the sessions
+live. A request's first round (its prompt's prefill, the same in either mode)
+is not counted, nor is the time between rounds (a client reading, a replica
+sitting idle): a one-second epoch that held a 300 ms prefill would otherwise
+score its mode at half its speed, and a single request's first epochs would
+decide against drafting on the prefill alone.
 The rates are kept per load level (how many gated sessions were live:
 1, 2, 3-4, 5-8, 9-16, ...), as a moving average per mode. At a load level
 where one mode has no measurement yet, that mode runs next (an epoch during
@@ -83,6 +90,9 @@ class SpeculationGate:
     mode_spec: bool = True  # the mode of the running epoch
     _epoch_start: float = 0.0
     _epoch_tokens: int = 0
+    _epoch_round_s: float = 0.0  # the wall time of the rounds recorded in this epoch
+    _epoch_rounds: int = 0
+    _epoch_live: int = 0  # the live sessions summed over the recorded rounds (their mean: concurrency)
     _epoch_level: int = 1
     flips: int = 0
 
@@ -101,27 +111,38 @@ class SpeculationGate:
             self._close(now)
         return self.mode_spec
 
-    def record(self, tokens: int) -> None:
-        """Tokens a gated session committed this round."""
+    def record(self, tokens: int, seconds: float) -> None:
+        """A gated session's decoding round: the tokens it committed and its wall time."""
         self._epoch_tokens += tokens
+        self._epoch_round_s += max(seconds, 0.0)
+        self._epoch_rounds += 1
+        self._epoch_live += max(self.live, 1)
 
     def _start(self, now: float, spec: bool) -> None:
         self.flips += spec != self.mode_spec
         self.mode_spec, self._epoch_start, self._epoch_tokens = spec, now, 0
+        self._epoch_round_s, self._epoch_rounds, self._epoch_live = 0.0, 0, 0
         self._epoch_level = load_level(self.live)
+
+    def _rate(self) -> float | None:
+        """The running epoch's replica rate in tokens/s (None: no round took any time)."""
+        if self._epoch_round_s <= 0:
+            return None
+        return self._epoch_tokens / self._epoch_round_s * (self._epoch_live / self._epoch_rounds)
 
     def _close(self, now: float) -> None:
         """Score the epoch that ends now, then pick the next one's mode.
 
-        An epoch is not scored if the load level changed during it, or if it ran
-        far past its length (nobody asked for a round: an idle replica)."""
+        An epoch is not scored if the load level changed during it, if it ran
+        far past its length (nobody asked for a round: an idle replica), or if
+        no decoding round of it was recorded."""
         level = load_level(self.live)
         duration = now - self._epoch_start
-        if level == self._epoch_level and duration <= STALE_FACTOR * self.epoch_s:
+        rate = self._rate()
+        if level == self._epoch_level and duration <= STALE_FACTOR * self.epoch_s and rate is not None:
             rates = self.levels.setdefault(level, _Rates())
             name = "spec" if self.mode_spec else "plain"
             old = getattr(rates, name)
-            rate = self._epoch_tokens / duration
             setattr(rates, name, rate if old is None else (1 - EWMA) * old + EWMA * rate)
             rates.epochs += 1
         self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import math
+import time
 
 import torch
 
@@ -227,8 +228,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 fps.append(extend(fps[-1], token))
             tokens.extend(committed)
             rnd.committed = len(committed)
-            if gate is not None:
-                gate.record(len(committed))
+            if gate is not None and tally.target_passes > 1:  # a decoding round (not the prompt's prefill)
+                gate.record(len(committed), time.perf_counter() - tally.round_started)
             tally.new_tokens = len(tokens) - len(spec.prompt_ids)
             fresh = committed[skip:]
             if finish and not hit and fresh:

@@ -5,12 +5,14 @@ from orchestrator.gate import SpeculationGate, load_level
 
 
 def _run(gate: SpeculationGate, epochs: int, rate: dict[bool, float], t0: float = 100.0) -> list[bool]:
-    """`epochs` epochs; each commits rate[mode] tokens/s; the modes the gate ran, in order."""
+    """`epochs` epochs; the replica commits rate[mode] tokens/s in each; the modes the gate ran, in order."""
     modes, now = [], t0
     for _ in range(epochs):
         spec = gate.allows(now)
         modes.append(spec)
-        gate.record(int(rate[spec] * gate.epoch_s))
+        live = max(gate.live, 1)
+        for _ in range(live):  # each live session: one epoch-long round, its share of the rate
+            gate.record(rate[spec] * gate.epoch_s / live, gate.epoch_s)
         now += gate.epoch_s
     gate.allows(now)  # closes the last epoch
     return modes
@@ -117,3 +119,38 @@ def test_a_new_load_level_below_a_drafting_one_starts_with_drafting() -> None:
         gate.leave()  # 2 sessions
     modes = _run(gate, 10, {True: 130.0, False: 100.0}, t0=1000.0)
     assert modes[:gate.explore_every] == [True] * gate.explore_every
+
+
+def test_an_epoch_is_scored_on_its_rounds_time_not_on_the_wall_clock() -> None:
+    """Time outside the recorded rounds (a prompt's prefill, a client reading, an idle replica)
+    does not count against the epoch's mode: one 0.3 s round of 3 tokens scores 10 tokens/s,
+    as its wall clock's second would score 3."""
+    gate = SpeculationGate()
+    gate.enter()
+    assert gate.allows(10.0) is True
+    gate.record(3, 0.3)
+    assert gate.allows(11.0) is False  # drafting measured; plain next
+    gate.record(8, 1.0)
+    gate.allows(12.0)
+    spec, plain, epochs = gate.snapshot()[1]
+    assert abs(spec - 10.0) < 1e-9 and abs(plain - 8.0) < 1e-9 and epochs == 2
+    assert gate.mode_spec is True  # 10 > 8 x (1 + margin): drafting chosen
+
+
+def test_a_rate_is_the_replica_s_rounds_times_its_live_sessions() -> None:
+    gate = SpeculationGate()
+    for _ in range(4):
+        gate.enter()
+    gate.allows(10.0)
+    for _ in range(4):  # four concurrent sessions, each 2 tokens in a 0.5 s round
+        gate.record(2, 0.5)
+    gate.allows(11.0)
+    assert abs(gate.snapshot()[3][0] - 16.0) < 1e-9  # 4 tokens/s per session x 4
+
+
+def test_an_epoch_without_a_recorded_round_is_not_scored() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    gate.allows(10.0)
+    gate.allows(11.0)  # only a prefill ran (not recorded)
+    assert gate.snapshot().get(1, (None, None, 0))[2] == 0
