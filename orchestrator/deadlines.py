@@ -9,7 +9,12 @@ attempt of a Score or Propose gets
     deadline = max(floor, factor x the replica's usual wall time for this size)
 
 where the size is the tokens of work the call carries (tokens sent; for a
-Propose plus its k draft steps) and "usual" is an EWMA per size bucket
+Propose plus its k draft steps) plus the tokens of this orchestrator's calls
+to the same replica still in flight when it is sent (`begin` / `end`): a
+batching replica serves them in the same forwards or ahead of it, so eight
+sessions' catch-up feeds sent at once take about eight times one feed, and a
+deadline learned at one session's load would call a busy replica hung. "usual"
+is an EWMA per size bucket
 (powers of two) of the wall time of the calls that answered. A size the
 replica has not served yet is estimated from its neighbours (a larger
 bucket's time bounds a smaller call's; a smaller one is scaled up by the
@@ -101,6 +106,24 @@ class LatencyBook:
     def __init__(self, policy: DeadlinePolicy | None = None) -> None:
         self.policy = policy or DeadlinePolicy()
         self.replicas: dict[tuple[str, str], ReplicaLatency] = {}
+        self.in_flight: dict[tuple[str, str], int] = {}  # tokens of calls sent and not yet answered
+
+    def begin(self, role: str, address: str, size: int) -> int:
+        """A call of `size` tokens is sent: the size its deadline and its latency are taken at
+        (its own tokens and those already in flight to the replica). Pair with `end`."""
+        key = (role, address)
+        ahead = self.in_flight.get(key, 0)
+        self.in_flight[key] = ahead + size
+        return ahead + size
+
+    def end(self, role: str, address: str, size: int) -> None:
+        """The call of `size` tokens that `begin` counted is over (answered, failed or abandoned)."""
+        key = (role, address)
+        left = self.in_flight.get(key, 0) - size
+        if left > 0:
+            self.in_flight[key] = left
+        else:
+            self.in_flight.pop(key, None)
 
     def replica(self, role: str, address: str) -> ReplicaLatency:
         table = self.replicas.get((role, address))

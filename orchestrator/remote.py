@@ -485,6 +485,7 @@ class SessionReplica:
         """One send (and its cache-miss resend) under the replica's learned deadline."""
         health = self.router.health
         role, address = self.role, self.address
+        own, size = size, health.latency.begin(role, address, size)  # the replica's load counts
         limit = health.deadline_s(role, address, size)
         started = time.monotonic()
         task = asyncio.ensure_future(self._resend_on_miss(send, position))
@@ -494,13 +495,15 @@ class SessionReplica:
                 self.deadline_misses += 1
                 health.missed(role, address, size, limit)
                 missed = DeadlineMissed(f"the {role} service missed its deadline",
-                                        detail=f"{address}: {size} tokens, no answer within {limit * 1e3:.0f} ms")
+                                        detail=f"{address}: {own} tokens ({size} with the calls in flight "
+                                               f"there), no answer within {limit * 1e3:.0f} ms")
                 if role == "draft" or await self.router.pick(role, exclude={address}, healthy=True):
                     raise missed
                 await self._wait_longer(task, bound, missed)
                 return task.result()  # late: not learned (a hang must not raise the deadline)
             result = task.result()
         finally:
+            health.latency.end(role, address, own)
             if not task.done():
                 task.cancel()  # the RPC is cancelled; the replica drops it at its next step
         if not result[2]:  # a clean answer, in time: what this size costs here

@@ -82,6 +82,22 @@ def test_deadlines_follow_the_replicas_own_latency_for_the_same_size() -> None:
     assert LatencyBook(DeadlinePolicy(factor=0)).deadline_s("target", "a", 5) is None  # off
 
 
+def test_a_deadline_counts_the_work_in_flight_to_the_replica() -> None:
+    """Eight sessions' feeds sent at once are served together or one after another: each is
+    given the time of the whole load, not of one feed alone (a busy replica is not a hung one)."""
+    book = LatencyBook(DeadlinePolicy(factor=4.0, floor_ms=100.0, cold_s=7.0))
+    book.observe("draft", "d", 64, 100.0)  # one 64-token feed, alone: 100 ms
+    sizes = [book.begin("draft", "d", 64) for _ in range(8)]
+    assert sizes == [64 * i for i in range(1, 9)]
+    assert book.deadline_s("draft", "d", sizes[0]) == pytest.approx(0.4)  # the first: 4 x 100 ms
+    assert book.deadline_s("draft", "d", sizes[-1]) == pytest.approx(4 * 100 * 8 / 1e3)  # behind seven more
+    for _ in range(8):
+        book.end("draft", "d", 64)
+    assert book.begin("draft", "d", 64) == 64  # all answered: one feed's load again
+    book.end("draft", "d", 64)
+    assert book.in_flight == {}
+
+
 def test_a_replica_far_slower_than_its_peers_is_ejected_and_not_routed_to() -> None:
     router = Router(None, {"target": ["t0", "t1"]}, connect=lambda a, r: type("C", (), {"address": a})())
     health = router.health = ReplicaHealth(FAST, OutlierPolicy(min_samples=5, slow_ratio=3.0))
