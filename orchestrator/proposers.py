@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # A first round whose draft lacks at least this many committed tokens feeds it alongside the
 # target's Score instead of drafting before it (DraftServiceProposer.prefetch).
 PREFETCH_MIN = 16
+STRICT_WAIT_S = 10.0  # how long a strict request waits on a late draft call before UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,11 @@ class DraftServiceProposer:
     of the request (or raises UNAVAILABLE when `strict`); INVALID_ARGUMENT
     from the draft is our bug and is logged as an error. A hung draft costs
     rounds, not the request: a call past its deadline, or a replica ejected
-    with no other usable, makes that round propose nothing (`strict` requests
-    get UNAVAILABLE instead).
+    with no other usable, makes that round propose nothing. A `strict` request
+    never goes on without its draft: a late call is waited on, up to
+    STRICT_WAIT_S (a busy draft on a loaded machine can miss a learned
+    deadline without being hung), and a draft that fails, or stays silent
+    that long, fails the request with UNAVAILABLE.
     """
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
@@ -298,7 +302,8 @@ class DraftServiceProposer:
         if ctx.away is not None:
             ctx.away()
         try:
-            reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0, extra=ctx.k)
+            reply = await self.replica.call(send, len(ctx.tokens), wait_s=STRICT_WAIT_S if self.strict else 0.0,
+                                            extra=ctx.k)
         except SpecdecError as exc:  # any draft failure: the target alone can finish the request
             if isinstance(exc, DeadlineMissed) and not self.strict:
                 log.info("session %s: %s (%s); this round goes on without the draft",

@@ -435,7 +435,9 @@ class SessionReplica:
         (specdec.drain) counts as down. On the draft, any other status
         that is not the request's own fault (RESOURCE_EXHAUSTED, INTERNAL,
         UNKNOWN, ...) moves the session too, and is raised (as UpstreamError)
-        once no other replica is left; a missed deadline raises DeadlineMissed.
+        once no other replica is left; a missed deadline raises DeadlineMissed
+        (a draft call given a `wait_s` is first waited on, up to it: a strict
+        request's, which must not go on without its draft).
         A target attempt that misses its deadline moves the session, or with no
         usable replica left waits on the same call, up to `wait_s`. The text
         cannot change: the tokens are the same.
@@ -497,7 +499,8 @@ class SessionReplica:
                 missed = DeadlineMissed(f"the {role} service missed its deadline",
                                         detail=f"{address}: {own} tokens ({size} with the calls in flight "
                                                f"there), no answer within {limit * 1e3:.0f} ms")
-                if role == "draft" or await self.router.pick(role, exclude={address}, healthy=True):
+                if ((role == "draft" and time.monotonic() >= bound)
+                        or await self.router.pick(role, exclude={address}, healthy=True)):
                     raise missed
                 await self._wait_longer(task, bound, missed)
                 return task.result()  # late: not learned (a hang must not raise the deadline)

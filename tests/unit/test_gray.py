@@ -196,6 +196,37 @@ def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(k
         r.source == "draft" for r in tally2.rounds)
 
 
+def test_a_strict_request_waits_on_a_late_draft_and_fails_only_on_a_silent_one(monkeypatch) -> None:
+    """Strict means never without the draft: a call past its deadline that still answers is waited
+    on (a busy draft), and one silent for STRICT_WAIT_S fails the request with UNAVAILABLE."""
+    import orchestrator.proposers as proposers
+
+    monkeypatch.setattr(proposers, "STRICT_WAIT_S", 1.0)
+    target, draft = make_models(1)
+    stack = Stack(target, draft)
+    fast_health(stack)
+    reference = plain_greedy(target, PROMPTS[1])
+
+    async def body(seconds: float):
+        hang = Hang(stack.services["d0"], seconds=seconds)
+        await stack.arun(PROMPTS[0], k=3, proposer=DRAFT, sampling=stack_greedy(), seed=1, max_new=8)
+        hang.on = True
+        try:
+            return await stack.arun(PROMPTS[1], k=3, proposer=DRAFT, sampling=stack_greedy(), seed=1,
+                                    max_new=8, strict=True)
+        finally:
+            hang.on = False
+
+    out, _, tally = asyncio.run(body(0.3))  # 5x the 60 ms floor, within the strict wait
+    assert out == reference[:len(out)] and len(out) == 8
+    assert tally.deadline_misses >= 1 and tally.draft_calls > 0 and not tally.fallback_reason
+    assert all(r.source in ("draft", "") for r in tally.rounds) and tally.drafted_tokens > 0
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="strict"):
+        asyncio.run(body(30.0))
+    assert time.monotonic() - started < 5.0  # the strict wait (1 s), not the 30 s hang
+
+
 def stack_greedy():
     from tests.unit.test_loop import GREEDY
 
