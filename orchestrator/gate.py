@@ -95,6 +95,7 @@ class SpeculationGate:
     _epoch_live: int = 0  # the live sessions summed over the recorded rounds (their mean: concurrency)
     _epoch_level: int = 1
     flips: int = 0
+    rounds: int = 0  # decoding rounds recorded, in all
 
     def enter(self) -> None:
         self.live += 1
@@ -117,6 +118,7 @@ class SpeculationGate:
         self._epoch_round_s += max(seconds, 0.0)
         self._epoch_rounds += 1
         self._epoch_live += max(self.live, 1)
+        self.rounds += 1
 
     def _start(self, now: float, spec: bool) -> None:
         self.flips += spec != self.mode_spec

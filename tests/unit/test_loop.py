@@ -309,6 +309,20 @@ def test_adaptive_k_and_stop_strings() -> None:
     assert streamed == text[: text.index(stop)]
 
 
+def test_the_speculation_gate_scores_every_decoding_round_and_not_the_prefill() -> None:
+    """A request that leaves k to the orchestrator feeds the replica's gate one record per round
+    after its first (the prompt's prefill costs the same in either mode)."""
+    target, draft = make_models(1)
+    stack = Stack(target, draft, adaptive_k=True)
+    out, _, tally = stack.run(PROMPTS[1], k=0)
+    gate = stack.config.costs.gate("t0")
+    assert out == plain_greedy(target, PROMPTS[1])
+    assert tally.target_passes > 2 and gate.rounds == tally.target_passes - 1
+    assert gate.live == 0  # the request left it
+    _, _, fixed = stack.run(PROMPTS[0], k=3)  # a k in the request: not gated
+    assert gate.rounds == tally.target_passes - 1 and fixed.target_passes > 0
+
+
 # --------------------------------------------------------------------- sampling exactness
 
 S_VOCAB = 6
