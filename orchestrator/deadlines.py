@@ -6,7 +6,8 @@ orchestrator to stop waiting. A fixed deadline is either too long for a
 one-token verify (a hang costs seconds) or too short for a prefill. So every
 attempt of a Score or Propose gets
 
-    deadline = max(floor, factor x the replica's usual wall time for this size)
+    deadline = max(floor, factor x (the replica's usual wall time for this size
+                                     + SPREAD x its usual deviation from that))
 
 where the size is the tokens of work the call carries (tokens sent; for a
 Propose plus its k draft steps) plus the tokens of this orchestrator's calls
@@ -15,7 +16,11 @@ batching replica serves them in the same forwards or ahead of it, so eight
 sessions' catch-up feeds sent at once take about eight times one feed, and a
 deadline learned at one session's load would call a busy replica hung. "usual"
 is an EWMA per size bucket
-(powers of two) of the wall time of the calls that answered. A size the
+(powers of two) of the wall time of the calls that answered, beside an EWMA
+of each sample's distance from it (a shared, noisy machine answers at several
+times its usual latency now and then without being hung: the deviation widens
+the deadline where the latency is noisy, and costs nothing where it is
+steady). A size the
 replica has not served yet is estimated from its neighbours (a larger
 bucket's time bounds a smaller call's; a smaller one is scaled up by the
 ratio of sizes); a replica with no answer at all yet borrows its peers'
@@ -48,6 +53,9 @@ class DeadlinePolicy:
         return self.factor > 0
 
 
+SPREAD = 2.0  # deviations over the usual wall time a deadline allows (before the factor)
+
+
 def bucket_of(size: int) -> int:
     """Power-of-two size class: 1, 2-3, 4-7, ..."""
     return max(1, int(size)).bit_length()
@@ -59,6 +67,10 @@ class _Bucket:
     size: float  # EWMA of the sizes it holds
     n: int = 1
     seen: float = 0.0  # monotonic time of the last sample
+    dev: float = 0.0  # EWMA of |sample - ms| (taken before ms moves)
+
+    def bound(self, spread: float) -> float:
+        return self.ms + spread * self.dev
 
 
 @dataclass
@@ -75,24 +87,25 @@ class ReplicaLatency:
         if b is None:
             self.buckets[bucket_of(size)] = _Bucket(ms, float(size), 1, now)
         else:
+            b.dev += self.alpha * (abs(ms - b.ms) - b.dev)
             b.ms += self.alpha * (ms - b.ms)
             b.size += self.alpha * (size - b.size)
             b.n += 1
             b.seen = now
         self.fresh += 1
 
-    def estimate_ms(self, size: int) -> float | None:
-        """The usual wall time for `size`; None before any sample."""
+    def estimate_ms(self, size: int, spread: float = 0.0) -> float | None:
+        """The usual wall time for `size` (plus `spread` of its deviations); None before any sample."""
         if not self.buckets:
             return None
         key = bucket_of(size)
         if key in self.buckets:
-            return self.buckets[key].ms
+            return self.buckets[key].bound(spread)
         above = [k for k in self.buckets if k > key]
         if above:  # more work costs at least as much: a safe bound for less
-            return self.buckets[min(above)].ms
+            return self.buckets[min(above)].bound(spread)
         b = self.buckets[max(self.buckets)]
-        return b.ms * max(1.0, size / max(b.size, 1.0))  # at most linear in the size
+        return b.bound(spread) * max(1.0, size / max(b.size, 1.0))  # at most linear in the size
 
     def recent(self, window_s: float, now: float | None = None) -> dict[int, float]:
         """bucket -> EWMA ms, for buckets sampled within `window_s`."""
@@ -134,14 +147,14 @@ class LatencyBook:
     def observe(self, role: str, address: str, size: int, ms: float) -> None:
         self.replica(role, address).observe(size, ms)
 
-    def usual_ms(self, role: str, address: str, size: int) -> float | None:
+    def usual_ms(self, role: str, address: str, size: int, spread: float = 0.0) -> float | None:
         """The replica's own estimate, else its peers' median, else None."""
         own = self.replicas.get((role, address))
-        estimate = own.estimate_ms(size) if own is not None else None
+        estimate = own.estimate_ms(size, spread) if own is not None else None
         if estimate is not None:
             return estimate
         peers = [e for (r, a), t in self.replicas.items() if r == role and a != address
-                 if (e := t.estimate_ms(size)) is not None]
+                 if (e := t.estimate_ms(size, spread)) is not None]
         return statistics.median(peers) if peers else None
 
     def deadline_s(self, role: str, address: str, size: int) -> float | None:
@@ -149,7 +162,7 @@ class LatencyBook:
         p = self.policy
         if not p.enabled:
             return None
-        usual = self.usual_ms(role, address, size)
+        usual = self.usual_ms(role, address, size, SPREAD)
         if usual is None:
             return max(p.cold_s, p.floor_ms / 1e3)
         return max(p.floor_ms, p.factor * usual) / 1e3

@@ -82,6 +82,18 @@ def test_deadlines_follow_the_replicas_own_latency_for_the_same_size() -> None:
     assert LatencyBook(DeadlinePolicy(factor=0)).deadline_s("target", "a", 5) is None  # off
 
 
+def test_a_noisy_replica_gets_a_wider_deadline_than_a_steady_one() -> None:
+    steady, noisy = (LatencyBook(DeadlinePolicy(factor=4.0, floor_ms=10.0, cold_s=7.0)) for _ in range(2))
+    for i in range(40):
+        steady.observe("draft", "d", 8, 60.0)
+        noisy.observe("draft", "d", 8, 20.0 if i % 2 else 100.0)  # about the same mean, noisy
+    assert steady.deadline_s("draft", "d", 8) == pytest.approx(0.24)  # 4 x 60 ms: no deviation
+    assert steady.usual_ms("draft", "d", 8) == pytest.approx(60.0)
+    usual = noisy.usual_ms("draft", "d", 8)
+    assert 40.0 < usual < 80.0
+    assert noisy.deadline_s("draft", "d", 8) > 4 * (usual + 60.0) / 1e3  # + 2 x a deviation of ~40 ms
+
+
 def test_a_deadline_counts_the_work_in_flight_to_the_replica() -> None:
     """Eight sessions' feeds sent at once are served together or one after another: each is
     given the time of the whole load, not of one feed alone (a busy replica is not a hung one)."""
