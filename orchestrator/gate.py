@@ -18,7 +18,12 @@ sitting idle): a one-second epoch that held a 300 ms prefill would otherwise
 score its mode at half its speed, and a single request's first epochs would
 decide against drafting on the prefill alone.
 The rates are kept per load level (how many gated sessions were live:
-1, 2, 3-4, 5-8, 9-16, ...), as a moving average per mode. At a load level
+1, 2, 3-4, 5-8, 9-16, ...), as a moving average per mode. The chosen
+mode's epochs enter it clipped to within CLIP of the average: a single freak
+epoch (a replica stalled for a second on a shared machine) must not flip a
+verdict, while a real change still moves the average a tenth per epoch (and
+the chosen mode is measured every epoch); the explored mode's rare epochs
+enter unclipped, so a text that got easy is found at the next exploration. At a load level
 where one mode has no measurement yet, that mode runs next (an epoch during
 which the load level changed, or the replica sat idle, is not scored); otherwise the
 better one runs, and one epoch in EXPLORE_EVERY measures the other one again,
@@ -57,6 +62,7 @@ EXPLORE_EVERY = 8  # one epoch in this many measures the mode that is not chosen
 EXPLORE_MAX = 32  # ... one in this many at most, doubling while explorations confirm the verdict
 MARGIN = 0.10  # drafting must beat plain decoding by this to be chosen
 EWMA = 0.3  # weight of the newest epoch's rate
+CLIP = 1.5  # an epoch's rate enters the average within [average / CLIP, average x CLIP]
 STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
 
 
@@ -145,7 +151,13 @@ class SpeculationGate:
             rates = self.levels.setdefault(level, _Rates())
             name = "spec" if self.mode_spec else "plain"
             old = getattr(rates, name)
-            setattr(rates, name, rate if old is None else (1 - EWMA) * old + EWMA * rate)
+            if old is not None and rates.choice is self.mode_spec:
+                # The chosen mode, measured every epoch: one freak epoch (a stalled replica) moves it
+                # a little. The other one, measured by rare explorations, moves freely.
+                rate = (1 - EWMA) * old + EWMA * min(max(rate, old / CLIP), old * CLIP)
+            elif old is not None:
+                rate = (1 - EWMA) * old + EWMA * rate
+            setattr(rates, name, rate)
             rates.epochs += 1
         self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))
 

@@ -154,3 +154,18 @@ def test_an_epoch_without_a_recorded_round_is_not_scored() -> None:
     gate.allows(10.0)
     gate.allows(11.0)  # only a prefill ran (not recorded)
     assert gate.snapshot().get(1, (None, None, 0))[2] == 0
+
+
+def test_one_freak_epoch_does_not_flip_a_clear_verdict() -> None:
+    """Plain decoding measured clearly better; then one plain epoch at a third of its rate (the
+    replica stalled): the verdict stands. A lasting change still flips it."""
+    gate = SpeculationGate()
+    gate.enter()
+    _run(gate, 10, {True: 80.0, False: 100.0})
+    assert gate.snapshot()[1][1] > 95.0
+    modes = _run(gate, 1, {True: 80.0, False: 33.0}, t0=500.0)
+    assert modes == [False]
+    spec, plain, _ = gate.snapshot()[1]
+    assert plain > spec * (1 + gate.margin)  # 100 -> 85 at most, not 80
+    modes = _run(gate, 30, {True: 80.0, False: 40.0}, t0=600.0)  # plain decoding really got slow
+    assert modes[-10:].count(True) >= 8
