@@ -14,19 +14,18 @@ Propose plus its k draft steps) plus the tokens of this orchestrator's calls
 to the same replica still in flight when it is sent (`begin` / `end`): a
 batching replica serves them in the same forwards or ahead of it, so eight
 sessions' catch-up feeds sent at once take about eight times one feed, and a
-deadline learned at one session's load would call a busy replica hung. "usual"
-is an EWMA per size bucket
-(powers of two) of the wall time of the calls that answered, beside an EWMA
-of each sample's distance from it (a shared, noisy machine answers at several
-times its usual latency now and then without being hung: the deviation widens
-the deadline where the latency is noisy, and costs nothing where it is
-steady). A size the
-replica has not served yet is estimated from its neighbours (a larger
-bucket's time bounds a smaller call's; a smaller one is scaled up by the
-ratio of sizes); a replica with no answer at all yet borrows its peers'
-(the same role's median); before anything of the role has answered, the
-deadline is `cold_s`. A call that missed its deadline teaches nothing (its
-time is unknown), so a hang never raises the deadline.
+deadline learned at one session's load would call a busy replica hung.
+"usual" is an EWMA per size bucket (powers of two) of the wall time of the
+calls that answered, beside an EWMA of each sample's distance from it (a
+shared, noisy machine answers at several times its usual latency now and
+then without being hung: the deviation widens the deadline where the latency
+is noisy, and costs nothing where it is steady). A size the replica has not
+served yet is estimated from its neighbours (a larger bucket's time bounds a
+smaller call's; a smaller one is scaled up by the ratio of sizes); a replica
+with no answer at all yet borrows its peers' (the same role's median);
+before anything of the role has answered, the deadline is `cold_s`. A call
+that missed its deadline teaches nothing (its time is unknown), so a hang
+never raises the deadline.
 
 The same table answers "is this replica far slower than its peers for the
 same work?" (orchestrator.outliers): `recent` is each bucket's EWMA from

@@ -12,30 +12,31 @@ allowed and in epochs with every such session at k = 0.
 Each epoch (EPOCH_S) runs one mode for every gated session on the replica.
 An epoch's rate is what its decoding rounds committed over the time they
 took: the tokens over the sum of the rounds' wall times, times the sessions
-live. A request's first round (its prompt's prefill, the same in either mode)
-is not counted, nor is the time between rounds (a client reading, a replica
-sitting idle): a one-second epoch that held a 300 ms prefill would otherwise
-score its mode at half its speed, and a single request's first epochs would
-decide against drafting on the prefill alone.
-The rates are kept per load level (how many gated sessions were live:
-1, 2, 3-4, 5-8, 9-16, ...), as a moving average per mode. The chosen
-mode's epochs enter it clipped to within CLIP of the average: a single freak
-epoch (a replica stalled for a second on a shared machine) must not flip a
-verdict, while a real change still moves the average a tenth per epoch (and
-the chosen mode is measured every epoch); the explored mode's rare epochs
-enter unclipped, so a text that got easy is found at the next exploration. At a load level
+live. A request's first round (its prompt's prefill, the same in either
+mode) is not counted, nor is the time between rounds (a client reading, a
+replica sitting idle): a one-second epoch that held a 300 ms prefill would
+otherwise score its mode at half its speed, and a single request's first
+epochs would decide against drafting on the prefill alone. The rates are
+kept per load level (how many gated sessions were live: 1, 2, 3-4, 5-8,
+9-16, ...), as a moving average per mode. The chosen mode's epochs enter it
+clipped to within CLIP of the average: a single freak epoch (a replica
+stalled for a second on a shared machine) must not flip a verdict, while a
+real change still moves the average a tenth per epoch (and the chosen mode
+is measured every epoch); the explored mode's rare epochs enter unclipped,
+so a text that got easy is found at the next exploration. At a load level
 where one mode has no measurement yet, that mode runs next (an epoch during
-which the load level changed, or the replica sat idle, is not scored); otherwise the
-better one runs, and one epoch in EXPLORE_EVERY measures the other one again,
-so the choice follows the load and the text. Each exploration that leaves
-the verdict as it was doubles the wait before the next (up to EXPLORE_MAX), and
-a changed verdict starts it over: a steady load pays little for measuring the
-mode it does not run. Drafting must beat plain decoding by MARGIN to be chosen:
-switching has costs an epoch's rate does not show (each session's first draft call
-after plain epochs feeds the draft what it missed; drafting's extra processes
-slow a shared CPU's other work), and one-second rates on a shared machine are
-noisy, so a draft that only ties loses to no drafting. Where drafting pays (a
-light load) it pays by far more than the margin.
+which the load level changed, or the replica sat idle, is not scored);
+otherwise the better one runs, and one epoch in EXPLORE_EVERY measures the
+other one again, so the choice follows the load and the text. Each
+exploration that leaves the verdict as it was doubles the wait before the
+next (up to EXPLORE_MAX), and a changed verdict starts it over: a steady
+load pays little for measuring the mode it does not run. Drafting must beat
+plain decoding by MARGIN to be chosen: switching has costs an epoch's rate
+does not show (each session's first draft call after plain epochs feeds the
+draft what it missed; drafting's extra processes slow a shared CPU's other
+work), and one-second rates on a shared machine are noisy, so a draft that
+only ties loses to no drafting. Where drafting pays (a light load) it pays
+by far more than the margin.
 
 A load level seen for the first time borrows its neighbours' verdicts, since
 drafting's gain shrinks as a replica's batches grow: where a lower level
