@@ -302,8 +302,8 @@ class DraftServiceProposer:
         if ctx.away is not None:
             ctx.away()
         try:
-            reply = await self.replica.call(send, len(ctx.tokens), wait_s=STRICT_WAIT_S if self.strict else 0.0,
-                                            extra=ctx.k)
+            reply = await self.replica.call(send, len(ctx.tokens), wait_s=0.0, extra=ctx.k,
+                                            late_s=STRICT_WAIT_S if self.strict else 0.0)
         except SpecdecError as exc:  # any draft failure: the target alone can finish the request
             if isinstance(exc, DeadlineMissed) and not self.strict:
                 log.info("session %s: %s (%s); this round goes on without the draft",

@@ -423,7 +423,8 @@ class SessionReplica:
         self._move(other, "ejected")
         return True
 
-    async def call(self, send: Send, committed: int, *, wait_s: float, extra: int = 0) -> Reply:
+    async def call(self, send: Send, committed: int, *, wait_s: float, extra: int = 0,
+                   late_s: float = 0.0) -> Reply:
         """`send` from the held length on; resend from 0 on a cache miss; move when the replica is down.
 
         The service must receive at least one committed token, so the request
@@ -436,13 +437,15 @@ class SessionReplica:
         that is not the request's own fault (RESOURCE_EXHAUSTED, INTERNAL,
         UNKNOWN, ...) moves the session too, and is raised (as UpstreamError)
         once no other replica is left; a missed deadline raises DeadlineMissed
-        (a draft call given a `wait_s` is first waited on, up to it: a strict
-        request's, which must not go on without its draft).
+        (a draft call given `late_s` is first waited on, up to that long: a
+        strict request's, which must not go on without its draft).
         A target attempt that misses its deadline moves the session, or with no
         usable replica left waits on the same call, up to `wait_s`. The text
         cannot change: the tokens are the same.
         """
         bound = time.monotonic() + wait_s
+        # How long a late answer is waited on: a target's up to the call's bound, a draft's late_s.
+        late_bound = bound if self.role != "draft" else time.monotonic() + late_s
         await self.ready()
         position = min(self.held, committed - 1)
         tried = {self.address}
@@ -450,7 +453,7 @@ class SessionReplica:
         while True:
             try:
                 response, call, cache_misses = await self._attempt(send, position, committed - position + extra,
-                                                                   bound)
+                                                                   late_bound)
                 return Reply(response, call, cache_misses, self.deadline_misses - misses)
             except DeadlineMissed as exc:
                 other = await self.router.pick(self.role, exclude=tried, healthy=True)
