@@ -45,6 +45,14 @@ measures drafting only at its first exploration (and where a higher level
 measured drafting better, the other way round). A ramp of load then does not
 pay a losing epoch at every level it climbs through.
 
+When the load rises past the running epoch's level to one whose verdict is
+the other mode, the epoch ends there (unscored) and the new level's runs: a
+burst of requests arriving while one session's "drafting" epoch runs would
+otherwise all feed the draft their prompts and draft for up to an epoch at a
+load where drafting measured slower. A fall in load waits for the epoch's end:
+the sessions still running are mid-stream, and drafting for them first costs
+the draft a catch-up feed of everything it missed.
+
 The gate only ever takes drafting away (k = 0); what k a drafting round uses
 stays the goodput model's choice.
 
@@ -117,7 +125,26 @@ class SpeculationGate:
             self._start(now, self.mode_spec)
         elif now - self._epoch_start >= self.epoch_s:
             self._close(now)
+        elif self._surged():
+            level = load_level(self.live)  # the epoch is dropped unscored: its load level is gone
+            self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))
         return self.mode_spec
+
+    def _verdict(self, level: int) -> bool | None:
+        """The mode this load level would run, as measured (or presumed from its neighbours)."""
+        rates = self.levels.get(level)
+        if rates is not None and rates.choice is not None:
+            return rates.choice
+        return self._presumed(level)
+
+    def _surged(self) -> bool:
+        """Whether the load rose past the running epoch's level to one whose verdict is the other
+        mode: a burst of requests arriving in an epoch that one session's verdict started."""
+        level = load_level(self.live)
+        if level <= self._epoch_level:
+            return False
+        verdict = self._verdict(level)
+        return verdict is not None and verdict != self.mode_spec
 
     def record(self, tokens: int, seconds: float) -> None:
         """A gated session's decoding round: the tokens it committed and its wall time."""

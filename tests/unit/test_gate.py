@@ -169,3 +169,39 @@ def test_one_freak_epoch_does_not_flip_a_clear_verdict() -> None:
     assert plain > spec * (1 + gate.margin)  # 100 -> 85 at most, not 80
     modes = _run(gate, 30, {True: 80.0, False: 40.0}, t0=600.0)  # plain decoding really got slow
     assert modes[-10:].count(True) >= 8
+
+
+def test_a_burst_of_sessions_ends_a_drafting_epoch_at_once_where_their_level_measured_plain() -> None:
+    gate = SpeculationGate()
+    for _ in range(16):
+        gate.enter()
+    _run(gate, 6, {True: 300.0, False: 400.0})  # 9-16 sessions: plain decoding measured faster
+    for _ in range(15):
+        gate.leave()
+    _run(gate, 6, {True: 130.0, False: 100.0}, t0=1000.0)  # one session: drafting pays
+    levels_before = gate.snapshot()
+    now = 2000.0
+    assert gate.allows(now) is True  # a lone session's epoch: drafting
+    gate.record(10, 0.1)
+    for i in range(15):  # a burst arrives within the epoch
+        gate.enter()
+        # 2-8 sessions: no verdict there (drafting alone, plain at 9-16), so the epoch runs on;
+        # at 9 the level that measured plain is reached and the epoch ends.
+        assert gate.allows(now + 0.01 * (i + 1)) is (load_level(gate.live) < 5), gate.live
+    assert gate.allows(now + 0.5) is False  # still within the first epoch's second: plain already
+    assert gate.snapshot() == levels_before  # the cut-short epoch was not scored
+
+
+def test_a_fall_in_load_keeps_the_running_epoch_s_mode_until_it_ends() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    _run(gate, 6, {True: 130.0, False: 100.0})  # alone: drafting pays
+    for _ in range(15):
+        gate.enter()
+    _run(gate, 6, {True: 300.0, False: 400.0}, t0=1000.0)  # 16 sessions: plain
+    now = 2000.0
+    assert gate.allows(now) is False
+    for _ in range(15):
+        gate.leave()  # the streams finish, one remains
+    assert gate.allows(now + 0.5) is False  # mid-epoch: no switch
+    assert gate.allows(now + 1.0) is True  # the next epoch runs the lone session's verdict
