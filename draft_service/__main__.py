@@ -1,10 +1,9 @@
 """python -m draft_service --help"""
 from __future__ import annotations
 
-import sys
-
 from draft_service.role import ROLE
 from specdec.hosting.serve import main
+from specdec.procs import exit_now
 
 if __name__ == "__main__":
-    sys.exit(main(ROLE))
+    exit_now(main(ROLE))

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING
@@ -200,4 +199,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from specdec.procs import exit_now
+
+    exit_now(main())

@@ -66,8 +66,10 @@ class Drain:
         return cls([f"/{full_name}/{m.name}" for m in service.methods if m.name not in ungated])
 
     def begin(self) -> None:
+        """Refuse new gated calls from now on. The quiet period counts from the last gated call,
+        not from here: a replica that saw none for quiet_s has no stream mid-round to move,
+        and exits at once (a stop of an idle service waited out the period for nothing)."""
         self.draining = True
-        self._last_call = time.monotonic()
 
     async def wait(self, deadline_s: float) -> bool:
         """Until no gated call runs and none arrived for quiet_s; False if `deadline_s` passed first."""

@@ -1,10 +1,9 @@
 """python -m target_service --help"""
 from __future__ import annotations
 
-import sys
-
 from specdec.hosting.serve import main
+from specdec.procs import exit_now
 from target_service.role import ROLE
 
 if __name__ == "__main__":
-    sys.exit(main(ROLE))
+    exit_now(main(ROLE))

@@ -110,7 +110,7 @@ def wait_serving(address: str, pki: Pki, proc, timeout: float = 120.0) -> None:
     creds = grpc.ssl_channel_credentials(pki.ca.read_bytes(), pki.client_key.read_bytes(),
                                          pki.client_cert.read_bytes())
     deadline = time.monotonic() + timeout
-    with grpc.secure_channel(address, creds) as channel:
+    with grpc.secure_channel(address, creds, options=procs.POLL_CHANNEL_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if proc.poll() is not None:
