@@ -126,8 +126,7 @@ class SpeculationGate:
         elif now - self._epoch_start >= self.epoch_s:
             self._close(now)
         elif self._surged():
-            level = load_level(self.live)  # the epoch is dropped unscored: its load level is gone
-            self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))
+            self._start_next(now)  # the epoch is dropped unscored: its load level is gone
         return self.mode_spec
 
     def _verdict(self, level: int) -> bool | None:
@@ -187,6 +186,11 @@ class SpeculationGate:
                 rate = (1 - EWMA) * old + EWMA * rate
             setattr(rates, name, rate)
             rates.epochs += 1
+        self._start_next(now)
+
+    def _start_next(self, now: float) -> None:
+        """Start an epoch in the mode the load level now live calls for."""
+        level = load_level(self.live)
         self._start(now, self._next(self.levels.setdefault(level, _Rates()), level))
 
     def _presumed(self, level: int) -> bool | None:

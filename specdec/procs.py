@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -192,7 +193,7 @@ def wait_healthy(
             time.sleep(0.1)
 
 
-def exit_now(code: int | None) -> None:
+def exit_now(code: int | None) -> NoReturn:
     """End a server process whose shutdown is done: flush the logs and stdio, then os._exit.
 
     Only after a clean return of the server's main (its drain, deregistration and trace
