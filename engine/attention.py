@@ -11,7 +11,14 @@ its rows are gathered from the pool in one index_select each, and ONE
 Batch invariance (measured on two CPUs, fp32, GQA): SDPA's result for a row
 does not depend on the other rows of its call, but it does depend on the
 padded shapes. One-query rows keep their bits for any key length that is a
-multiple of 16, so their group pads to the longest row, rounded up to 16.
+multiple of 16, so a group of them pads to its longest row, rounded up to 16.
+They are split by length (`one_query_lengths`): every key a row is padded to
+is gathered from the pool and attended to in every layer, so one long row
+among short ones would make every row cost the long one (64 decode rows of
+which 9 hold 300-400 tokens cost 14 ms a forward on the tiny test model,
+against 2 ms for the 32 short ones alone). A group costs a few operations
+per layer of its own, so a class of short rows joins the next longer one
+when the padding that adds is small.
 Rows of several queries keep them only for the same padded key length and
 the same padded query count: on one CPU (Intel, AMX) any query padding that
 leaves no block of one or two queries gave the same bits, on another (AMD
@@ -37,6 +44,9 @@ from engine.pool import KVPool, SessionKV
 # Query-count classes: a row joins the first class whose bound holds its tokens.
 GROUP_BOUNDS = (1, 16, 1 << 30)
 ONE_QUERY_ALIGN = 16  # one-query rows: key length padded to a multiple of this
+# What one more group of one-query rows costs per layer (its gathers, SDPA call and scatter), in
+# padded keys: a class of rows joins the next longer one when that pads fewer keys than this.
+ONE_QUERY_GROUP_KEYS = 512
 MIN_KEY_BUCKET = 64  # rows of several queries: key length padded to a power of two >= this
 
 
@@ -56,6 +66,35 @@ def key_bucket(length: int) -> int:
     while bucket < length:
         bucket *= 2
     return bucket
+
+
+def one_query_lengths(lengths: Sequence[int]) -> list[int]:
+    """The padded key length of each one-query row of a forward, given every such row's keys.
+
+    Rows fall in power-of-two classes of their length (the smallest class holds
+    up to MIN_KEY_BUCKET); a class pads to its longest row rounded up to
+    ONE_QUERY_ALIGN. From the shortest up, a class joins the next one when its
+    rows' extra padding would be at most ONE_QUERY_GROUP_KEYS.
+    """
+    aligned = [-(-n // ONE_QUERY_ALIGN) * ONE_QUERY_ALIGN for n in lengths]
+    longest: dict[int, int] = {}  # class -> its longest aligned row
+    size: dict[int, int] = {}
+    for n in aligned:
+        c = key_bucket(n)
+        longest[c] = max(longest.get(c, 0), n)
+        size[c] = size.get(c, 0) + 1
+    classes = sorted(longest)
+    padded: dict[int, int] = {}  # class -> the length its rows pad to
+    joined: list[int] = []  # classes merged into the one being considered
+    for i, c in enumerate(classes):
+        joined.append(c)
+        rows = sum(size[j] for j in joined)
+        if i + 1 < len(classes) and rows * (longest[classes[i + 1]] - longest[c]) <= ONE_QUERY_GROUP_KEYS:
+            continue  # cheaper padded along with the next class than as a group of its own
+        for j in joined:
+            padded[j] = longest[c]
+        joined = []
+    return [padded[key_bucket(n)] for n in aligned]
 
 
 @dataclass
@@ -86,22 +125,22 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], pad
                    device: torch.device) -> AttentionPlan:
     """rows: (session KV, past positions, new tokens) in packing order; blocks already reserved."""
     write: list[int] = []
-    members: dict[tuple[int, int], list[int]] = {}
+    members: dict[tuple[int, int, int], list[int]] = {}
     starts = []
     at = 0
+    singles = iter(one_query_lengths([past + 1 for _, past, n in rows if n == 1]))
     for r, (kv, past, n) in enumerate(rows):
         write.extend(kv.slots(past, n))
         starts.append(at)
         at += n
         query_class = next(i for i, bound in enumerate(GROUP_BOUNDS) if n <= bound)
-        bucket = 0 if n == 1 else key_bucket(past + n)
+        bucket = next(singles) if n == 1 else key_bucket(past + n)
         members.setdefault((query_class, bucket, 1 if n == 1 else query_rows(n)), []).append(r)
     write.extend([0] * (padded_tokens - at))
     groups = []
     bs = pool.block_size
     for (_, bucket, tq), member in sorted(members.items()):
-        longest = max(rows[r][1] + rows[r][2] for r in member)
-        length = bucket or -(-longest // ONE_QUERY_ALIGN) * ONE_QUERY_ALIGN
+        length = bucket  # one-query rows: their group's (one_query_lengths); else the key bucket
         size = len(member)
         # Every row one token and no filler: the group is the packed tokens themselves, in order.
         identity = tq == 1 and size == len(rows) == padded_tokens

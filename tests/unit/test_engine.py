@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from engine.attention import key_bucket, plan_attention, query_rows
+from engine.attention import ONE_QUERY_GROUP_KEYS, key_bucket, one_query_lengths, plan_attention, query_rows
 from engine.host import HostLimits, pick_runner
 from engine.linear import InvariantLinear, calibrate
 from engine.llama import LlamaForward, unsupported
@@ -39,12 +39,12 @@ def runner(loaded):
     return PooledRunner(forward, forward.new_pool(64 << 20), fixed_shapes=False, max_rows=64)
 
 
-def _schedules(n_sessions: int, seed: int) -> list[list[list[int]]]:
-    """Per session its token chunks: a prompt of 3..80 tokens, then 1..6-token steps."""
+def _schedules(n_sessions: int, seed: int, longest: int = 80) -> list[list[list[int]]]:
+    """Per session its token chunks: a prompt of 3..longest tokens, then 1..6-token steps."""
     rng = random.Random(seed)
     out = []
     for _ in range(n_sessions):
-        chunks = [[rng.randrange(384) for _ in range(rng.randrange(3, 81))]]
+        chunks = [[rng.randrange(384) for _ in range(rng.randrange(3, longest + 1))]]
         for _ in range(rng.randrange(4, 10)):
             chunks.append([rng.randrange(384) for _ in range(rng.choice((1, 1, 2, 3, 5, 6)))])
         out.append(chunks)
@@ -109,6 +109,37 @@ def test_a_session_is_bitwise_the_same_alone_and_batched(runner, size) -> None:
     batched = _run(runner, schedules, [list(range(j, j + size)) for j in range(0, 16, size)], seed=size)
     for i in range(16):
         assert torch.equal(alone[i], batched[i]), f"session {i} differs: batch invariance lost"
+
+
+def test_a_session_is_bitwise_the_same_alone_and_among_rows_of_other_lengths(runner) -> None:
+    """Prompts of 3..400 tokens: the decode rows of one forward fall in several length groups."""
+    schedules = _schedules(16, seed=4, longest=400)
+    for chunks in schedules:  # decode steps only after the prompt: one-query rows throughout
+        chunks[1:] = [[t[0]] for t in chunks[1:]]
+    lengths = [len(c[0]) + 1 for c in schedules]
+    assert len(set(one_query_lengths(lengths))) >= 2  # the batch really splits
+    alone = _run(runner, schedules, [[i] for i in range(16)])
+    batched = _run(runner, schedules, [list(range(16))], seed=5, participation=0.9)
+    for i in range(16):
+        assert torch.equal(alone[i], batched[i]), f"session {i} differs: batch invariance lost"
+
+
+def test_one_query_rows_are_grouped_by_length() -> None:
+    # Alone: its own length, rounded up to 16.
+    assert one_query_lengths([1]) == [16] and one_query_lengths([100]) == [112]
+    # 60 short rows and 4 long ones: two groups, the short rows not padded to 400.
+    short, long = [40 + i % 20 for i in range(60)], [380, 390, 395, 400]
+    padded = one_query_lengths(short + long)
+    assert set(padded[:60]) == {64} and set(padded[60:]) == {400}
+    # One row a little longer than many short ones: cheaper padded along than as a group of its own...
+    assert set(one_query_lengths([30] * 8 + [70])) == {80}  # 8 rows x 48 more keys <= the group cost
+    # ...but not when that pads too many rows.
+    many = one_query_lengths([30] * 40 + [70])
+    assert many[:40] == [32] * 40 and many[40] == 80 and 40 * 48 > ONE_QUERY_GROUP_KEYS
+    # A group's padding depends only on the lengths, not on the rows' order.
+    mixed = short + long
+    random.Random(0).shuffle(mixed)
+    assert sorted(one_query_lengths(mixed)) == sorted(padded)
 
 
 def test_a_kernel_that_varies_with_the_row_count_is_caught(loaded) -> None:
