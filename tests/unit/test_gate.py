@@ -110,6 +110,20 @@ def test_a_new_load_level_above_a_plain_one_starts_without_drafting() -> None:
     assert True in modes and gate.snapshot()[4][0] is not None
 
 
+def test_a_small_drafting_lead_below_presumes_plain_decoding_one_level_up() -> None:
+    def first_modes(lead: float) -> list[bool]:
+        gate = SpeculationGate()
+        gate.enter()
+        gate.enter()  # 2 sessions: drafting measured ahead by `lead`
+        _run(gate, 6, {True: 100.0 * lead, False: 100.0})
+        gate.enter()
+        gate.enter()  # 4 sessions: a level not seen yet
+        return _run(gate, 4, {True: 90.0, False: 100.0}, t0=1000.0)
+
+    assert first_modes(1.15) == [False] * 4  # a narrow lead: plain until the first exploration
+    assert first_modes(1.6) == [True, False, False, False]  # a clear one: drafting measured first
+
+
 def test_a_new_load_level_below_a_drafting_one_starts_with_drafting() -> None:
     gate = SpeculationGate()
     for _ in range(8):
