@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from benchmarks.load import histogram_delta
 from benchmarks.load import limit_sizes
-from benchmarks.load_report import _itl, decode_phase, forward_ms, goals, identity, summarize
+from benchmarks.load_report import _itl, decode_phase, forward_ms, goals, identity, rep_ratios, summarize
 
 
 def test_histogram_delta_gives_the_batches_formed_in_between() -> None:
@@ -52,6 +52,21 @@ def test_goal_table_met_and_missed() -> None:
     ident = identity(records, ref)
     assert [m["first_difference"] for m in ident["mismatches"]] == [2] and not ident["passed"]
     assert ident["peer_compared"] == 25 and ident["peer_differ"] == []
+
+
+def test_ratios_by_repetition_pair_the_cells_of_each_repetition() -> None:
+    records = []
+    for rep, (base_end, spec_end) in enumerate(((1.0, 0.8), (2.0, 2.5), (1.5, 1.5))):
+        for config, end in (("target-only", base_end), ("default", spec_end)):
+            record = _record("batched", config, 4, end, [1, 2, 3, 4])
+            record["rep"] = rep
+            records.append(record)
+    summaries = summarize(records)
+    assert [round(r, 3) for r in rep_ratios(summaries, "default", 4)] == [1.25, 0.8, 1.0]
+    table = {g["figure"]: g for g in goals(summaries, {"compared": 0, "mismatches": [], "passed": True},
+                                           {"ns": [4]})}
+    note = table["default / target-only aggregate tokens/s, every N"]["note"]
+    assert note == "N=4: 1.00 (by repetition 1.25 0.80 1.00; target-only's own spread 100%)"
 
 
 def test_forward_cost_is_interpolated_between_measured_row_counts() -> None:
