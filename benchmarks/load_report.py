@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rebuild:
         result = build(result["records"], result["reference"], result["settings"], result["environment"])
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(json_safe(result), indent=1))
+        (out / "results.json").write_text(json.dumps(json_safe(result)))
     render(result, out)
     return 0
 
