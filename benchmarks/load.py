@@ -606,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if records or failure:
             result = load_report.build(records, reference, settings, _environment(args))
-            (args.out / "results.json").write_text(json.dumps(load_report.json_safe(result)))  # compact: records hold every chunk
+            # Compact: the records hold every chunk of every stream.
+            (args.out / "results.json").write_text(json.dumps(load_report.json_safe(result)))
             load_report.render(result, args.out)
     if result is None:
         print("nothing was measured", file=sys.stderr)
