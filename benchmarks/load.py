@@ -28,7 +28,8 @@ One torch thread per process; the target and the draft get one each (on a
 cores. --quick --tiny (tiny random models, N = 1, 4, 12 tokens) is the CI
 variant. Outputs in --out: results.json, results.md, tps_vs_n.png,
 ttft_vs_n.png (benchmarks.load_report; re-render with
-`python -m benchmarks.load_report DIR/results.json`).
+`python -m benchmarks.load_report DIR/results.json`), and logs/ with every
+stack's service logs (the speculation gate logs its verdicts there).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -594,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for stack in stacks.values():
             stack.stop()
+        if (workdir / "logs").is_dir():  # the services' logs (the gate's verdicts, ...) go with the results
+            shutil.copytree(workdir / "logs", args.out / "logs", dirs_exist_ok=True)
+        shutil.rmtree(workdir, ignore_errors=True)
         settings = {
             "command": "python -m benchmarks.load " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
             "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
@@ -613,7 +618,8 @@ def main(argv: list[str] | None = None) -> int:
         print("nothing was measured", file=sys.stderr)
         return 1
     bad = result["identity"]["mismatches"]
-    print(f"wrote {args.out}/results.json, results.md, plots ({time.time() - started:.0f} s)", file=sys.stderr)
+    print(f"wrote {args.out}/results.json, results.md, plots, logs/ ({time.time() - started:.0f} s)",
+          file=sys.stderr)
     if bad:
         print(f"GREEDY IDENTITY FAILED: {len(bad)} streams differ from target-only alone:", file=sys.stderr)
         for m in bad:

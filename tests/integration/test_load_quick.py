@@ -75,6 +75,10 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
     for png in ("tps_vs_n.png", "ttft_vs_n.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+    # The services' logs come with the results (the stacks' scratch folder is removed).
+    for mode in modes:
+        logs = {log.name for log in (out / "logs" / mode).glob("*.log")}
+        assert {"target.log", "orchestrator.log"} <= logs, (mode, logs)
 
 
 def test_identity_check_catches_a_changed_token(load_run) -> None:
