@@ -124,6 +124,28 @@ def test_a_small_drafting_lead_below_presumes_plain_decoding_one_level_up() -> N
     assert first_modes(1.6) == [True, False, False, False]  # a clear one: drafting measured first
 
 
+def test_an_exploring_epoch_is_shorter_than_a_chosen_one() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    modes = _run(gate, 12, {True: 80.0, False: 100.0})  # plain chosen; one exploration so far
+    assert modes[2:].count(True) == 1
+    lengths, now = [], 1000.0
+    start, mode = None, None
+    while len(lengths) < 2 * gate.explore_every:  # step through time; note each epoch's length
+        spec = gate.allows(now)
+        gate.record(4.0 if spec else 5.0, 0.05)  # 80 tokens/s drafting, 100 without, as before
+        if spec != mode or gate._epoch_start != start:
+            if start is not None:
+                lengths.append((mode, round(now - start, 2)))
+            start, mode = gate._epoch_start, spec
+        now += 0.05
+    explored = [length for spec, length in lengths[1:] if spec]
+    chosen = [length for spec, length in lengths[1:] if not spec]
+    # Each closes at the first 50 ms step past its length: half an epoch, against a whole one.
+    assert explored and all(0.5 <= x <= 0.56 for x in explored), lengths
+    assert chosen and all(1.0 <= x <= 1.06 for x in chosen), lengths
+
+
 def test_a_new_load_level_below_a_drafting_one_starts_with_drafting() -> None:
     gate = SpeculationGate()
     for _ in range(8):
