@@ -77,24 +77,24 @@ def one_query_lengths(lengths: Sequence[int]) -> list[int]:
     rows' extra padding would be at most ONE_QUERY_GROUP_KEYS.
     """
     aligned = [-(-n // ONE_QUERY_ALIGN) * ONE_QUERY_ALIGN for n in lengths]
+    row_class = [key_bucket(n) for n in aligned]
     longest: dict[int, int] = {}  # class -> its longest aligned row
     size: dict[int, int] = {}
-    for n in aligned:
-        c = key_bucket(n)
+    for c, n in zip(row_class, aligned):
         longest[c] = max(longest.get(c, 0), n)
         size[c] = size.get(c, 0) + 1
     classes = sorted(longest)
     padded: dict[int, int] = {}  # class -> the length its rows pad to
     joined: list[int] = []  # classes merged into the one being considered
+    rows = 0  # their rows
     for i, c in enumerate(classes):
         joined.append(c)
-        rows = sum(size[j] for j in joined)
+        rows += size[c]
         if i + 1 < len(classes) and rows * (longest[classes[i + 1]] - longest[c]) <= ONE_QUERY_GROUP_KEYS:
             continue  # cheaper padded along with the next class than as a group of its own
-        for j in joined:
-            padded[j] = longest[c]
-        joined = []
-    return [padded[key_bucket(n)] for n in aligned]
+        padded.update((j, longest[c]) for j in joined)
+        joined, rows = [], 0
+    return [padded[c] for c in row_class]
 
 
 @dataclass

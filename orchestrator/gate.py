@@ -34,8 +34,8 @@ load pays little for measuring the mode it does not run. Such an epoch (one
 whose mode is not its level's verdict, measured or presumed) also lasts only
 EXPLORE_FRACTION of an epoch: at 8 sessions the default proposer's cells that
 held an exploration ran at 60-61 tokens/s and the others at 67, against 61-67
-for target-only. Drafting must beat
-plain decoding by MARGIN to be chosen: switching has costs an epoch's rate
+for target-only. Drafting must beat plain decoding by MARGIN to be chosen:
+switching has costs an epoch's rate
 does not show (each session's first draft call after plain epochs feeds the
 draft what it missed; drafting's extra processes slow a shared CPU's other
 work), and one-second rates on a shared machine are noisy, so a draft that
