@@ -183,6 +183,11 @@ def _settle(future: asyncio.Future, value: Any = None, error: BaseException | No
         future.set_result(value)
 
 
+def _settle_all(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    for future, value, error in outcomes:
+        _settle(future, value, error)
+
+
 class Scheduler:
     """The model worker thread: continuous batching of Work over one Runner."""
 
@@ -200,6 +205,8 @@ class Scheduler:
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
         self._running: list[_Job] = []  # joined, not finished (touched by the worker only)
+        # Outcomes resolved on the worker and not yet handed to their event loops (_deliver).
+        self._outbox: list[tuple[asyncio.AbstractEventLoop, asyncio.Future, Any, BaseException | None]] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name=f"{name}-worker", daemon=True)
         self._thread.start()
@@ -257,10 +264,23 @@ class Scheduler:
     # ---- on the worker ---------------------------------------------------------
 
     def _resolve(self, job: _Job, value: Any = None, error: BaseException | None = None) -> None:
-        try:
-            job.loop.call_soon_threadsafe(_settle, job.future, value, error)
-        except RuntimeError:  # the event loop is gone (shutdown): nobody is waiting
-            pass
+        """The job's outcome, handed over at the next _deliver (before the worker waits or
+        after a forward): a forward's rows wake their event loop once, not once each."""
+        self._outbox.append((job.loop, job.future, value, error))
+
+    def _deliver(self) -> None:
+        """Every resolved outcome to its event loop: one wake-up per loop."""
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, []
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for loop, future, value, error in outbox:
+            by_loop.setdefault(loop, []).append((future, value, error))
+        for loop, outcomes in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_all, outcomes)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody is waiting
+                pass
 
     def _main(self) -> None:
         try:
@@ -277,15 +297,19 @@ class Scheduler:
             self._queue.clear()
         for job in pending:
             self._resolve(job, error=error)
+        self._deliver()
 
     def _loop(self) -> None:
         with torch.inference_mode():
             while self.fatal is None:
-                batch = self._gather()
-                if batch is None:
-                    break
-                if batch:
-                    self._step(batch)
+                try:
+                    batch = self._gather()
+                    if batch is None:
+                        break
+                    if batch:
+                        self._step(batch)
+                finally:
+                    self._deliver()
 
     def _plan(self, job: _Job, step: Step) -> None:
         job.feed, job.emit, job.output = list(step.tokens), step.emit, step.output
@@ -336,6 +360,7 @@ class Scheduler:
                 with self._cv:
                     while not self._queue and not self._stopping:
                         if not batch and not self._running:
+                            self._deliver()  # nothing resolved waits out an idle worker
                             self._cv.wait()  # nothing to do at all
                             continue
                         if not idle:
@@ -344,6 +369,7 @@ class Scheduler:
                         deadline = deadline if deadline is not None else now + self.max_wait_s
                         if now >= deadline:
                             break
+                        self._deliver()
                         self._cv.wait(deadline - now)
                     if self._stopping:
                         return None

@@ -133,9 +133,12 @@ class ReplicaHealth:
 
         The peers' figures may be older (routing may have sent every recent session here)."""
         now = time.monotonic()
+        others = [t for (r, a), t in self.latency.replicas.items()
+                  if r == role and a != address and not self.ejected(r, a)]
+        if not others:  # a lone replica has no pace to be judged against (every answered call asks)
+            return None
         mine = self.latency.replica(role, address).recent(self.policy.window_s, now)
-        peers = [t.recent(float("inf"), now) for (r, a), t in self.latency.replicas.items()
-                 if r == role and a != address and not self.ejected(r, a)]
+        peers = [t.recent(float("inf"), now) for t in others]
         ratios = []
         for bucket, ms in mine.items():
             theirs = [p[bucket] for p in peers if bucket in p]

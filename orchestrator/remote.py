@@ -299,9 +299,9 @@ class ModelClient:
     async def _chunked(self, name: str, request, response_type, *, tail: int):
         """One call, or leading k = 0 chunks then the last one when `request` exceeds the limit."""
         limit = await self.request_limit()
-        tokens = list(request.tokens)
-        if not limit or len(tokens) <= limit or tail > limit:
+        if not limit or len(request.tokens) <= limit or tail > limit:
             return await self._call(name, request, response_type)
+        tokens = list(request.tokens)
         total: Call | None = None
         split = len(tokens) - limit  # the last call carries `limit` tokens
         position = int(request.cache_position)
@@ -359,6 +359,31 @@ def slice_features(out: common_pb2.Features, rows: common_pb2.Features, lo: int,
     width = len(rows.data) // rows.rows
     out.CopyFrom(common_pb2.Features(first_position=rows.first_position + lo, rows=hi - lo, dim=rows.dim,
                                      encoding=rows.encoding, data=rows.data[lo * width:hi * width]))
+
+
+async def _within(task: asyncio.Future, timeout_s: float | None) -> bool:
+    """Whether `task` is done within `timeout_s` (None: no limit); it is not cancelled either way.
+
+    asyncio.wait({task}, timeout=...) with one waiter and one timer and no sets: every
+    session's every call waits this way, so its cost is paid per round per session."""
+    if task.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout_s, wake) if timeout_s is not None else None
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        if timer is not None:
+            timer.cancel()
+        task.remove_done_callback(wake)
+    return task.done()
 
 
 # Sends one request to `client` with the session's KV cropped to `cache_position`.
@@ -495,8 +520,7 @@ class SessionReplica:
         started = time.monotonic()
         task = asyncio.ensure_future(self._resend_on_miss(send, position))
         try:
-            done, _ = await asyncio.wait({task}, timeout=limit)
-            if not done:
+            if not await _within(task, limit):
                 self.deadline_misses += 1
                 health.missed(role, address, size, limit)
                 missed = DeadlineMissed(f"the {role} service missed its deadline",

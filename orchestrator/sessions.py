@@ -184,7 +184,10 @@ class Session:
                                                give_up_s=config.redis_retry_s)
         self.record_interval_s = config.record_interval_s
         self._submitted = 0.0  # time.monotonic() of the last state handed to the writer
-        self._unsaved = False  # self.record is newer than the last state handed to the writer
+        self._unsaved = False  # a round's state is newer than the last one handed to the writer
+        # The last save's state, not yet made a record: (tokens, their count, target, its length,
+        # draft or None, its length); _submit builds the record from it.
+        self._state: tuple | None = None
 
     @property
     def id(self) -> str:
@@ -221,11 +224,10 @@ class Session:
                 if self.writer.busy and not self.writer.failing:
                     await self.writer.wait(WRITE_WAIT_S - self.writer.outage_s)
         self._check_outage("session save")
-        self.record = replace(
-            self.record, tokens=tuple(tokens), target=self.target.address, target_len=self.target.held,
-            draft=draft.address if draft else self.record.draft,
-            draft_len=draft.held if draft else self.record.draft_len,
-        )
+        # The state as of this round; the record itself is built only when it is written (the
+        # committed tokens only grow within a turn, so their count stands for them).
+        self._state = (tokens, len(tokens), self.target.address, self.target.held,
+                       draft.address if draft else None, draft.held if draft else 0)
         self.tally.target_replica = self.target.address
         if draft is not None:
             self.tally.draft_replica = draft.address
@@ -238,6 +240,14 @@ class Session:
                 await self._finish(draft)
 
     def _submit(self, rnd: RoundTally | None = None) -> None:
+        if self._state is not None:
+            tokens, n, target, target_len, draft, draft_len = self._state
+            self._state = None
+            self.record = replace(
+                self.record, tokens=tuple(tokens[:n]), target=target, target_len=target_len,
+                draft=draft if draft is not None else self.record.draft,
+                draft_len=draft_len if draft is not None else self.record.draft_len,
+            )
         self.writer.submit(self.record, rnd)
         self._submitted, self._unsaved = time.monotonic(), False
 

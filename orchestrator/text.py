@@ -59,12 +59,18 @@ class IncrementalDecoder:
 
     def __init__(self, tokenizer: Any, context: Sequence[int] = ()) -> None:
         self._tok = tokenizer
+        # A fast tokenizer's own decoder, without the wrapper's argument handling: what its
+        # decode runs when no clean-up is asked (every round of every stream decodes twice).
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if callable(getattr(backend, "decode", None)) else None
         # A few context tokens so a leading space or merge decodes as in the full text.
         self._ids: list[int] = list(context[-4:])
         self._prefix = 0  # window start
         self._read = len(self._ids)  # end of the text already emitted
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=True)
         return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def push(self, ids: Sequence[int]) -> str:

@@ -33,7 +33,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter
 
-from specdec import tracing
+from specdec import heap, tracing
 from specdec.errors import ErrorInterceptor
 from specdec.security import ServerSecurity, security_from_args
 from specdec.drain import Drain
@@ -158,6 +158,7 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
 
     await server.start()
+    heap.settle()  # the start-up heap (model, libraries) is never walked by the collector again
     for name in ("", *service_names):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(service_names), options.address)

@@ -49,3 +49,18 @@ def test_prompt_encoding_rules(tok):
         encode_prompt(tok, "hi", [("user", "hi")])
     chat = encode_prompt(tok, "", [("user", "hi")])
     assert tok.decode(chat).startswith("<|im_start|>user\nhi<|im_end|>")
+
+
+def test_the_fast_decode_is_the_tokenizers_own(tok):
+    """The decoder reads the fast tokenizer's backend directly: the same text as
+    tokenizer.decode(skip_special_tokens=True, no clean-up), special tokens included."""
+    import random
+
+    dec = IncrementalDecoder(tok)
+    assert dec._backend is not None  # the tiny target's tokenizer is a fast one
+    rng = random.Random(7)
+    specials = [tok.eos_token_id, *(tok.all_special_ids or [])]
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 12))]
+        ids.insert(rng.randint(0, len(ids)), rng.choice(specials))
+        assert dec._decode(ids) == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

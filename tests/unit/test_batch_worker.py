@@ -165,3 +165,30 @@ def test_a_wedged_forward_is_fatal(tiny_pair) -> None:
     asyncio.run(main())
     assert reasons and "more than 0.4 s" in reasons[0]
     host.shutdown()
+
+
+def test_a_forward_wakes_its_event_loop_once_for_all_its_rows(host) -> None:
+    """The worker hands a forward's outcomes to the event loop in one call_soon_threadsafe
+    (engine.scheduler._deliver), not one per row: each wake-up writes to the loop's self-pipe."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        wakes = []
+        original = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            wakes.append(callback)
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        try:
+            # Queued in one turn of the loop: the idle worker gathers them into one forward.
+            results = await asyncio.gather(*(score(host, _request(f"w{i}", [5 + i, 9, 11, 40]))
+                                             for i in range(12)))
+        finally:
+            loop.call_soon_threadsafe = original
+        return results, wakes
+
+    results, wakes = asyncio.run(main())
+    assert len(results) == 12
+    assert sum(r.batch_rows for r in results) > 12  # they shared forwards
+    assert 1 <= len(wakes) <= 3, f"{len(wakes)} wake-ups for 12 rows (one per forward expected)"
