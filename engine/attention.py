@@ -60,6 +60,11 @@ def query_rows(n: int) -> int:
     return -(-n // QUERY_BLOCK) * QUERY_BLOCK
 
 
+def _query_class(n: int) -> int:
+    """The query-count class of a row of n tokens: the first GROUP_BOUNDS entry that holds n."""
+    return next(i for i, bound in enumerate(GROUP_BOUNDS) if n <= bound)
+
+
 def key_bucket(length: int) -> int:
     """The padded key length of a row of several queries."""
     bucket = MIN_KEY_BUCKET
@@ -128,17 +133,26 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], pad
     members: dict[tuple[int, int, int], list[int]] = {}
     starts = []
     at = 0
+    bs = pool.block_size
     singles = iter(one_query_lengths([past + 1 for _, past, n in rows if n == 1]))
+    # Per row: its KV's slots and its group. A decode row (one token, the common case; class 0)
+    # is spelled out: this loop runs over every row of every forward.
     for r, (kv, past, n) in enumerate(rows):
-        write.extend(kv.slots(past, n))
         starts.append(at)
         at += n
-        query_class = next(i for i, bound in enumerate(GROUP_BOUNDS) if n <= bound)
-        bucket = next(singles) if n == 1 else key_bucket(past + n)
-        members.setdefault((query_class, bucket, 1 if n == 1 else query_rows(n)), []).append(r)
+        if n == 1:
+            write.append(kv.blocks[past // bs] * bs + past % bs)
+            key = (0, next(singles), 1)
+        else:
+            write.extend(kv.slots(past, n))
+            key = (_query_class(n), key_bucket(past + n), query_rows(n))
+        group = members.get(key)
+        if group is None:
+            members[key] = [r]
+        else:
+            group.append(r)
     write.extend([0] * (padded_tokens - at))
     groups = []
-    bs = pool.block_size
     for (_, bucket, tq), member in sorted(members.items()):
         length = bucket  # one-query rows: their group's (one_query_lengths); else the key bucket
         size = len(member)
@@ -167,15 +181,18 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], pad
         table = torch.tensor(table_rows, dtype=torch.long)
         table = table.to(device, non_blocking=True)
         lengths_t = torch.tensor(lengths, dtype=torch.long).to(device, non_blocking=True)
-        pasts_t = torch.tensor(pasts, dtype=torch.long).to(device, non_blocking=True)
         pos = torch.arange(length, device=device)  # [length]
         slots = table[:, pos // bs] * bs + pos % bs  # [size, length]
         valid = pos[None, :] < lengths_t[:, None]  # [size, length]
         kv_index = torch.where(valid, slots, torch.zeros_like(slots)).reshape(-1)
-        # Query i of a row sits at absolute position past + i; padded queries see key 0 only.
-        qpos = torch.minimum(pasts_t[:, None] + torch.arange(tq, device=device)[None, :],
-                             lengths_t[:, None] - 1)  # [size, tq]
-        mask = (pos[None, None, :] <= qpos[:, :, None])[:, None]  # [size, 1, tq, length]
+        if tq == 1:  # one query at position length - 1: it sees exactly the valid keys
+            mask = valid[:, None, None, :]  # [size, 1, 1, length]
+        else:
+            # Query i of a row sits at absolute position past + i; padded queries see key 0 only.
+            pasts_t = torch.tensor(pasts, dtype=torch.long).to(device, non_blocking=True)
+            qpos = torch.minimum(pasts_t[:, None] + torch.arange(tq, device=device)[None, :],
+                                 lengths_t[:, None] - 1)  # [size, tq]
+            mask = (pos[None, None, :] <= qpos[:, :, None])[:, None]  # [size, 1, tq, length]
         groups.append(Group(tq, size, identity, q_index, real_src, real_dst, kv_index, length, mask))
     write_t = torch.tensor(write, dtype=torch.long).to(device, non_blocking=True)
     return AttentionPlan(write_t, groups, padded_tokens)
