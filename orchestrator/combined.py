@@ -34,6 +34,7 @@ different (equally exact) text on another run.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -132,6 +133,9 @@ class CombinedProposer:
 
     async def prefetch(self, ctx: DraftContext) -> int | None:
         return await self.draft.prefetch(ctx)
+
+    def keep_feeding(self, feed: asyncio.Future) -> None:
+        self.draft.keep_feeding(feed)
 
     def crop(self, length: int) -> None:
         self.draft.crop(length)

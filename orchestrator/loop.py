@@ -185,9 +185,12 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                                      relay.encoding if relay is not None else 0)
             tally.target_passes += 1
             if prefetch is not None:
-                held = await prefetch
-                if held is not None:  # the draft now holds the scored prefix
-                    proposal = replace(proposal, cache_length=held)
+                if prefetch.done():
+                    held = prefetch.result()
+                    if held is not None:  # the draft now holds the scored prefix
+                        proposal = replace(proposal, cache_length=held)
+                else:  # the chunk does not wait for the draft; its next Propose does
+                    proposer.keep_feeding(prefetch)
                 prefetch = None
             rnd.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
             _observe_costs(config, session.target, proposer, proposal, reply, len(drafted))

@@ -17,6 +17,7 @@ verifies this one.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -216,6 +217,7 @@ class DraftServiceProposer:
         self.features: FeatureRelay | None = None
         self._kind_known = False
         self._fed = 0
+        self._feeding: asyncio.Future | None = None  # a first round's feed still running (keep_feeding)
 
     async def learn_kind(self) -> None:
         """Whether the replica is a feature draft (its GetInfo, asked once per client and cached)."""
@@ -283,9 +285,30 @@ class DraftServiceProposer:
             return None
         return int(reply.response.cache_length)
 
+    def keep_feeding(self, feed: asyncio.Future) -> None:
+        """A first round's feed (prefetch) that was still running when the target's Score came
+        back: the round streams its chunk without waiting for it, and the next Propose waits for
+        it first (so no token reaches the draft twice). At a load where drafting does not pay
+        (the speculation gate then allows none) that Propose may never come; the feed's only cost
+        is then the draft's own work, not the stream's time to its first token."""
+        self._feeding = feed
+
+    async def _fed_in_background(self) -> None:
+        """The draft holds what a kept first-round feed gave it, once that feed is over."""
+        feed, self._feeding = self._feeding, None
+        if feed is None:
+            return
+        held = await feed  # prefetch answers None on any failure: the Propose then sends it all
+        if held is not None and self.replica is not None:
+            # The feed held the prompt, a prefix of the committed tokens; the rounds since then
+            # cropped the bookkeeping to what was known before it ended.
+            self.replica.held = max(self.replica.held, held)
+
     async def propose(self, ctx: DraftContext) -> Proposal:
         if self.replica is None or ctx.k == 0 or ctx.draft_busy:  # nothing asked: the cache is untouched
             return Proposal(tokens=[], cache_length=self.replica.held if self.replica else 0)
+        if self._feeding is not None:
+            await self._fed_in_background()
         if not self.strict and not await self.replica.ready():
             return Proposal(tokens=[], cache_length=self.replica.held)  # ejected: sit this round out
         await self.learn_kind()
@@ -338,4 +361,6 @@ class DraftServiceProposer:
             self.replica.held = min(length, self._fed) if self.features is not None else length
 
     def close(self) -> None:
-        pass
+        if self._feeding is not None and not self._feeding.done():
+            self._feeding.cancel()  # the request is over: a feed nobody waits for stops
+        self._feeding = None

@@ -323,6 +323,40 @@ def test_the_speculation_gate_scores_every_decoding_round_and_not_the_prefill() 
     assert gate.rounds == tally.target_passes - 1 and fixed.target_passes > 0
 
 
+def test_a_first_round_streams_without_waiting_for_the_drafts_feed() -> None:
+    """No k in the request: round 1 feeds the draft the prompt beside the target's Score
+    (prefetch). A slow draft does not hold the first chunk back: the chunk goes once the Score is
+    back, and the next Propose waits for the feed first, so no committed token reaches the draft
+    twice. Greedy text unchanged."""
+    import time
+
+    target, draft = make_models(2)
+    stack = Stack(target, draft)
+    drafts = stack.services["d0"]
+    drafts.delay_s = 0.8  # every draft call; the target answers at once
+    prompt = tuple(PROMPTS[1] * 3)  # 30 tokens: a prompt the draft lags by at least PREFETCH_MIN
+
+    async def first_chunk_and_all():
+        spec = GenerateSpec(prompt_ids=prompt, max_new_tokens=8, sampling=GREEDY, seed=7,
+                            proposer=DRAFT, k=0)
+        started, first, ids, tally = time.perf_counter(), None, [], None
+        async for event in generate(spec, stack.config):
+            if isinstance(event, ChunkEvent):
+                first = first if first is not None else time.perf_counter() - started
+                ids += event.token_ids
+            else:
+                tally = event
+        return first, ids, tally
+
+    first, ids, tally = asyncio.run(first_chunk_and_all())
+    assert ids == plain_greedy(target, prompt, 8)
+    assert first < 0.4, f"the first chunk waited {first:.2f} s for the draft's feed (0.8 s)"
+    assert tally.rounds[0].drafted == 0 and tally.draft_calls > 0  # later rounds drafted
+    fed_prompt, *later = drafts.requests
+    assert fed_prompt == (0, len(prompt), 0)  # round 1: the prompt, drafting nothing
+    assert later and all(position >= len(prompt) for position, _, _ in later)  # never resent
+
+
 # --------------------------------------------------------------------- sampling exactness
 
 S_VOCAB = 6
