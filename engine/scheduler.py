@@ -359,8 +359,8 @@ class Scheduler:
             while len(batch) < self.max_batch:
                 with self._cv:
                     while not self._queue and not self._stopping:
+                        self._deliver()  # nothing resolved waits out the worker's waits below
                         if not batch and not self._running:
-                            self._deliver()  # nothing resolved waits out an idle worker
                             self._cv.wait()  # nothing to do at all
                             continue
                         if not idle:
@@ -369,7 +369,6 @@ class Scheduler:
                         deadline = deadline if deadline is not None else now + self.max_wait_s
                         if now >= deadline:
                             break
-                        self._deliver()
                         self._cv.wait(deadline - now)
                     if self._stopping:
                         return None
