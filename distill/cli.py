@@ -70,8 +70,10 @@ SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
              default_doc="the shipped distill/prompt_sets/distill_heldout_v2.jsonl"),
         Flag("max-new-tokens", "response length cap", 192, int),
         Flag("gen-batch", "prompts per generation batch", 128, int),
-        Flag("shard-prompts", "prompts per data shard, the unit of resumption", 128, int),
-        Flag("gen-dtype", "target dtype for training data (held-out data is always float32)", "bfloat16"),
+        Flag("shard-prompts", "prompts per data shard, the unit of resumption (the continuously refilled "
+             "batch drains at the end of each)", 256, int),
+        Flag("gen-dtype", "target dtype for training data (held-out data is always float32); auto = bfloat16 "
+             "where the device computes it natively, else float32", "auto"),
         Flag("top-k", "target log-probs stored per position", 20, int),
         Flag("data-minutes", "time budget of the data stage: no new shard after it; a rerun resumes "
              "(0 = none)", 32, float),
@@ -100,8 +102,8 @@ SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
         Flag("feature-noise", "eagle: uniform noise on the true input features, relative to their RMS", 0.0, float),
         Flag("prompt-weight", "eagle: weight of the soft cross-entropy at prompt positions (0 = response "
              "positions only; the feature loss covers every position)", 0.0, float),
-        Flag("feature-dtype", "eagle: target dtype of the training features (held-out features are always "
-             "float32, as served)", "bfloat16"),
+        Flag("feature-dtype", "eagle: target dtype of the training features when the data stage did not keep "
+             "them (held-out features are always float32, as served); auto as --gen-dtype", "auto"),
     )),
     Group("evaluation", (
         Flag("draft-model", "eval stage: evaluate this draft folder instead of OUT/draft, without touching "

@@ -98,17 +98,21 @@ def cached_features(target: Any, data_dir: Path, cache_dir: Path, *, dtype: str,
                     batch_tokens: int = 4096, shards: int | None = None
                     ) -> tuple[list[dict[str, Any]], list[torch.Tensor], dict[str, Any]]:
     """(records, features, summary) of every data shard under `data_dir` (or its first `shards`), features
-    cached per shard."""
+    cached per shard; a shard whose records carry the features of their generation uses those."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
     features: list[torch.Tensor] = []
-    started, computed, tokens = time.monotonic(), 0, 0
+    started, computed, generated, tokens = time.monotonic(), 0, 0, 0
     for shard in sorted(Path(data_dir).glob("shard-*.pt"))[:shards]:
         shard_records = torch.load(shard, weights_only=True)
         path = cache_dir / f"{shard.stem}-{dtype}.pt"
         lengths = [len(_sequence(r)) for r in shard_records]
+        kept = [r.pop("features", None) for r in shard_records]  # captured by the data stage's generation
         cached = torch.load(path, weights_only=True) if path.is_file() else None
-        if cached is None or cached["lengths"] != lengths:
+        if all(f is not None and len(f) == n for f, n in zip(kept, lengths)):
+            feats = kept
+            generated += sum(lengths)
+        elif cached is None or cached["lengths"] != lengths:
             feats = extract(target, shard_records, dtype=target.dtype, batch_tokens=batch_tokens, pad_id=pad_id,
                             desc=f"{data_dir.name}/{shard.stem} features ({dtype})")
             tmp = path.with_suffix(".tmp")
@@ -123,6 +127,8 @@ def cached_features(target: Any, data_dir: Path, cache_dir: Path, *, dtype: str,
     seconds = time.monotonic() - started
     summary = {"records": len(records), "tokens": tokens, "computed_tokens": computed, "dtype": dtype,
                "seconds_this_run": round(seconds, 1)}
+    if generated:
+        summary["from_generation_tokens"] = generated  # kept by the data stage, in its generation dtype
     if computed:
         summary["tokens_per_s"] = round(computed / seconds, 1)
     log.info("%s features: %s", data_dir.name, summary)
@@ -576,11 +582,12 @@ def run_train(args: Any) -> dict[str, Any]:
     if not records:
         raise SystemExit(f"no training data under {Path(args.out) / 'data' / 'train'}: run the data stage first")
     info = json.loads((Path(args.out) / "data" / "info.json").read_text())
-    extractor = sources.load_target(args, args.feature_dtype)
+    feature_dtype = sources.fast_dtype(args.feature_dtype, args.device)
+    extractor = sources.load_target(args, feature_dtype)
     pad = extractor.tokenizer.pad_token_id if extractor.tokenizer.pad_token_id is not None \
         else extractor.eos_token_ids[0]
     records, features, feature_summary = cached_features(
-        extractor.model, Path(args.out) / "data" / "train", feature_cache(args, "train"), dtype=args.feature_dtype,
+        extractor.model, Path(args.out) / "data" / "train", feature_cache(args, "train"), dtype=feature_dtype,
         pad_id=pad)
     feature_summary["greedy_fidelity"] = round(feature_fidelity(extractor.model, records, features), 4)
     log.info("train features reproduce the records' greedy tokens at %.2f%% of response positions",

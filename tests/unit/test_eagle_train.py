@@ -50,6 +50,43 @@ def test_features_are_the_targets_and_are_cached(tiny_run) -> None:
     assert again[2]["computed_tokens"] == 0 and all(torch.equal(a, b) for a, b in zip(again[1], features))
 
 
+def test_generation_keeps_the_features_it_computes(tiny_run, tmp_path: Path) -> None:
+    """GenConfig.features: each record carries the features of prompt + response[:-1], equal to a teacher-forced
+    pass (rows of different lengths, left padding, rows leaving at EOS); the feature stage then computes none."""
+    _, target, records, features, _, _ = tiny_run
+    train_prompts, _ = prompts.split(prompts.load(), 40, 8)
+    config = data.GenConfig(max_new_tokens=20, batch_size=48, top_k=4, shard_prompts=48, features=True)
+    data.generate(target.model, target.tokenizer, train_prompts, tmp_path / "train", target.eos_token_ids, config)
+    kept = data.load_records(tmp_path / "train")
+    assert [r["response"] for r in kept] == [r["response"] for r in records]  # the same greedy text
+    assert len({len(r["prompt"]) for r in kept}) > 1
+    for r, f in zip(kept, features):
+        assert r["features"].dtype == torch.float16 and r["features"].shape == f.shape
+        torch.testing.assert_close(r["features"].float(), f.float(), atol=2e-2, rtol=1e-2)
+    again, feats, summary = eagle.cached_features(target.model, tmp_path / "train", tmp_path / "features",
+                                                  dtype="float32", pad_id=target.tokenizer.pad_token_id)
+    assert summary["computed_tokens"] == 0 and summary["from_generation_tokens"] == summary["tokens"]
+    assert all("features" not in r for r in again) and all(torch.equal(a["features"], b) for a, b in zip(kept, feats))
+    assert eagle.feature_fidelity(target.model, again, feats) == 1.0  # they made the greedy tokens
+    # Rows that leave the batch early: a token the responses use, taken as the end of sequence.
+    # Both generators: transformers' padded batch, and the engine's with 5 rows in flight for 12 prompts.
+    stop = records[0]["response"][3]
+    batch = [r["prompt"] for r in records[:12]]
+    with torch.inference_mode():
+        padded = data.generate_batch(target.model, batch, [stop], max_new_tokens=20, top_k=4,
+                                     pad_id=target.tokenizer.pad_token_id, features=True)
+        pooled = data.generate_pooled(data.pooled_forward(target.model), batch, [stop], max_new_tokens=20, top_k=4,
+                                      rows=5, features=True)
+        assert len({len(r["response"]) for r in padded}) > 1
+        assert [r["response"] for r in pooled] == [r["response"] for r in padded]
+        for a, b in zip(padded, pooled):
+            alone = drafts.target_features(target.model, torch.tensor([a["prompt"] + a["response"][:-1]]))[0]
+            torch.testing.assert_close(a["features"].float(), alone, atol=2e-2, rtol=1e-2)
+            torch.testing.assert_close(b["features"].float(), alone, atol=2e-2, rtol=1e-2)
+            assert torch.equal(a["topk_ids"][:, 0], b["topk_ids"][:, 0])
+            torch.testing.assert_close(a["topk_logprobs"].float(), b["topk_logprobs"].float(), atol=2e-2, rtol=1e-2)
+
+
 def test_unrolled_passes_are_what_drafting_computes(tiny_run) -> None:
     """Pass 1 is head_hidden; pass d is the sequential chain's d-th draft (checked from every start)."""
     target_dir, target, records, features, _, _ = tiny_run
