@@ -33,7 +33,7 @@ playground: install
 	$(VENV)/bin/specdec up
 
 test: install
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=40
 	$(MAKE) test-oldest-transformers
 
 # The engine's own tests (tiny models, in-process and one real service each) on the

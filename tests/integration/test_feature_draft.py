@@ -17,7 +17,7 @@ import torch
 
 from client import Client
 from tests.integration.stack import Stack
-from tests.integration.test_sampling import PROMPT, TOP_K, chi2_pvalue, joint
+from tests.integration.test_sampling import PROMPT, TOP_K, chi2_pvalue, first_pairs, joint
 
 PROMPTS = ["The cat sat on the", "def add(a, b):\n    return", "Speculative decoding drafts a few"]
 N_NEW = 24
@@ -114,18 +114,13 @@ def _head_joint(target_dir, head_dir, prompt_ids: list[int]) -> dict[tuple[int, 
 def test_sampling_follows_the_target(feature_stack, parallel):
     from transformers import AutoTokenizer
 
-    _, c, target_dir, head_dir = feature_stack
+    stack, _, target_dir, head_dir = feature_stack
     prompt_ids = AutoTokenizer.from_pretrained(target_dir).encode(PROMPT, add_special_tokens=False)
-    counts: dict[tuple[int, int], int] = {}
-    drafted = accepted = 0
-    for seed in range(1, SEEDS + 1):
-        out = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
-                         proposer="draft", k=2, parallel=parallel)
+
+    def check(seed, out) -> None:
         assert out.stats.proposer == "draft" and not out.stats.fallback_reason
-        pair = tuple(out.token_ids[:2])
-        counts[pair] = counts.get(pair, 0) + 1
-        drafted += out.stats.drafted_tokens
-        accepted += out.stats.accepted_tokens
+
+    counts, drafted, accepted = first_pairs(stack.addresses["orch"], SEEDS, check, parallel=parallel)
     rate = accepted / drafted
     assert 0.05 < rate < 0.95, f"the head should be wrong often enough to test rejections ({rate:.2f})"
     p_target = chi2_pvalue(counts, joint(target_dir, prompt_ids), SEEDS)

@@ -12,10 +12,13 @@ apart at this sample size.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from scipy.stats import chisquare
 
+from client import Client
 from tests.integration.stack import Stack
 
 PROMPT = "The capital of France is"
@@ -83,32 +86,51 @@ def chi2_pvalue(counts: dict, expected_p: dict, n: int) -> float:
     return float(chisquare(obs, [e * scale for e in exp]).pvalue)
 
 
-def first_pairs(client, **options) -> tuple[dict[tuple[int, int], int], int, int]:
-    """Counts of the first two sampled tokens over SEEDS seeds (draft k = 2), and the drafted
-    and accepted totals."""
+WORKERS = 4  # concurrent streams: the services batch them, and the counts do not depend on the order
+
+
+def first_pairs(address: str, seeds: int = SEEDS, check=None,
+                **options) -> tuple[dict[tuple[int, int], int], int, int]:
+    """Counts of the first two sampled tokens over `seeds` seeds (draft k = 2 unless `options`
+    say otherwise), and the drafted and accepted totals. WORKERS streams run at once, each
+    through its own client; `check(seed, completion)` sees every completion."""
+    options = {"max_new_tokens": 3, "temperature": 1.0, "top_k": TOP_K, "proposer": "draft", "k": 2,
+               **options}
+
+    def run(worker: int) -> list[tuple[tuple[int, int], int, int]]:
+        rows = []
+        with Client(address, timeout=120) as client:
+            for seed in range(1 + worker, seeds + 1, WORKERS):
+                out = client.complete(PROMPT, seed=seed, **options)
+                if check is not None:
+                    check(seed, out)
+                rows.append((tuple(out.token_ids[:2]), out.stats.drafted_tokens, out.stats.accepted_tokens))
+        return rows
+
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
-    for seed in range(1, SEEDS + 1):
-        out = client.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed,
-                              proposer="draft", k=2, **options)
-        assert out.stats.seed == seed and out.stats.proposer == "draft"
-        pair = tuple(out.token_ids[:2])
-        counts[pair] = counts.get(pair, 0) + 1
-        drafted += out.stats.drafted_tokens
-        accepted += out.stats.accepted_tokens
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for rows in pool.map(run, range(WORKERS)):
+            for pair, d, a in rows:
+                counts[pair] = counts.get(pair, 0) + 1
+                drafted += d
+                accepted += a
+    assert sum(counts.values()) == seeds
     return counts, drafted, accepted
+
+
+def _is_seeded_draft(seed, out) -> None:
+    assert out.stats.seed == seed and out.stats.proposer == "draft"
 
 
 def test_first_two_tokens_follow_the_target_distribution(mismatched):
     from transformers import AutoTokenizer
 
-    from client import Client
-
     stack, target_dir, draft_dir = mismatched
     tok = AutoTokenizer.from_pretrained(target_dir)
     prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
+    counts, drafted, accepted = first_pairs(stack.addresses["orch"], check=_is_seeded_draft)
     with Client(stack.addresses["orch"]) as c:
-        counts, drafted, accepted = first_pairs(c)
         again = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
                            proposer="draft", k=2)
         first = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
@@ -162,13 +184,10 @@ def test_constrained_sampling_follows_the_masked_target(mismatched):
     unconstrained target's joint is rejected on the same counts."""
     from transformers import AutoTokenizer
 
-    from client import Client
-
     stack, target_dir, _ = mismatched
     tok = AutoTokenizer.from_pretrained(target_dir)
     prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
-    with Client(stack.addresses["orch"]) as c:
-        counts, drafted, accepted = first_pairs(c, regex=GRAMMAR)
+    counts, drafted, accepted = first_pairs(stack.addresses["orch"], check=_is_seeded_draft, regex=GRAMMAR)
     want = constrained_joint(target_dir, prompt_ids)
     assert 0.05 < accepted / drafted < 0.9, accepted / drafted
     p_masked = chi2_pvalue(counts, want, SEEDS)

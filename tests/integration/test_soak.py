@@ -18,7 +18,7 @@ EndSession, and a stream cancelled after a few tokens. Checks:
     session's record is left in Redis, and every key left under the prefix
     is a registry entry or a cancelled single-turn record with its short TTL.
 
-SPECDEC_SOAK_MINUTES sets the load's length (default 3, the CI variant);
+SPECDEC_SOAK_MINUTES sets the load's length (default 1.5, the CI variant);
 SPECDEC_SOAK_EMBEDDED=1 runs it on the embedded target and the shipped draft
 instead of the tiny test models; SPECDEC_SOAK_SEED picks the mix.
 """
@@ -42,7 +42,7 @@ from tests.integration.faults import PROMPTS
 from tests.integration.stack import Stack
 from tests.integration.test_gateway import scrape
 
-MINUTES = float(os.environ.get("SPECDEC_SOAK_MINUTES", "3"))
+MINUTES = float(os.environ.get("SPECDEC_SOAK_MINUTES", "1.5"))
 EMBEDDED = os.environ.get("SPECDEC_SOAK_EMBEDDED", "") not in ("", "0")
 SEED = int(os.environ.get("SPECDEC_SOAK_SEED", "5"))
 WORKERS = 3
