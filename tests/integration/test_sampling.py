@@ -87,6 +87,7 @@ def chi2_pvalue(counts: dict, expected_p: dict, n: int) -> float:
 
 
 WORKERS = 4  # concurrent streams: the services batch them, and the counts do not depend on the order
+PAIR_OPTIONS = dict(max_new_tokens=3, temperature=1.0, top_k=TOP_K, proposer="draft", k=2)
 
 
 def first_pairs(address: str, seeds: int = SEEDS, check=None,
@@ -94,8 +95,7 @@ def first_pairs(address: str, seeds: int = SEEDS, check=None,
     """Counts of the first two sampled tokens over `seeds` seeds (draft k = 2 unless `options`
     say otherwise), and the drafted and accepted totals. WORKERS streams run at once, each
     through its own client; `check(seed, completion)` sees every completion."""
-    options = {"max_new_tokens": 3, "temperature": 1.0, "top_k": TOP_K, "proposer": "draft", "k": 2,
-               **options}
+    options = {**PAIR_OPTIONS, **options}
 
     def run(worker: int) -> list[tuple[tuple[int, int], int, int]]:
         rows = []
@@ -131,10 +131,8 @@ def test_first_two_tokens_follow_the_target_distribution(mismatched):
     prompt_ids = tok.encode(PROMPT, add_special_tokens=False)
     counts, drafted, accepted = first_pairs(stack.addresses["orch"], check=_is_seeded_draft)
     with Client(stack.addresses["orch"]) as c:
-        again = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
-                           proposer="draft", k=2)
-        first = c.complete(PROMPT, max_new_tokens=3, temperature=1.0, top_k=TOP_K, seed=5,
-                           proposer="draft", k=2)
+        again = c.complete(PROMPT, seed=5, **PAIR_OPTIONS)
+        first = c.complete(PROMPT, seed=5, **PAIR_OPTIONS)
     assert again.token_ids == first.token_ids  # same seed, same text
     target_p = joint(target_dir, prompt_ids)
     draft_p = joint(draft_dir, prompt_ids)
