@@ -53,6 +53,7 @@ class CombinedProposer:
     name = COMBINED
     adaptive = False  # it chooses its own k within the request's k
     proposes = True
+    free_guesses = True  # a plain epoch of the speculation gate still takes a lookup guess that pays
 
     def __init__(self, draft: DraftServiceProposer, lookup: PromptLookupProposer, book: CostBook,
                  target: Callable[[], str], *, margin: float = 0.05) -> None:
@@ -61,8 +62,8 @@ class CombinedProposer:
         self.book = book
         self.target = target  # the target replica's address now (a session may move)
         self.margin = margin
-        self.draft_policy = GoodputPolicy()
-        self.lookup_policy = GoodputPolicy()
+        self.draft_policy = GoodputPolicy(margin=margin)
+        self.lookup_policy = GoodputPolicy(margin=margin)
         self.lookup_policy.pooled = book.acceptance(LOOKUP_POOL)
         self._last = ""  # what proposed the last round: "lookup", "draft" or ""
 
@@ -80,7 +81,7 @@ class CombinedProposer:
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         guess = (await self.lookup.propose(ctx)).tokens if ctx.k else []
-        draft_usable = bool(ctx.k) and not ctx.draft_busy and await self.draft.usable()
+        draft_usable = bool(ctx.k) and not (ctx.draft_busy or ctx.draft_off) and await self.draft.usable()
         source, n = self.choose(ctx.k, guess, draft_usable=draft_usable)
         self._last = source
         if source == LOOKUP:
@@ -110,16 +111,18 @@ class CombinedProposer:
             return DRAFT, k_draft
         if costs is None:  # nothing measured yet: the free guess first
             return LOOKUP, len(guess)
-        accept = self.lookup_policy.acceptance(len(guess))
         free = replace(costs, draft_step_ms=0.0, draft_call_ms=0.0)
-        n, g_lookup = max(((n, goodput(accept, n, free)) for n in range(1, len(guess) + 1)),
-                          key=lambda ng: ng[1])
-        g_draft = goodput(self.draft_policy.acceptance(max(k_draft, 1)), k_draft, costs)
-        # Beating k = 0 by the margin (as any k > 0 must); against the draft, the better goodput.
-        g_none = goodput([], 0, costs) * (1.0 + self.margin)
-        if g_lookup > max(g_draft, g_none):
+        probes = self.lookup_policy.probes
+        # The guess's best length against k = 0 (beating it by the margin); a lookup that has not
+        # paid lately is still tried now and then, so one unlucky guess does not end it for good.
+        n = self.lookup_policy.choose(free, len(guess))
+        if not n:
+            return DRAFT, k_draft
+        if self.lookup_policy.probes > probes:
             return LOOKUP, n
-        return DRAFT, k_draft
+        g_lookup = goodput(self.lookup_policy.acceptance(n), n, free)
+        g_draft = goodput(self.draft_policy.acceptance(max(k_draft, 1)), k_draft, costs)
+        return (LOOKUP, n) if g_lookup > g_draft else (DRAFT, k_draft)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         """The round's verdict teaches the option that proposed it."""

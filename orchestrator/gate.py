@@ -61,8 +61,14 @@ load where drafting measured slower. A fall in load waits for the epoch's end:
 the sessions still running are mid-stream, and drafting for them first costs
 the draft a catch-up feed of everything it missed.
 
-The gate only ever takes drafting away (k = 0); what k a drafting round uses
-stays the goodput model's choice.
+The gate only ever takes the draft model away; what k a drafting round uses
+stays the goodput model's choice. A plain epoch is k = 0 for every proposer
+but one with free guesses: the combined proposer still proposes a prompt-lookup
+guess there when the goodput model says it beats k = 0 by itself (a guess
+costs no draft call, only the target's extra rows). The demo's default prompt
+drafted three rounds, all rejected, and its plain epoch then sent nothing
+while the text repeated itself: lookup alone measured 1.15x target-only on it.
+So for that proposer the gate compares drafting against lookup-or-nothing.
 
 Exactness is untouched: k = 0 is ordinary decoding through the same verifier.
 """

@@ -143,16 +143,20 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                     gate.leave()
                 gate = config.costs.gate(session.target.address)
                 gate.enter()
+            draft_off = False
             if proposer.proposes:  # the round's extra token fills the last slot
                 if gate is not None and not gate.allows():
-                    k = 0  # this epoch measures plain decoding (or plain decoding measured better)
+                    # This epoch measures plain decoding (or plain decoding measured better): no draft
+                    # model; a proposer with free guesses keeps those that pay by themselves.
+                    draft_off = getattr(proposer, "free_guesses", False)
+                    k = k_max if draft_off else 0
                 else:
                     k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
                 rnd.k = max(0, min(k, remaining - 1))
             ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed,
-                               away=away)
+                               away=away, draft_off=draft_off)
             prefetch = None
-            if (gated and rnd.k and not tally.target_passes and getattr(proposer, "prefetch", None)
+            if (gated and rnd.k and not draft_off and not tally.target_passes and getattr(proposer, "prefetch", None)
                     and proposer.lags(ctx)):
                 # A new prompt: the draft is fed it while the target scores it (its first-round
                 # drafts would cost the draft's prefill before the target's); drafting starts next round.

@@ -95,3 +95,21 @@ def test_lookup_rounds_feed_a_pool_that_a_new_session_starts_from() -> None:
     second = proposer(b)  # no rounds of its own yet: the pooled rates are its prior
     teach(second, DRAFT, 4, 0)
     assert second.choose(4, GUESS) == (LOOKUP, 4)
+
+
+def test_a_lookup_written_off_is_tried_again_and_returns_when_it_pays() -> None:
+    """One failed guess pooled a rate of 0 for every position, and nothing ever tried lookup again
+    on that orchestrator (the demo's repeating text went unproposed). Now a guess not taken for
+    a while is proposed as a probe (the draft's own k = 0 probes, for lookup), and lookup wins
+    again once its probes are accepted."""
+    b = book(verify_ms=COMPUTE_BOUND)
+    first = proposer(b)
+    teach(first, LOOKUP, 4, 0, rounds=1)  # one unlucky guess
+    p = proposer(b)  # a later session: the pool's 0 is its prior
+    teach(p, DRAFT, 4, 0)
+    picks = [p.choose(4, GUESS) for _ in range(8)]
+    assert picks[:7] == [(DRAFT, 0)] * 7  # nothing pays ...
+    source, n = picks[7]
+    assert source == LOOKUP and 0 < n <= 2  # ... but the eighth round probes the guess
+    teach(p, LOOKUP, n, n, rounds=12)  # the probes are right
+    assert p.choose(4, GUESS)[0] == LOOKUP

@@ -323,6 +323,30 @@ def test_the_speculation_gate_scores_every_decoding_round_and_not_the_prefill() 
     assert gate.rounds == tally.target_passes - 1 and fixed.target_passes > 0
 
 
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_plain_epoch_takes_the_draft_model_away_but_keeps_lookup_guesses(plain: bool) -> None:
+    """The gate's plain epoch means no draft model: the combined proposer makes no Propose call
+    (nor the first round's feed) but still proposes its free lookup guesses where they pay (the
+    table model's next token depends on the last two, so a repeated bigram repeats what followed
+    it). A drafting epoch (the control) calls the draft. Greedy text unchanged either way."""
+    target, draft = make_models(0)
+    stack = Stack(target, draft)
+    gate = stack.config.costs.gate("t0")
+    gate.epoch_s, gate.mode_spec = 3600.0, not plain  # one epoch, in this mode, for the whole test
+    prompt = PROMPTS[1]
+    reference = plain_greedy(target, prompt, 40)
+    out, _, tally = stack.run(prompt, k=0, proposer=COMBINED, max_new=40)
+    assert out == reference and gate.mode_spec is not plain
+    lookup_rounds = [r for r in tally.rounds if r.source == LOOKUP]
+    proposes = len(stack.services["d0"].requests)
+    if plain:
+        assert proposes == 0 and tally.draft_calls == 0
+        assert lookup_rounds and sum(r.accepted for r in lookup_rounds) > 0
+        assert tally.target_passes < len(reference)  # the guesses saved passes
+    else:
+        assert proposes > 0 and tally.draft_calls > 0
+
+
 def test_a_first_round_streams_without_waiting_for_the_drafts_feed() -> None:
     """No k in the request: round 1 feeds the draft the prompt beside the target's Score
     (prefetch). A slow draft does not hold the first chunk back: the chunk goes once the Score is
