@@ -147,8 +147,9 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             if proposer.proposes:  # the round's extra token fills the last slot
                 if gate is not None and not gate.allows():
                     # This epoch measures plain decoding (or plain decoding measured better): no draft
-                    # model; a proposer with free guesses keeps those that pay by themselves.
-                    draft_off = getattr(proposer, "free_guesses", False)
+                    # model. A lone session's proposer with free guesses keeps those that pay by
+                    # themselves; under load a plain epoch is target-only rounds, the gate's baseline.
+                    draft_off = getattr(proposer, "free_guesses", False) and gate.live <= 1
                     k = k_max if draft_off else 0
                 else:
                     k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)

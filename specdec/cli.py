@@ -13,6 +13,7 @@ pid on exit, Ctrl-C or SIGTERM: nothing is left behind.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import socket
 import sys
@@ -245,6 +246,11 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     return address
 
 
+# What stops `up` and `demo` from starting, told in one line (the log tail included) rather than a
+# traceback: a model path that is not there, a service that died or never answered.
+START_FAILURES = (FileNotFoundError, TimeoutError, RuntimeError)  # procs.ServiceDied is a RuntimeError
+
+
 @contextmanager
 def launched(args: argparse.Namespace):
     """A Launch that is always torn down: on return, exception, Ctrl-C or SIGTERM."""
@@ -309,12 +315,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
         return 0
+    except START_FAILURES as exc:
+        print(f"specdec up: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    rc, logs = 1, None
     try:
         with launched(args) as launch:
+            logs = launch.logs
             address = bring_up(args, launch, say=lambda line: print(line, file=sys.stderr))
             print(f"up in {time.monotonic() - started:.1f} s; generating...\n", file=sys.stderr,
                   flush=True)
@@ -329,9 +340,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return rc
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
-        return 130
+        rc = 130
+        return rc
+    except START_FAILURES as exc:
+        print(f"specdec demo: {exc}", file=sys.stderr)
+        return rc
     finally:
         print(f"done in {time.monotonic() - started:.1f} s; everything stopped", file=sys.stderr)
+        if logs is not None and not args.logs:  # a temporary folder: gone after a clean run
+            if rc == 0 or not any(logs.iterdir()):
+                shutil.rmtree(logs, ignore_errors=True)
+            else:
+                print(f"the services' logs are kept in {logs}", file=sys.stderr)
 
 
 def _warm_up(address: str, prompt: str, options: dict) -> None:

@@ -98,17 +98,20 @@ def test_demo_on_the_embedded_default_models(tmp_path):
 
 def test_demo_splits_the_cores_and_compares_with_target_only(tiny_pair, tmp_path):
     """The launcher gives each service its share of the cores (not all of them each), and the
-    demo prints its speed next to target-only's on the same prompt and stack."""
+    demo prints its speed next to target-only's on the same prompt and stack. Without --logs its
+    services log to a temporary folder, removed after a clean run."""
     from specdec.launch import available_cores, split_threads
 
     target_dir, draft_dir = tiny_pair
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     out = subprocess.run(
         [*SPECDEC, "demo", "The cat sat on the", "--raw", "--max-new-tokens", "12", "--default-k", "2",
-         "--target-model", str(target_dir), "--draft-model", str(draft_dir),
-         "--logs", str(tmp_path), "--port", str(procs.free_port())],
-        capture_output=True, text=True, timeout=300,
+         "--target-model", str(target_dir), "--draft-model", str(draft_dir), "--port", str(procs.free_port())],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert out.returncode == 0, out.stderr
+    assert not list(scratch.glob("specdec-up-*")), "the demo left its temporary logs folder behind"
     split = split_threads()
     assert f"target {split.target} threads, draft {split.draft}, orchestrator 1" in out.stderr
     assert f"{available_cores()} cores" in out.stderr
@@ -116,3 +119,26 @@ def test_demo_splits_the_cores_and_compares_with_target_only(tiny_pair, tmp_path
     # ... and next to transformers' own generate in-process, same weights, greedy: the same tokens.
     assert re.search(r"vs in-process generate [\d.]+ tokens/s = [\d.]+x \(\d+ vs \d+ tokens; same tokens: yes\)",
                      out.stderr), out.stderr
+
+
+def test_a_demo_that_cannot_start_says_why_in_one_line_and_keeps_the_logs_it_has(tmp_path):
+    """A model path that is not there: one line naming it, no traceback, no folder left behind.
+    A target that dies loading: its log tail, and the temporary logs folder kept and named."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    missing = subprocess.run([*SPECDEC, "demo", "Hi", "--target-model", str(tmp_path / "no-such-model")],
+                             capture_output=True, text=True, timeout=120, env=env)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr, missing.stderr
+    assert f"specdec demo: --model '{tmp_path / 'no-such-model'}'" in missing.stderr, missing.stderr
+    assert not list(scratch.glob("specdec-up-*"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # no model_type: the target service cannot load it
+    dead = subprocess.run([*SPECDEC, "demo", "Hi", "--target-model", str(broken), "--timeout", "60",
+                           "--port", str(procs.free_port())], capture_output=True, text=True, timeout=120, env=env)
+    assert dead.returncode == 1 and "Traceback" not in dead.stderr, dead.stderr
+    assert "cannot load the model" in dead.stderr  # the target's log tail
+    kept = list(scratch.glob("specdec-up-*"))
+    assert len(kept) == 1 and f"logs are kept in {kept[0]}" in dead.stderr, dead.stderr
+    assert "cannot load the model" in (kept[0] / "target.log").read_text()

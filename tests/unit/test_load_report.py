@@ -107,3 +107,18 @@ def test_the_decode_limit_follows_the_cell_s_own_measurement() -> None:
     limit = {"1": {"forward_ms": 100.0}, "2": {"forward_ms": 150.0}}
     record = {"n": 2, "streams": streams, "limit_ms": 300.0, "decode": {"start_s": 0.5, "batches": {}}}
     assert decode_phase(record, limit)["limit_tps"] == 6.0
+
+
+def test_a_cells_decode_phase_is_one_repetitions_own_figures() -> None:
+    """The summary's decode phase is the repetition with the median efficiency, whole: its
+    tokens/s over its limit is its efficiency (per-figure medians mixed three repetitions)."""
+    from benchmarks.load_report import _median_rep
+
+    reps = [{"tps": 100.0, "limit_tps": 200.0, "efficiency": 0.5},
+            {"tps": 170.0, "limit_tps": 200.0, "efficiency": 0.85},
+            {"tps": 120.0, "limit_tps": 120.0, "efficiency": 1.0}]
+    phase = _median_rep(reps)
+    assert phase == reps[1] and phase["tps"] / phase["limit_tps"] == phase["efficiency"]
+    assert _median_rep(reps[:2]) == reps[0]  # an even count: the lower one
+    unmeasured = [{"tps": 1.0, "efficiency": None}, {"tps": 3.0, "efficiency": None}]
+    assert _median_rep(unmeasured)["tps"] == 2.0  # no efficiency anywhere: per-figure medians

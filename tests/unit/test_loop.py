@@ -323,26 +323,31 @@ def test_the_speculation_gate_scores_every_decoding_round_and_not_the_prefill() 
     assert gate.rounds == tally.target_passes - 1 and fixed.target_passes > 0
 
 
-@pytest.mark.parametrize("plain", [True, False])
-def test_a_plain_epoch_takes_the_draft_model_away_but_keeps_lookup_guesses(plain: bool) -> None:
+@pytest.mark.parametrize("mode", ["plain", "plain-loaded", "drafting"])
+def test_a_plain_epoch_takes_the_draft_model_away_but_keeps_a_lone_sessions_lookup_guesses(mode: str) -> None:
     """The gate's plain epoch means no draft model: the combined proposer makes no Propose call
-    (nor the first round's feed) but still proposes its free lookup guesses where they pay (the
-    table model's next token depends on the last two, so a repeated bigram repeats what followed
-    it). A drafting epoch (the control) calls the draft. Greedy text unchanged either way."""
+    (nor the first round's feed). A lone session still proposes its free lookup guesses where they
+    pay (the table model's next token depends on the last two, so a repeated bigram repeats what
+    followed it); with another session live on the replica a plain epoch is target-only rounds.
+    A drafting epoch (the control) calls the draft. Greedy text unchanged every time."""
     target, draft = make_models(0)
     stack = Stack(target, draft)
     gate = stack.config.costs.gate("t0")
-    gate.epoch_s, gate.mode_spec = 3600.0, not plain  # one epoch, in this mode, for the whole test
+    gate.epoch_s, gate.mode_spec = 3600.0, mode == "drafting"  # one epoch, in this mode, for the whole test
+    if mode == "plain-loaded":
+        gate.enter()  # another session on the replica
     prompt = PROMPTS[1]
     reference = plain_greedy(target, prompt, 40)
     out, _, tally = stack.run(prompt, k=0, proposer=COMBINED, max_new=40)
-    assert out == reference and gate.mode_spec is not plain
+    assert out == reference and gate.mode_spec is (mode == "drafting")
     lookup_rounds = [r for r in tally.rounds if r.source == LOOKUP]
     proposes = len(stack.services["d0"].requests)
-    if plain:
+    if mode == "plain":
         assert proposes == 0 and tally.draft_calls == 0
         assert lookup_rounds and sum(r.accepted for r in lookup_rounds) > 0
         assert tally.target_passes < len(reference)  # the guesses saved passes
+    elif mode == "plain-loaded":
+        assert proposes == 0 and tally.drafted_tokens == 0 and tally.target_passes == len(reference)
     else:
         assert proposes > 0 and tally.draft_calls > 0
 
