@@ -53,6 +53,12 @@ proposer measured 1.66x target-only alone, 1.11x at two sessions, 0.95x at
 four). A ramp of load then does not pay a losing epoch at every level it
 climbs through.
 
+An epoch's level is the load at its first decoding round, not at its start:
+the first request of a burst starts an epoch at one live session, and the
+others join it with their prefills before any decoding round; scored at one
+session, such an epoch was dropped when it closed at the burst's level, and a
+load of two sessions lasting two seconds never had a verdict of its own.
+
 When the load rises past the running epoch's level to one whose verdict is
 the other mode, the epoch ends there (unscored) and the new level's runs: a
 burst of requests arriving while one session's "drafting" epoch runs would
@@ -166,6 +172,12 @@ class SpeculationGate:
 
     def record(self, tokens: int, seconds: float) -> None:
         """A gated session's decoding round: the tokens it committed and its wall time."""
+        if not self._epoch_rounds:
+            # The epoch's level is the load of its first decoding round, not of its start: a
+            # burst's first arrival starts an epoch at one live session, and the others join it
+            # with their prefills (not recorded) before any round is; scored at one session, the
+            # epoch would be dropped as soon as it closed at the burst's level.
+            self._epoch_level = load_level(self.live)
         self._epoch_tokens += tokens
         self._epoch_round_s += max(seconds, 0.0)
         self._epoch_rounds += 1

@@ -241,3 +241,29 @@ def test_a_fall_in_load_keeps_the_running_epoch_s_mode_until_it_ends() -> None:
         gate.leave()  # the streams finish, one remains
     assert gate.allows(now + 0.5) is False  # mid-epoch: no switch
     assert gate.allows(now + 1.0) is True  # the next epoch runs the lone session's verdict
+
+
+def test_a_burst_is_scored_at_its_own_level_though_its_first_arrival_started_the_epoch() -> None:
+    """Two requests arriving together: the first one's round starts an epoch at one live session,
+    the second joins before any decoding round. The epoch is scored at two sessions (it was
+    dropped: its level changed from 1 to 2), so two seconds of such a load measure both modes
+    there (drafting first, with one session's clear lead below it, then plain)."""
+    gate = SpeculationGate()
+    gate.enter()
+    _run(gate, 4, {True: 150.0, False: 100.0})  # one session: drafting measured 50% ahead
+    gate.leave()
+    now = 500.0  # the replica sat idle; then a burst of two
+    gate.enter()
+    first = gate.allows(now)  # the first arrival's prefill round: a new epoch, at one session
+    gate.enter()
+    assert gate.allows(now + 0.01) is first  # the second's: the same epoch
+    modes = [first]
+    for step in range(1, 41):  # 2 s of decoding rounds, 50 ms each, both sessions
+        now = 500.0 + 0.05 * step
+        modes.append(gate.allows(now))
+        for _ in range(2):
+            gate.record(4.0 if modes[-1] else 3.0, 0.05)  # 80 vs 60 tokens/s a session
+    gate.allows(now + 0.05)
+    spec, plain, epochs = gate.snapshot()[2]
+    assert epochs == 2 and spec is not None and plain is not None
+    assert modes[:20] == [True] * 20 and modes[20:40] == [False] * 20  # drafting first, then plain
