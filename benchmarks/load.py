@@ -441,7 +441,7 @@ class PhysicalLimit:
     and `measure` one row count again right before a cell (the machine's speed drifts; a cell is
     held to the limit measured next to it)."""
 
-    def __init__(self, args, prompts: list[suite.Prompt], top: int) -> None:
+    def __init__(self, args, prompts: list[suite.Prompt], top: int, grow: int = 0) -> None:
         import torch
 
         from engine.host import HostLimits, pick_runner
@@ -452,30 +452,42 @@ class PhysicalLimit:
         self._torch, self._row, self._plan = torch, RowPlan, StepPlan
         lm = load(args.target, device="cpu", dtype="float32")
         self.runner = pick_runner(lm, HostLimits(max_batch=top))
-        self.caches = []
-        with torch.inference_mode():
-            for p in prompts[:top]:
-                prompt = encode_prompt(lm.tokenizer, "", p.messages)
-                cache = self.runner.new_cache()
-                for start in range(0, len(prompt), 64):
-                    chunk = prompt[start:start + 64]
-                    cache.reserve(cache.length + len(chunk))
-                    self.runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, 0)]))
-                self.caches.append(cache)
+        # Two sets of sessions: holding their prompts (the limit as defined: what a cell's first
+        # decoding step costs), and holding their prompts plus `grow` tokens more (the decode
+        # phase's mean context: half the tokens a stream generates). Attention grows with the
+        # context: 16 rows cost 48.3 ms at the suite prompts' lengths, 51.5 ms 32 tokens later,
+        # 54.4 ms 64 tokens later, so a decode phase held to the first figure is held to a forward
+        # it never runs.
+        self.caches = self._sessions(lm, prompts[:top], 0, encode_prompt)
+        self.grown = self._sessions(lm, prompts[:top], grow, encode_prompt) if grow else self.caches
 
-    def measure(self, n: int, reps: int = 9) -> float:
-        """The median ms of `reps` forwards over n rows (after one warm-up)."""
+    def _sessions(self, lm, prompts: list[suite.Prompt], grow: int, encode_prompt) -> list:
+        out = []
+        with self._torch.inference_mode():
+            for p in prompts:
+                tokens = list(encode_prompt(lm.tokenizer, "", p.messages)) + [7] * grow
+                cache = self.runner.new_cache()
+                for start in range(0, len(tokens), 64):
+                    chunk = tokens[start:start + 64]
+                    cache.reserve(cache.length + len(chunk))
+                    self.runner.logits(self._plan([self._row(cache, chunk, cache.length, 0)]))
+                out.append(cache)
+        return out
+
+    def measure(self, n: int, reps: int = 9, grown: bool = False) -> float:
+        """The median ms of `reps` forwards over n rows (after one warm-up); `grown`: the sessions
+        holding their prompts and the decode phase's mean generated length."""
         times = []
         with self._torch.inference_mode():
             for _ in range(reps + 1):
                 rows = []
-                for cache in self.caches[:n]:
+                for cache in (self.grown if grown else self.caches)[:n]:
                     cache.reserve(cache.length + 1)
                     rows.append(self._row(cache, [7], cache.length, 1))
                 t0 = time.perf_counter()
                 self.runner.run(self._plan(rows))
                 times.append(time.perf_counter() - t0)
-                for cache in self.caches[:n]:
+                for cache in (self.grown if grown else self.caches)[:n]:
                     cache.crop(cache.length - 1)
         return sorted(times[1:])[len(times[1:]) // 2] * 1e3
 
@@ -536,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         for stack in stacks.values():
             stack.wait()
         if not args.no_limit:
-            limiter = PhysicalLimit(args, prompts, max(args.ns))
+            limiter = PhysicalLimit(args, prompts, max(args.ns), grow=args.max_new_tokens // 2)
             limit = limiter.curve(args.ns)
             print("physical limit (one in-process forward over N rows): " + ", ".join(
                 f"N={n} {v['limit_tps']:.0f} tok/s" for n, v in limit.items()), file=sys.stderr)
@@ -561,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
             group = prompts[:n] if config is not PEER_ASSISTED else prompts[:1]
             # The physical limit at this N, measured again next to the cell (target-only's cells:
             # the ones held to it), with the services idle.
-            cell_limit = limiter.measure(len(group), reps=5) if limiter is not None and mode == BATCHED \
-                and config.proposer == "none" else None
+            held = limiter is not None and mode == BATCHED and config.proposer == "none"
+            cell_limit = limiter.measure(len(group), reps=5) if held else None
+            decode_limit = limiter.measure(len(group), reps=5, grown=True) if held else None
             before = stacks[mode].scrape() if mode in stacks else {}
             t0 = time.perf_counter()
             decoding = None
@@ -581,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                       "batches": batches}
             if cell_limit is not None:
                 record["limit_ms"] = cell_limit
+                record["decode_limit_ms"] = decode_limit
             if decoding is not None:  # the decode phase: from every stream's first token to the end
                 record["decode"] = {"start_s": decoding["at_s"],
                                     "batches": histogram_delta(parse_scrape(decoding["scrape"]), after)}

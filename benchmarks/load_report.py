@@ -138,11 +138,14 @@ def decode_phase(record: dict, limit: dict[int, dict]) -> dict | None:
     streams = record.get("streams") or []
     if start is None or not streams:
         return None
-    # The curve measured once, scaled to the cell's own row count measured next to it (limit_ms).
+    # The curve measured once, scaled to the cell's own row count measured next to it: with its
+    # sessions holding their prompts and half the generated tokens (decode_limit_ms, the phase's
+    # mean context), else their prompts only (limit_ms, runs before it was measured).
     scale = 1.0
     base = forward_ms(limit, record["n"]) if limit else None
-    if record.get("limit_ms") and base:
-        scale = record["limit_ms"] / base
+    measured = record.get("decode_limit_ms") or record.get("limit_ms")
+    if measured and base:
+        scale = measured / base
     left = [sum(n for t, n in s["chunks"] if t > start) for s in streams]
     span = max(s["end_s"] for s in streams) - start
     tokens = sum(left)
@@ -398,7 +401,8 @@ def markdown(result: dict) -> str:
               "k: the k the adaptive rounds used (mean, share of rounds at k = 0).", "",
               "Decode phase: from the moment every stream had its first token to the last one's end "
               "(load_report.decode_phase): its tokens/s, against the physical limit of the same streams "
-              "(every forward carrying every stream still running), and the target's rows per forward "
+              "(every forward carrying every stream still running, its sessions holding their prompts and "
+              "half the tokens a stream generates: the phase's mean context), and the target's rows per forward "
               "then, against what a full batch of the running streams holds.", "",
               "| stack | config | N | agg tok/s | physical limit | decode tok/s / limit | decode rows / full "
               "| rounds/s | RPCs / token | stream tok/s med / min "

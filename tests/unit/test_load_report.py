@@ -107,6 +107,9 @@ def test_the_decode_limit_follows_the_cell_s_own_measurement() -> None:
     limit = {"1": {"forward_ms": 100.0}, "2": {"forward_ms": 150.0}}
     record = {"n": 2, "streams": streams, "limit_ms": 300.0, "decode": {"start_s": 0.5, "batches": {}}}
     assert decode_phase(record, limit)["limit_tps"] == 6.0
+    # Measured with the sessions holding the phase's mean context too: that one holds the phase.
+    grown = {**record, "decode_limit_ms": 200.0}
+    assert decode_phase(grown, limit)["limit_tps"] == 9.0
 
 
 def test_a_cells_decode_phase_is_one_repetitions_own_figures() -> None:
