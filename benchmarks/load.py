@@ -447,7 +447,6 @@ class PhysicalLimit:
         from engine.host import HostLimits, pick_runner
         from engine.loader import load
         from engine.plan import RowPlan, StepPlan
-        from orchestrator.text import encode_prompt
 
         self._torch, self._row, self._plan = torch, RowPlan, StepPlan
         lm = load(args.target, device="cpu", dtype="float32")
@@ -458,14 +457,17 @@ class PhysicalLimit:
         # context: 16 rows cost 48.3 ms at the suite prompts' lengths, 51.5 ms 32 tokens later,
         # 54.4 ms 64 tokens later, so a decode phase held to the first figure is held to a forward
         # it never runs.
-        self.caches = self._sessions(lm, prompts[:top], 0, encode_prompt)
-        self.grown = self._sessions(lm, prompts[:top], grow, encode_prompt) if grow else self.caches
+        self.caches = self._sessions(lm.tokenizer, prompts[:top], 0)
+        self.grown = self._sessions(lm.tokenizer, prompts[:top], grow) if grow else self.caches
 
-    def _sessions(self, lm, prompts: list[suite.Prompt], grow: int, encode_prompt) -> list:
+    def _sessions(self, tokenizer, prompts: list[suite.Prompt], grow: int) -> list:
+        """A session per prompt holding it, plus `grow` filler tokens."""
+        from orchestrator.text import encode_prompt
+
         out = []
         with self._torch.inference_mode():
             for p in prompts:
-                tokens = list(encode_prompt(lm.tokenizer, "", p.messages)) + [7] * grow
+                tokens = list(encode_prompt(tokenizer, "", p.messages)) + [7] * grow
                 cache = self.runner.new_cache()
                 for start in range(0, len(tokens), 64):
                     chunk = tokens[start:start + 64]
@@ -477,17 +479,17 @@ class PhysicalLimit:
     def measure(self, n: int, reps: int = 9, grown: bool = False) -> float:
         """The median ms of `reps` forwards over n rows (after one warm-up); `grown`: the sessions
         holding their prompts and the decode phase's mean generated length."""
-        times = []
+        times, sessions = [], (self.grown if grown else self.caches)[:n]
         with self._torch.inference_mode():
             for _ in range(reps + 1):
                 rows = []
-                for cache in (self.grown if grown else self.caches)[:n]:
+                for cache in sessions:
                     cache.reserve(cache.length + 1)
                     rows.append(self._row(cache, [7], cache.length, 1))
                 t0 = time.perf_counter()
                 self.runner.run(self._plan(rows))
                 times.append(time.perf_counter() - t0)
-                for cache in (self.grown if grown else self.caches)[:n]:
+                for cache in sessions:
                     cache.crop(cache.length - 1)
         return sorted(times[1:])[len(times[1:]) // 2] * 1e3
 

@@ -81,7 +81,7 @@ class CombinedProposer:
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         guess = (await self.lookup.propose(ctx)).tokens if ctx.k else []
-        draft_usable = bool(ctx.k) and not (ctx.draft_busy or ctx.draft_off) and await self.draft.usable()
+        draft_usable = bool(ctx.k) and not ctx.draft_off and await self.draft.usable()
         source, n = self.choose(ctx.k, guess, draft_usable=draft_usable)
         self._last = source
         if source == LOOKUP:

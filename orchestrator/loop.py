@@ -161,7 +161,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                     and proposer.lags(ctx)):
                 # A new prompt: the draft is fed it while the target scores it (its first-round
                 # drafts would cost the draft's prefill before the target's); drafting starts next round.
-                ctx = replace(ctx, draft_busy=True)
+                ctx = replace(ctx, draft_off=True)
                 prefetch = asyncio.ensure_future(proposer.prefetch(ctx))
 
             # 1. Propose (the proposer recovers from its own failures).

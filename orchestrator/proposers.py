@@ -55,11 +55,9 @@ class DraftContext:
     k: int  # draft at most this many tokens
     sampling: WireSampling
     seed: int
-    # The draft model is being fed the prompt this round, alongside the target's Score
-    # (DraftServiceProposer.prefetch): propose without it (prompt lookup still may).
-    draft_busy: bool = False
-    # The speculation gate runs this round without the draft model (orchestrator.gate: a plain
-    # epoch): a free guess (prompt lookup, in the combined proposer) may still propose if it pays.
+    # This round goes without the draft model: it is being fed the prompt alongside the target's
+    # Score (DraftServiceProposer.prefetch), or the speculation gate runs a plain epoch
+    # (orchestrator.gate). A free guess (prompt lookup, in the combined proposer) still may propose.
     draft_off: bool = False
     # Called just before the round waits on a draft call: the target's batch calls then stop
     # waiting for this session (it rejoins them with its Score; orchestrator.batching).
@@ -308,7 +306,7 @@ class DraftServiceProposer:
             self.replica.held = max(self.replica.held, held)
 
     async def propose(self, ctx: DraftContext) -> Proposal:
-        if self.replica is None or ctx.k == 0 or ctx.draft_busy or ctx.draft_off:  # nothing asked: the cache is untouched
+        if self.replica is None or ctx.k == 0 or ctx.draft_off:  # nothing asked: the cache is untouched
             return Proposal(tokens=[], cache_length=self.replica.held if self.replica else 0)
         if self._feeding is not None:
             await self._fed_in_background()
