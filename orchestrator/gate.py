@@ -10,9 +10,20 @@ that replica, from this orchestrator's sessions, in epochs with drafting
 allowed and in epochs with every such session at k = 0.
 
 Each epoch (EPOCH_S) runs one mode for every gated session on the replica.
-An epoch's rate is what its decoding rounds committed over the time they
-took: the tokens over the sum of the rounds' wall times, times the sessions
-live. A request's first round (its prompt's prefill, the same in either
+An epoch's rate is what its slowest session committed in its decoding rounds
+over the time they took (its tokens over the sum of its rounds' wall times),
+times the sessions live: the rate at which the replica finishes equal work
+for all of them, which is what a load of equal requests waits for. Summing
+the sessions' rates instead measured drafting ahead at two sessions (86.7
+against 74.7 tokens/s) where the cells measured it behind (0.84x
+target-only): drafting made the two streams uneven, one ran at 47-55
+tokens/s on a text the draft guessed well, the other at 32-35 against 34-38
+for both under target-only (its rounds waited on the first's wider verify
+forwards instead of sharing one), and the request ended with the slower. So
+drafting is chosen only where it leaves even its slowest session faster than
+plain decoding leaves them all. Only sessions with MIN_ROUNDS rounds in the
+epoch are compared (one round's tokens are too lumpy to rank); with none, the
+epoch is scored on all its rounds pooled. A request's first round (its prompt's prefill, the same in either
 mode) is not counted, nor is the time between rounds (a client reading, a
 replica sitting idle): a one-second epoch that held a 300 ms prefill would
 otherwise score its mode at half its speed, and a single request's first
@@ -95,6 +106,7 @@ MARGIN = 0.10  # drafting must beat plain decoding by this to be chosen
 PRESUME_LEAD = 0.25  # a lower level's drafting lead below this presumes plain decoding above it
 EWMA = 0.3  # weight of the newest epoch's rate
 CLIP = 1.5  # an epoch's rate enters the average within [average / CLIP, average x CLIP]
+MIN_ROUNDS = 3  # a session's rate is compared once it has this many rounds in the epoch
 STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
 EXPLORE_FRACTION = 0.5  # an epoch running the mode its level's verdict does not: this share of EPOCH_S
 
@@ -134,6 +146,7 @@ class SpeculationGate:
     _epoch_rounds: int = 0
     _epoch_live: int = 0  # the live sessions summed over the recorded rounds (their mean: concurrency)
     _epoch_level: int = 1
+    _epoch_sessions: dict = field(default_factory=dict)  # session -> [tokens, round seconds, rounds]
     flips: int = 0
     rounds: int = 0  # decoding rounds recorded, in all
 
@@ -170,8 +183,9 @@ class SpeculationGate:
         verdict = self._verdict(level)
         return verdict is not None and verdict != self.mode_spec
 
-    def record(self, tokens: int, seconds: float) -> None:
-        """A gated session's decoding round: the tokens it committed and its wall time."""
+    def record(self, tokens: int, seconds: float, session: object = None) -> None:
+        """A gated session's decoding round: the tokens it committed and its wall time (rounds
+        recorded without a session are pooled, as one)."""
         if not self._epoch_rounds:
             # The epoch's level is the load of its first decoding round, not of its start: a
             # burst's first arrival starts an epoch at one live session, and the others join it
@@ -183,19 +197,28 @@ class SpeculationGate:
         self._epoch_rounds += 1
         self._epoch_live += max(self.live, 1)
         self.rounds += 1
+        own = self._epoch_sessions.setdefault(session, [0, 0.0, 0])
+        own[0] += tokens
+        own[1] += max(seconds, 0.0)
+        own[2] += 1
 
     def _start(self, now: float, spec: bool, exploring: bool = False) -> None:
         self.flips += spec != self.mode_spec
         self.mode_spec, self._epoch_start, self._epoch_tokens = spec, now, 0
         self._epoch_len = self.epoch_s * (EXPLORE_FRACTION if exploring else 1.0)
         self._epoch_round_s, self._epoch_rounds, self._epoch_live = 0.0, 0, 0
+        self._epoch_sessions = {}
         self._epoch_level = load_level(self.live)
 
     def _rate(self) -> float | None:
-        """The running epoch's replica rate in tokens/s (None: no round took any time)."""
+        """The running epoch's replica rate in tokens/s: its slowest session's rate (of those with
+        MIN_ROUNDS rounds; else all rounds pooled) times the sessions live (None: no round took
+        any time)."""
         if self._epoch_round_s <= 0:
             return None
-        return self._epoch_tokens / self._epoch_round_s * (self._epoch_live / self._epoch_rounds)
+        rates = [t / s for t, s, n in self._epoch_sessions.values() if n >= MIN_ROUNDS and s > 0]
+        per_session = min(rates) if rates else self._epoch_tokens / self._epoch_round_s
+        return per_session * (self._epoch_live / self._epoch_rounds)
 
     def _close(self, now: float) -> None:
         """Score the epoch that ends now, then pick the next one's mode.

@@ -237,7 +237,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             tokens.extend(committed)
             rnd.committed = len(committed)
             if gate is not None and tally.target_passes > 1:  # a decoding round (not the prompt's prefill)
-                gate.record(len(committed), time.perf_counter() - tally.round_started)
+                gate.record(len(committed), time.perf_counter() - tally.round_started, session.id)
             tally.new_tokens = len(tokens) - len(spec.prompt_ids)
             fresh = committed[skip:]
             if finish and not hit and fresh:

@@ -267,3 +267,63 @@ def test_a_burst_is_scored_at_its_own_level_though_its_first_arrival_started_the
     spec, plain, epochs = gate.snapshot()[2]
     assert epochs == 2 and spec is not None and plain is not None
     assert modes[:20] == [True] * 20 and modes[20:40] == [False] * 20  # drafting first, then plain
+
+
+def _two_sessions(gate: SpeculationGate, epochs: int, t0: float, rates: dict[bool, tuple[float, float]],
+                  keyed: bool = True) -> list[bool]:
+    """`epochs` epochs of two sessions, 20 rounds of 50 ms each per epoch; rates[mode] = the two
+    sessions' tokens/s in that mode. The modes the gate ran, in order."""
+    modes, now = [], t0
+    for _ in range(epochs):
+        spec = gate.allows(now)
+        modes.append(spec)
+        for _ in range(20):
+            for i, rate in enumerate(rates[spec]):
+                gate.record(rate * 0.05, 0.05, f"s{i}" if keyed else None)
+        now += gate.epoch_s
+    gate.allows(now)
+    return modes
+
+
+def test_drafting_that_leaves_one_session_slower_than_plain_decoding_is_switched_off() -> None:
+    """Two sessions: drafting runs one at 52 tokens/s and the other at 33, plain decoding both at
+    37. Summed, drafting leads (85 against 74); the two requests end with the slower one, which
+    drafting left behind plain decoding: plain is chosen. Pooled (no session named), the same
+    rounds would choose drafting."""
+    rates = {True: (52.0, 33.0), False: (37.0, 37.0)}
+    gate = SpeculationGate()
+    gate.enter()
+    gate.enter()
+    modes = _two_sessions(gate, 20, 100.0, rates)
+    spec, plain, _ = gate.snapshot()[2]
+    assert abs(spec - 66.0) < 1 and abs(plain - 74.0) < 1  # the slowest session's rate x 2
+    assert modes[2:].count(True) <= len(modes[2:]) // gate.explore_every + 1
+    pooled = SpeculationGate()
+    pooled.enter()
+    pooled.enter()
+    modes = _two_sessions(pooled, 20, 100.0, rates, keyed=False)
+    assert modes[2:].count(False) <= len(modes[2:]) // pooled.explore_every + 1
+
+
+def test_drafting_that_speeds_up_every_session_stays_on() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    gate.enter()
+    modes = _two_sessions(gate, 20, 100.0, {True: (60.0, 45.0), False: (37.0, 37.0)})
+    assert modes[2:].count(False) <= len(modes[2:]) // gate.explore_every + 1
+    assert abs(gate.snapshot()[2][0] - 90.0) < 1
+
+
+def test_a_session_with_too_few_rounds_in_the_epoch_is_not_its_slowest() -> None:
+    """A session that joined at the epoch's end (one round, one token in 100 ms) does not set the
+    epoch's rate: the others' slowest does."""
+    gate = SpeculationGate()
+    gate.enter()
+    gate.enter()
+    gate.allows(10.0)
+    for _ in range(10):
+        gate.record(2, 0.05, "a")  # 40 tokens/s
+        gate.record(3, 0.05, "b")  # 60 tokens/s
+    gate.record(1, 0.1, "late")
+    gate.allows(11.0)
+    assert abs(gate.snapshot()[2][0] - 80.0) < 1e-9  # 40 x 2 live
