@@ -23,11 +23,12 @@ forwards instead of sharing one), and the request ended with the slower. So
 drafting is chosen only where it leaves even its slowest session faster than
 plain decoding leaves them all. Only sessions with MIN_ROUNDS rounds in the
 epoch are compared (one round's tokens are too lumpy to rank); with none, the
-epoch is scored on all its rounds pooled. A request's first round (its prompt's prefill, the same in either
-mode) is not counted, nor is the time between rounds (a client reading, a
-replica sitting idle): a one-second epoch that held a 300 ms prefill would
-otherwise score its mode at half its speed, and a single request's first
-epochs would decide against drafting on the prefill alone. The rates are
+epoch is scored on all its rounds pooled. A request's first round (its
+prompt's prefill, the same in either mode) is not counted, nor is the time
+between rounds (a client reading, a replica sitting idle): a one-second
+epoch that held a 300 ms prefill would otherwise score its mode at half its
+speed, and a single request's first epochs would decide against drafting on
+the prefill alone. The rates are
 kept per load level (how many gated sessions were live: 1, 2, 3-4, 5-8,
 9-16, ...), as a moving average per mode. The chosen mode's epochs enter it
 clipped to within CLIP of the average: a single freak epoch (a replica
@@ -141,8 +142,6 @@ class SpeculationGate:
     mode_spec: bool = True  # the mode of the running epoch
     _epoch_start: float = 0.0
     _epoch_len: float = EPOCH_S  # the running epoch's length (shorter for an exploration)
-    _epoch_tokens: int = 0
-    _epoch_round_s: float = 0.0  # the wall time of the rounds recorded in this epoch
     _epoch_rounds: int = 0
     _epoch_live: int = 0  # the live sessions summed over the recorded rounds (their mean: concurrency)
     _epoch_level: int = 1
@@ -192,8 +191,6 @@ class SpeculationGate:
             # with their prefills (not recorded) before any round is; scored at one session, the
             # epoch would be dropped as soon as it closed at the burst's level.
             self._epoch_level = load_level(self.live)
-        self._epoch_tokens += tokens
-        self._epoch_round_s += max(seconds, 0.0)
         self._epoch_rounds += 1
         self._epoch_live += max(self.live, 1)
         self.rounds += 1
@@ -204,9 +201,9 @@ class SpeculationGate:
 
     def _start(self, now: float, spec: bool, exploring: bool = False) -> None:
         self.flips += spec != self.mode_spec
-        self.mode_spec, self._epoch_start, self._epoch_tokens = spec, now, 0
+        self.mode_spec, self._epoch_start = spec, now
         self._epoch_len = self.epoch_s * (EXPLORE_FRACTION if exploring else 1.0)
-        self._epoch_round_s, self._epoch_rounds, self._epoch_live = 0.0, 0, 0
+        self._epoch_rounds, self._epoch_live = 0, 0
         self._epoch_sessions = {}
         self._epoch_level = load_level(self.live)
 
@@ -214,10 +211,12 @@ class SpeculationGate:
         """The running epoch's replica rate in tokens/s: its slowest session's rate (of those with
         MIN_ROUNDS rounds; else all rounds pooled) times the sessions live (None: no round took
         any time)."""
-        if self._epoch_round_s <= 0:
+        tallies = self._epoch_sessions.values()
+        pooled_s = sum(s for _, s, _ in tallies)
+        if pooled_s <= 0:
             return None
-        rates = [t / s for t, s, n in self._epoch_sessions.values() if n >= MIN_ROUNDS and s > 0]
-        per_session = min(rates) if rates else self._epoch_tokens / self._epoch_round_s
+        rates = [t / s for t, s, n in tallies if n >= MIN_ROUNDS and s > 0]
+        per_session = min(rates) if rates else sum(t for t, _, _ in tallies) / pooled_s
         return per_session * (self._epoch_live / self._epoch_rounds)
 
     def _close(self, now: float) -> None:
