@@ -4,14 +4,11 @@ Runs on one prompt set, one max_new_tokens, one machine, with every
 configuration interleaved (round-robin per prompt and repetition, the order
 rotated each time) so drift hits all alike:
 
-  services   svc-none (target-only through the same path), svc-draft-k{K} for
-             each K, svc-draft-auto (k = 0 in the request: the orchestrator,
-             started with --default-k auto, picks k each round), svc-lookup-k{K}
-             (prompt lookup), svc-draft-par-k{K} (parallel speculation: the draft
-             drafts the next round while the target verifies), svc-combined-k{K}
-             (per round lookup, draft or neither by goodput; k = 0: svc-combined-auto,
-             bounded by the orchestrator's default k), svc-default (a request naming
-             neither proposer nor k: the orchestrator's default configuration)
+  services   svc-none (target-only through the same path), svc-draft-k{K},
+             svc-draft-auto (k = 0: the orchestrator picks k each round),
+             svc-lookup-k{K} (prompt lookup), svc-draft-par-k{K} (parallel
+             speculation), svc-combined-k{K} (per round lookup, draft or neither;
+             k = 0: svc-combined-auto), svc-default (the orchestrator's defaults)
   in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
              with the same draft, constant K), hf-lookup-k{K}
              (`prompt_lookup_num_tokens=K`)
@@ -20,26 +17,19 @@ for greedy and for sampling (temperature 0.7, top_p 0.9). Then, through an
 emulated link between orchestrator and services (a userspace delay/rate
 proxy: this kernel has no netem), an RTT sweep (greedy) and a bandwidth cap
 (sampling, where distributions cross the wire). Last, the predicted-output cell
-(greedy, edit prompts): target-only, then the same request with a prediction,
-svc-prediction-source-k{K} (the text being edited, what an editor would send)
-and svc-prediction-exact-k{K} (the answer itself: a correct prediction); their
-target passes per token are the cell's figure, their text must equal target-only.
-Then the structured-output cell (greedy, the first --structured-prompts pairs of
-benchmarks/prompts/structured-v1.jsonl, each constrained by its JSON Schema or
-regex): constrained target-only (svc-none), svc-draft-k4 and svc-default (the
-orchestrator's default proposer), as benchmarks.structured runs them; per config
-valid outputs, outputs identical to constrained target-only, target passes per
-token and tokens/s.
+(greedy, edit prompts: svc-prediction-source-k{K} predicts the text being edited,
+svc-prediction-exact-k{K} the answer itself) and the structured-output cell
+(greedy, the first --structured-prompts pairs of structured-v1.jsonl, as
+benchmarks.structured runs them). Every configuration and cell is described in
+docs/benchmarks.md, "What one run does".
 
 Greedy outputs of every service configuration must equal target-only through
 the services token for token; otherwise the run exits 1 and lists the prompts.
 
 Sizes. --quick (with --tiny: the tiny test models) finishes in well under
 5 minutes. Full mode on the embedded models is sized for <= 25 minutes on a
-2-core CPU: 5 prompts (one per category), 32 new tokens, 3 repetitions,
-k = 1..8 greedy and 2, 4, 8 sampling (each plus adaptive k), the RTT sweep
-(0, 1, 2, 5, 10, 20 ms) on 2 prompts at k = 2, 4, and the rate cap (1000, 100 Mbit/s; top_p 1 so the
-distributions travel dense) on 1 prompt at k = 4; one torch thread per process.
+2-core CPU (5 prompts, 32 new tokens, 3 repetitions, k = 1..8 greedy, 2, 4, 8
+sampling, the RTT sweep and the rate cap; one torch thread per process).
 Scale with --per-category, --max-new-tokens, --reps.
 
 Outputs (--out, default benchmarks/results/latest): results.json (every raw

@@ -12,36 +12,26 @@ A replica's capacity in sessions, measured from its own batches and queues:
 
   * at most its batch size (GetInfo max_batch: sessions one forward holds);
   * none at all while its calls wait in its queue for more than
-    `queue_factor` x a round (ServerTiming: server time minus forward time;
-    it is saturated, whoever is loading it);
+    `queue_factor` x a round (ServerTiming: server time minus forward time);
 
 and with a pace (`--capacity-pace P`, off by default: it trades throughput for
 each admitted stream's pace) also
 
-  * at most the sessions whose round (the RPC plus their shared forward, each
-    row as many tokens as its Scores usually carry) costs `pace` x a lone
-    session's round, from the replica's
-    measured cost table v(T) (orchestrator.costs, learned from every reply's
-    ServerTiming forward_ms by batch tokens) and its calls' RPC time;
-  * at most a limit fed back from the pace its admitted streams actually get
-    (the cost model cannot see everything: the draft's queue, speculation's
-    extra tokens per row, a CPU shared with others). Each round's time (the
-    gap between a stream's chunks) goes into an EWMA per replica, and rounds
-    run while it carried a single stream into a "lone" EWMA; at most every
-    few rounds, when the recent rounds are slower than `pace` x the lone ones
-    the limit drops in proportion (below the load those rounds ran at), and
-    when they are well within it with the load at the limit it rises by one
-    (from a slow start: doubling until the first cut, like TCP's window).
+  * at most the sessions whose round (the RPC plus their shared forward) costs
+    `pace` x a lone session's round, from the replica's measured cost table
+    v(T) (orchestrator.costs) and its calls' RPC time;
+  * at most a limit fed back from the pace its admitted streams actually get:
+    round times against rounds run alone (EWMAs per replica); slower than
+    `pace` x the lone ones cuts the limit in proportion, well within it raises
+    it by one (doubling from a slow start until the first cut, like TCP's window).
 
 `--target-capacity N` sets the sessions per replica instead. A replica's load
-is the streams this orchestrator has placed on it now (a stream that moves to
-another replica counts there); other orchestrators' streams on it show in its
-queue (the saturation rule above), since each orchestrator admits on its own.
-
-The wait is bounded in count and in time: at most `queue_depth` streams wait
-for a slot at once (more: `admission_queue`), and none longer than `wait_s`
-(then `target_capacity`). Streams already admitted are never stopped; a
-stream that moves after a failure goes where the routing sends it.
+is the streams this orchestrator has placed on it now; other orchestrators'
+streams show in its queue (the saturation rule), since each admits on its own.
+At most `queue_depth` streams wait for a slot at once (more: `admission_queue`),
+none longer than `wait_s` (then `target_capacity`). Admitted streams are never
+stopped. The flags and measured figures: docs/operations.md, "Gray failures and
+overload".
 """
 from __future__ import annotations
 

@@ -5,39 +5,29 @@ replicas a session uses: the target's verify cost as a function of the tokens
 in its forward, v(T); how many sessions share a target forward now; a draft
 step's cost; and each call's cost beyond its forward. Every Score and Propose
 reply carries the service's forward_ms and the batch that served it
-(batch_rows, batch_tokens: the requests and tokens in that forward; 0 from a
-service that runs one request per forward, where the forward had exactly the
-call's tokens). `CostBook` keeps, per replica address:
+(batch_rows, batch_tokens; 0 from a service that runs one request per forward).
+`CostBook` keeps, per replica address:
 
-  v(T)        an EWMA of forward_ms per token-count bucket (powers of two), with
-              the bucket's mean T, interpolated piecewise-linearly
-              (speedup.interpolate_cost); every session's calls feed it, so
-              target-only sessions teach the adaptive ones what load costs
+  v(T)        an EWMA of forward_ms per token-count bucket (powers of two),
+              interpolated piecewise-linearly (speedup.interpolate_cost); every
+              session's calls feed it, target-only ones included
   rows        the load: sessions that would share a forward. At least an EWMA
-              of batch_rows over recent Score calls; and, on a replica that
-              batches, up to the sessions calling it now (seen within a few of
-              their rounds), capped by the most rows it has put in one forward:
-              sessions away drafting are not in the target's forward, but they
-              come back to it, so rows seen alone would say drafting has made
-              the load light and keep it drafting
-  step_ms     a drafted token's latency at the draft: the call's server time (its
-              queueing and forwards) / tokens drafted. Queueing counts on purpose:
-              when many sessions draft at once the draft becomes a stage every
-              round waits for, and drafting looks as dear as it is; when few do,
-              the queue empties and drafting looks cheap again
+              of batch_rows over recent Score calls; on a replica that batches,
+              up to the sessions calling it now (capped by the most rows it has
+              put in one forward), since sessions away drafting come back to it
+  step_ms     a drafted token's latency at the draft: the call's server time
+              (queueing included, on purpose: a busy draft is a stage every
+              round waits for) / tokens drafted
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
-  queue_ms    an EWMA of a Score's server time beyond its forwards (waiting in the
-              replica's queue), beside forward_ms, its forwards' own time: the
+  queue_ms    an EWMA of a Score's server time beyond its forwards: the
               admission's saturation signal (orchestrator.capacity)
 
 and per draft replica the acceptance by position pooled over its sessions,
 a new session's prior (speedup.PooledAcceptance).
 
-Why the decision is made in the orchestrator and not in the services: k
-needs the session's acceptance by position (only the orchestrator verifies)
-and both services' costs (each service sees only its own batch). The
-services report their batch; the orchestrator, which holds one CostBook per
-process, decides each session's k per round.
+The decision is made in the orchestrator, not the services: k needs the
+session's acceptance by position (only the orchestrator verifies) and both
+services' costs (each service sees only its own batch).
 
 `Costs` is the other side: where a round's (and a whole generation's) time
 and bytes went, as measured; orchestrator.stats builds the Stats message on it.

@@ -1,96 +1,37 @@
 """Does drafting pay on this target replica right now? Measured online, not modelled.
 
-The goodput model (specdec.core.speedup) predicts each session's best k from
-its acceptance and the costs measured per replica, treating the sessions in a
-forward as alike. Under load it can be wrong in ways only a measurement
-shows. So for the requests that leave the choice to the orchestrator (no k in
-the request: the default proposer, adaptive k), a `SpeculationGate` per
-target replica compares what matters directly: committed tokens per second on
-that replica, from this orchestrator's sessions, in epochs with drafting
+The goodput model (specdec.core.speedup) predicts each session's best k, treating
+the sessions in a forward as alike; under load it can be wrong in ways only a
+measurement shows. So for the requests that leave the choice to the orchestrator
+(no k: the default proposer, adaptive k), a `SpeculationGate` per target replica
+compares committed tokens per second on that replica in epochs with drafting
 allowed and in epochs with every such session at k = 0.
 
-Each epoch (EPOCH_S) runs one mode for every gated session on the replica.
-An epoch's rate is what its slowest session committed in its decoding rounds
-over the time they took (its tokens over the sum of its rounds' wall times),
-times the sessions live: the rate at which the replica finishes equal work
-for all of them, which is what a load of equal requests waits for. Summing
-the sessions' rates instead measured drafting ahead at two sessions (86.7
-against 74.7 tokens/s) where the cells measured it behind (0.84x
-target-only): drafting made the two streams uneven, one ran at 47-55
-tokens/s on a text the draft guessed well, the other at 32-35 against 34-38
-for both under target-only (its rounds waited on the first's wider verify
-forwards instead of sharing one), and the request ended with the slower. So
-drafting is chosen only where it leaves even its slowest session faster than
-plain decoding leaves them all. Only sessions with MIN_ROUNDS rounds in the
-epoch are compared (one round's tokens are too lumpy to rank); with none, the
-epoch is scored on all its rounds pooled. A request's first round (its
-prompt's prefill, the same in either mode) is not counted, nor is the time
-between rounds (a client reading, a replica sitting idle): a one-second
-epoch that held a 300 ms prefill would otherwise score its mode at half its
-speed, and a single request's first epochs would decide against drafting on
-the prefill alone. The rates are
-kept per load level (how many gated sessions were live: 1, 2, 3-4, 5-8,
-9-16, ...), as a moving average per mode. The chosen mode's epochs enter it
-clipped to within CLIP of the average: a single freak epoch (a replica
-stalled for a second on a shared machine) must not flip a verdict, while a
-real change still moves the average a tenth per epoch (and the chosen mode
-is measured every epoch); the explored mode's rare epochs enter unclipped,
-so a text that got easy is found at the next exploration. At a load level
-where one mode has no measurement yet, that mode runs next (an epoch during
-which the load level changed, or the replica sat idle, is not scored);
-otherwise the better one runs, and one epoch in EXPLORE_EVERY measures the
-other one again, so the choice follows the load and the text. Each
-exploration that leaves the verdict as it was doubles the wait before the
-next (up to EXPLORE_MAX), and a changed verdict starts it over: a steady
-load pays little for measuring the mode it does not run. Such an epoch (one
-whose mode is not its level's verdict, measured or presumed) also lasts only
-EXPLORE_FRACTION of an epoch: at 8 sessions the default proposer's cells that
-held an exploration ran at 60-61 tokens/s and the others at 67, against 61-67
-for target-only. Drafting must beat plain decoding by MARGIN to be chosen:
-switching has costs an epoch's rate
-does not show (each session's first draft call after plain epochs feeds the
-draft what it missed; drafting's extra processes slow a shared CPU's other
-work), and one-second rates on a shared machine are noisy, so a draft that
-only ties loses to no drafting. Where drafting pays (a light load) it pays
-by far more than the margin.
+  * An epoch (EPOCH_S) runs one mode for every gated session. Its rate is its
+    slowest session's tokens over its decoding rounds' wall time (sessions with
+    MIN_ROUNDS rounds; else all rounds pooled), times the sessions live: a load
+    of equal requests waits for its slowest stream. First rounds (prefill) and
+    the time between rounds are not counted.
+  * Rates are kept per load level (1, 2, 3-4, 5-8, ... live sessions; see
+    load_level) as a moving average per mode. The chosen mode's epochs enter
+    clipped to within CLIP of it, so one freak epoch cannot flip a verdict.
+  * Drafting must beat plain decoding by MARGIN. A level with a mode unmeasured
+    runs it next; otherwise one epoch in EXPLORE_EVERY (doubling up to
+    EXPLORE_MAX while the verdict holds) measures the other mode, for only
+    EXPLORE_FRACTION of an epoch.
+  * A level seen for the first time borrows its neighbours' verdicts (plain
+    above a level where plain won, or where drafting led by under PRESUME_LEAD),
+    so a rising load does not pay a losing epoch per level.
+  * An epoch's level is that of its first decoding round; an epoch whose level
+    changed, or that saw an idle replica, is not scored. A rise in load to a
+    level whose verdict is the other mode ends the epoch at once.
 
-A load level seen for the first time borrows its neighbours' verdicts, since
-drafting's gain shrinks as a replica's batches grow: where a lower level
-measured plain decoding better, the new level starts with plain decoding and
-measures drafting only at its first exploration (and where a higher level
-measured drafting better, the other way round). So does a level whose nearest
-lower level measured drafting ahead by less than PRESUME_LEAD: a small lead
-rarely survives a doubling of the load (on this project's CPU the default
-proposer measured 1.66x target-only alone, 1.11x at two sessions, 0.95x at
-four). A ramp of load then does not pay a losing epoch at every level it
-climbs through.
-
-An epoch's level is the load at its first decoding round, not at its start:
-the first request of a burst starts an epoch at one live session, and the
-others join it with their prefills before any decoding round; scored at one
-session, such an epoch was dropped when it closed at the burst's level, and a
-load of two sessions lasting two seconds never had a verdict of its own.
-
-When the load rises past the running epoch's level to one whose verdict is
-the other mode, the epoch ends there (unscored) and the new level's runs: a
-burst of requests arriving while one session's "drafting" epoch runs would
-otherwise all feed the draft their prompts and draft for up to an epoch at a
-load where drafting measured slower. A fall in load waits for the epoch's end:
-the sessions still running are mid-stream, and drafting for them first costs
-the draft a catch-up feed of everything it missed.
-
-The gate only ever takes the draft model away; what k a drafting round uses
-stays the goodput model's choice. A plain epoch is k = 0 for every proposer,
-with one exception: a lone session (one live on the replica) whose proposer
-has free guesses (combined) still proposes a prompt-lookup guess there when
-the goodput model says it beats k = 0 by itself; at one row that model is
-exact and a guess costs no draft call. The demo's default prompt drafted
-three rounds, all rejected, and its plain epoch then sent nothing while the
-text repeated itself (lookup alone measured 1.15x target-only on it). Under
-load a plain epoch stays target-only rounds, the baseline the gate compares
-against: with lookup guesses kept there at every load, the default proposer
-measured 0.84-0.85x target-only at 4 sessions and 0.88-0.89x at 8 in two load
-runs, against 0.91x and 0.99x without (benchmarks.load, 64 tokens).
+The gate only takes the draft model away; the k of a drafting round stays the
+goodput model's. A plain epoch is k = 0 for every proposer, except that a lone
+session's proposer with free guesses (combined) keeps the lookup guesses that
+pay (orchestrator.loop). Why each rule exists, with the measurements behind it:
+docs/benchmark-history.md, "The speculation gate's design notes", and
+docs/architecture.md, "Choosing k".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Screenshots of every playground step on the embedded models, for docs/playground/ and the README.
+"""Screenshots of every playground step on the embedded models, for docs/playground/ and docs/api.md.
 
     python scripts/playground_screenshots.py [--out docs/playground]
 
