@@ -34,7 +34,7 @@ from specdec.core.fingerprint import tokenizer_fingerprint
 from specdec.limits import admission_from_args
 from specdec.security import service_client_from_args
 from specdec.server import configure_logging, options_from_args, serve
-from specdec.store import ServiceRegistry, SessionStore, connect
+from specdec.store import Expected, ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
 
 if TYPE_CHECKING:
@@ -77,7 +77,8 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
     fingerprint = tokenizer_fingerprint(tokenizer)
     client = connect(args.redis_url)
     store = SessionStore(client, url=args.redis_url, prefix=args.redis_prefix, ttl_s=args.record_ttl)
-    registry = ServiceRegistry(client, url=args.redis_url, prefix=args.redis_prefix)
+    expected = Expected(fingerprint)  # registry entries must carry our tokenizer (and, below, model)
+    registry = ServiceRegistry(client, url=args.redis_url, prefix=args.redis_prefix, expected=expected)
     try:
         await store.ping()
     except Exception as exc:  # noqa: BLE001 - serve anyway; requests get UNAVAILABLE
@@ -101,6 +102,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
             f"the target {target_info.model_name!r} has another tokenizer than --tokenizer {folder} "
             f"(fingerprints {target_info.tokenizer_fingerprint[:12]} vs {fingerprint[:12]})"
         )
+    expected.models["target"] = target_info.model_name
     max_k = int(target_info.max_k) or 16
     if target_info.max_request_tokens:  # a Score carries the k drafts and one committed token
         max_k = max(1, min(max_k, int(target_info.max_request_tokens) - 1))
@@ -114,6 +116,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
                 f"vs {target_info.tokenizer_fingerprint[:12]}, vocab sizes {draft_info.vocab_size} "
                 f"vs {target_info.vocab_size}); refusing to pair them"
             )
+        expected.models["draft"] = draft_info.model_name
         max_k = min(max_k, int(draft_info.max_k) or max_k)
         if draft_info.feature_dim and draft_info.feature_dim != target_info.feature_dim:
             raise StartupError(
@@ -144,6 +147,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         redis_outage_s=args.redis_outage_s,
         record_interval_s=max(0.0, float(args.record_interval_ms)) / 1e3,
         speculation_gate=bool(args.speculation_gate),
+        sampler=args.sampler,
         costs=costs,
         admission=admission,
         target_wait_s=args.target_wait_s,

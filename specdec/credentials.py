@@ -1,31 +1,60 @@
-"""`specdec secrets DIR`: the TLS certificates and tokens a secured deployment needs.
+"""`specdec secrets DIR`: per-role certificates, keys and tokens for a secured deployment.
 
-    specdec secrets ./secrets [--host target --host draft ...] [--tenant alice ...]
+    specdec secrets ./secrets [--host NAME | --host ROLE=NAME ...] [--tenant alice ...]
+    specdec secrets ./secrets --rotate          # new keys, certificates, service token, Redis passwords
+    specdec secrets ./secrets --rotate-ca       # trust a new CA next to the old one (signs from now on)
+    specdec secrets ./secrets --drop-previous   # stop accepting what the last rotation replaced
 
-writes, each file mode 0600 in a 0700 folder (existing files are kept unless --force):
+DIR (mode 0700) holds one folder per role with only the files that role needs;
+each container or pod mounts its own folder and nothing else:
 
-    ca.crt                 the deployment's own CA (its key, ca.key, signs nothing else)
-    server.crt/server.key  one certificate for every server (SANs: --host names, localhost, 127.0.0.1)
-    client.crt/client.key  the orchestrator's client certificate (mutual TLS to the services)
-    tokens                 tenant:token lines for the orchestrator (--auth-tokens)
-    specdec.env            SPECDEC_SERVICE_TOKEN and SPECDEC_REDIS_PASSWORD (compose env_file)
-    redis.conf             Redis on TLS only, with that password (paths as compose mounts them)
+    ca.crt, ca.key   the CA; ca.key signs the certificates below and is mounted nowhere.
+                     ca.crt is the trust bundle: the signing CA, then (after --rotate-ca,
+                     until --drop-previous) the one before it
+    state.json       the current secrets and the digests still accepted (for rotations); mounted nowhere
+    orchestrator/    ca.crt, server.crt/key (server use only), client.crt/key (the one client
+                     certificate: spiffe://specdec/orchestrator), tokens (tenant:token lines),
+                     orchestrator.env (SPECDEC_SERVICE_TOKEN, its Redis user and password)
+    target/, draft/  ca.crt, server.crt/key (server use only), model.env (the service token's
+                     SHA-256, never the token; a Redis user that may write only the registry)
+    redis/           ca.crt, server.crt/key, redis.conf (TLS only; ACL users, passwords as SHA-256)
+    gateway/         ca.crt
 
-and prints one client token. Nothing here is for production PKI: it is a
-private CA that lives as long as the folder does.
+Role folders are 0755 and their files 0644 so that a container's non-root user
+can read the folder it mounts; DIR itself (0700) keeps every other user on the
+host out. ca.key and state.json are 0600. Prints one client token. Nothing here
+is production PKI: a private CA that lives as long as the folder does.
+
+Rotation (docs/security.md): --rotate, then restart Redis, the model services,
+the orchestrators, in that order (each accepts the old and the new secrets, so
+nothing breaks mid-way); --drop-previous once everything runs on the new ones.
+A CA: --rotate-ca (restart everything: all trust both CAs), --rotate (leaves
+from the new CA), --drop-previous.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import ipaddress
+import json
 import os
 import secrets as random
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
-DEFAULT_HOSTS = ("localhost", "target", "draft", "target-cpu", "draft-cpu", "orchestrator", "redis",
-                 "gateway")
+ORCHESTRATOR_ID = "spiffe://specdec/orchestrator"  # the client certificate the model services accept
+SERVER_ROLES = ("orchestrator", "target", "draft", "redis")
+ROLES = (*SERVER_ROLES, "gateway")
+DEFAULT_HOSTS = {"orchestrator": ("orchestrator",), "target": ("target", "target-cpu"),
+                 "draft": ("draft", "draft-cpu"), "redis": ("redis",)}
+LOOPBACK_NAMES = ("localhost", "127.0.0.1")  # every server: the in-container probes dial these
+REDIS_USERS = {"orchestrator": "orchestrator", "target": "model", "draft": "model"}
+DEFAULT_PREFIX = "specdec:"
+
+
+# ------------------------------------------------------------------ certificates
 
 
 def _key():
@@ -47,8 +76,20 @@ def _pem_cert(cert) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def _general_name(name: str):
+    from cryptography import x509
+
+    if "://" in name:
+        return x509.UniformResourceIdentifier(name)
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 def _cert(subject: str, key, issuer_name, issuer_key, *, ca: bool, sans=(), client=False,
           days: int = 825):
+    """A CA, or a leaf for server use only or (client=True) client use only."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -62,63 +103,237 @@ def _cert(subject: str, key, issuer_name, issuer_key, *, ca: bool, sans=(), clie
                .not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
     if ca:
-        builder = builder.add_extension(x509.KeyUsage(
+        builder = builder.add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                                        critical=False)
+        return builder.add_extension(x509.KeyUsage(
             digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
             key_encipherment=False, data_encipherment=False, key_agreement=False,
-            encipher_only=False, decipher_only=False), critical=True)
-    else:
-        names = []
-        for san in sans:
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(san)))
-            except ValueError:
-                names.append(x509.DNSName(san))
-        if names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        usage = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [
-            ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
+            encipher_only=False, decipher_only=False), critical=True).sign(issuer_key, hashes.SHA256())
+    builder = builder.add_extension(
+        x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
+    if sans:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([_general_name(s) for s in dict.fromkeys(sans)]), critical=False)
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    return (builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .sign(issuer_key, hashes.SHA256()))
 
 
-def _write(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _new_ca():
+    """(PEM certificate, key) of a new CA; its name is its own (a bundle of two CAs of one name
+    would leave the verifier trying the wrong one)."""
+    key = _key()
+    name = f"specdec CA {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} {random.token_hex(4)}"
+    return _pem_cert(_cert(name, key, None, key, ca=True, days=3650)), key
+
+
+def _signing_ca(folder: Path):
+    """(certificate, key) of the CA that signs: ca.key and the first certificate of ca.crt."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    bundle = x509.load_pem_x509_certificates((folder / "ca.crt").read_bytes())
+    return bundle[0], load_pem_private_key((folder / "ca.key").read_bytes(), password=None)
+
+
+def _bundle(folder: Path) -> list[bytes]:
+    from cryptography import x509
+
+    return [_pem_cert(c) for c in x509.load_pem_x509_certificates((folder / "ca.crt").read_bytes())]
+
+
+# ------------------------------------------------------------------ files
+
+
+def _write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    os.chmod(path, 0o600)
+    os.chmod(path, mode)
 
 
-def generate(folder: Path, *, hosts=DEFAULT_HOSTS, tenants=("default",), force: bool = False) -> dict:
-    """Write the files above into `folder`; returns {tenant: token}."""
+def _private(path: Path, data: bytes) -> None:
+    _write(path, data, 0o600)
+
+
+def _role_dir(folder: Path, role: str) -> Path:
+    path = folder / role
+    path.mkdir(exist_ok=True)
+    os.chmod(path, 0o755)
+    return path
+
+
+def role_hosts(hosts: Iterable[str]) -> dict[str, list[str]]:
+    """{server role: certificate names} from --host values: ROLE=NAME for one role, NAME for all.
+
+    No --host at all: DEFAULT_HOSTS (compose's service names). Every role also gets localhost
+    and 127.0.0.1 (its probes)."""
+    hosts = list(hosts)
+    out: dict[str, list[str]] = {role: [] for role in SERVER_ROLES}
+    if not hosts:
+        out = {role: list(names) for role, names in DEFAULT_HOSTS.items()}
+    for entry in hosts:
+        role, sep, name = entry.partition("=")
+        if not sep:
+            for names in out.values():
+                names.append(entry)
+        elif role in out and name:
+            out[role].append(name)
+        else:
+            raise ValueError(f"--host {entry}: ROLE=NAME needs a role of {', '.join(SERVER_ROLES)}")
+    return {role: [*names, *LOOPBACK_NAMES] for role, names in out.items()}
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _accepting(new: str, accepted: list[str]) -> list[str]:
+    """Digests accepted after a rotation: the new one, and the one it replaces."""
+    return [_sha256(new), *accepted[:1]]
+
+
+def _load_state(folder: Path) -> dict:
+    path = folder / "state.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{folder} holds no secrets made by `specdec secrets` (no state.json)")
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------ what each role gets
+
+
+def _redis_conf(state: dict) -> bytes:
+    """TLS only; no default user; the orchestrators own the prefix, model services only the registry."""
+    prefix = state["redis_prefix"]
+
+    def passwords(user: str) -> str:
+        return " ".join(f"#{h}" for h in state["redis"][user]["sha256"])
+
+    return (  # paths as each role's folder is mounted: /secrets
+        "port 0\ntls-port 6379\ntls-auth-clients no\n"
+        "tls-cert-file /secrets/server.crt\ntls-key-file /secrets/server.key\n"
+        "tls-ca-cert-file /secrets/ca.crt\n"
+        "user default off\n"
+        f"user orchestrator on {passwords('orchestrator')} ~{prefix}* resetchannels "
+        "+@all -@admin -@dangerous\n"
+        f"user model on {passwords('model')} ~{prefix}service:* ~{prefix}services:* resetchannels "
+        "-@all +ping +hello +select +multi +exec +discard +set +zadd +pexpire +del +zrem\n"
+    ).encode()
+
+
+def _env_files(state: dict) -> dict[str, bytes]:
+    """{role: its .env file}: the orchestrators hold the service token, the model services its digest."""
+    def redis_login(role: str) -> str:
+        user = REDIS_USERS[role]
+        return f"SPECDEC_REDIS_USERNAME={user}\nSPECDEC_REDIS_PASSWORD={state['redis'][user]['password']}\n"
+
+    model = f"SPECDEC_SERVICE_TOKEN_SHA256={','.join(state['service_token_sha256'])}\n"
+    return {"orchestrator": f"SPECDEC_SERVICE_TOKEN={state['service_token']}\n" + redis_login("orchestrator"),
+            "target": model + redis_login("target"), "draft": model + redis_login("draft")}
+
+
+def _write_config(folder: Path, state: dict) -> None:
+    """Everything that follows from the state and the trust bundle: env files, redis.conf, ca.crt."""
+    bundle = b"".join(_bundle(folder))
+    for role in ROLES:
+        _write(_role_dir(folder, role) / "ca.crt", bundle)
+    for role, text in _env_files(state).items():
+        _write(folder / role / ("orchestrator.env" if role == "orchestrator" else "model.env"), text.encode())
+    _write(folder / "redis" / "redis.conf", _redis_conf(state))
+    _private(folder / "state.json", json.dumps(state, indent=1).encode())
+
+
+def _issue_leaves(folder: Path, hosts: dict[str, list[str]]) -> None:
+    """A server certificate per server role (its own names only) and the orchestrators' client one."""
+    ca, ca_key = _signing_ca(folder)
+    for role in SERVER_ROLES:
+        key = _key()
+        cert = _cert(f"specdec {role}", key, ca.subject, ca_key, ca=False,
+                     sans=[*hosts[role], f"spiffe://specdec/{role}"])
+        _write(_role_dir(folder, role) / "server.crt", _pem_cert(cert))
+        _write(folder / role / "server.key", _pem_key(key))
+    key = _key()
+    client = _cert("specdec orchestrator", key, ca.subject, ca_key, ca=False, client=True,
+                   sans=[ORCHESTRATOR_ID])
+    _write(folder / "orchestrator" / "client.crt", _pem_cert(client))
+    _write(folder / "orchestrator" / "client.key", _pem_key(key))
+
+
+def _new_secrets(state: dict) -> dict:
+    """The state with a fresh service token and Redis passwords (the replaced ones still accepted)."""
+    token = random.token_urlsafe(32)
+    redis = {}
+    for user in ("orchestrator", "model"):
+        password = random.token_urlsafe(24)
+        old = state.get("redis", {}).get(user, {}).get("sha256", [])
+        redis[user] = {"password": password, "sha256": _accepting(password, old)}
+    return {**state, "service_token": token,
+            "service_token_sha256": _accepting(token, state.get("service_token_sha256", [])),
+            "redis": redis}
+
+
+# ------------------------------------------------------------------ the operations
+
+
+def generate(folder: Path, *, hosts: Iterable[str] = (), tenants=("default",), force: bool = False,
+             redis_prefix: str = DEFAULT_PREFIX) -> dict:
+    """Write a new CA and every role's files into `folder`; returns {tenant: token}."""
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     if (folder / "ca.crt").exists() and not force:
-        raise FileExistsError(f"{folder} already holds secrets; --force replaces them")
-    ca_key = _key()
-    ca = _cert("specdec CA", ca_key, None, ca_key, ca=True, days=3650)
-    server_key, client_key = _key(), _key()
-    server = _cert("specdec server", server_key, ca.subject, ca_key, ca=False,
-                   sans=[*hosts, "localhost", "127.0.0.1"])
-    client = _cert("specdec orchestrator", client_key, ca.subject, ca_key, ca=False, client=True)
-    _write(folder / "ca.crt", _pem_cert(ca))
-    _write(folder / "ca.key", _pem_key(ca_key))
-    _write(folder / "server.crt", _pem_cert(server))
-    _write(folder / "server.key", _pem_key(server_key))
-    _write(folder / "client.crt", _pem_cert(client))
-    _write(folder / "client.key", _pem_key(client_key))
+        raise FileExistsError(f"{folder} already holds secrets; --rotate renews them, --force replaces them")
+    ca, ca_key = _new_ca()
+    _private(folder / "ca.key", _pem_key(ca_key))
+    _write(folder / "ca.crt", ca)
+    state = _new_secrets({"hosts": role_hosts(hosts), "redis_prefix": redis_prefix})
+    _issue_leaves(folder, state["hosts"])
     tokens = {tenant: random.token_urlsafe(32) for tenant in tenants}
-    _write(folder / "tokens", "".join(f"{t}:{tok}\n" for t, tok in tokens.items()).encode())
-    redis_password = random.token_urlsafe(24)
-    _write(folder / "specdec.env", (
-        f"SPECDEC_SERVICE_TOKEN={random.token_urlsafe(32)}\n"
-        f"SPECDEC_REDIS_PASSWORD={redis_password}\n"
-    ).encode())
-    _write(folder / "redis.conf", (  # paths as compose.yaml mounts the folder
-        "port 0\ntls-port 6379\ntls-auth-clients no\n"
-        "tls-cert-file /secrets/server.crt\ntls-key-file /secrets/server.key\n"
-        f"tls-ca-cert-file /secrets/ca.crt\nrequirepass {redis_password}\n"
-    ).encode())
+    _write(_role_dir(folder, "orchestrator") / "tokens",
+           "".join(f"{t}:{tok}\n" for t, tok in tokens.items()).encode())
+    _write_config(folder, state)
     return tokens
+
+
+def rotate(folder: Path, *, hosts: Iterable[str] = ()) -> None:
+    """New leaf keys and certificates, service token and Redis passwords; the replaced token and
+    passwords stay accepted until drop_previous. Tenant tokens are kept."""
+    folder = Path(folder)
+    state = _load_state(folder)
+    hosts = list(hosts)
+    if hosts:
+        state["hosts"] = role_hosts(hosts)
+    state = _new_secrets(state)
+    _issue_leaves(folder, state["hosts"])
+    _write_config(folder, state)
+
+
+def rotate_ca(folder: Path) -> None:
+    """A new CA, first in every trust bundle (so it signs from now on), the old one kept after it."""
+    folder = Path(folder)
+    state = _load_state(folder)
+    new, ca_key = _new_ca()
+    old = _bundle(folder)[:1]
+    _private(folder / "ca.key", _pem_key(ca_key))
+    _write(folder / "ca.crt", new + b"".join(old))
+    _write_config(folder, state)
+
+
+def drop_previous(folder: Path) -> None:
+    """Accept only the current service token, Redis passwords and CA."""
+    folder = Path(folder)
+    state = _load_state(folder)
+    state["service_token_sha256"] = state["service_token_sha256"][:1]
+    for user in state["redis"].values():
+        user["sha256"] = user["sha256"][:1]
+    _write(folder / "ca.crt", _bundle(folder)[0])
+    _write_config(folder, state)
+
+
+ROLLOUT = ("then restart, in this order: Redis, the model services (target, draft), the "
+           "orchestrators, the gateways; each accepts both the old and the new secrets until "
+           "`specdec secrets {folder} --drop-previous`")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,20 +341,42 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder")
     p.add_argument("--host", action="append", default=[],
-                   help=f"server name for the certificate (repeatable; default {', '.join(DEFAULT_HOSTS)})")
+                   help="a name for the server certificates: NAME (every role's) or ROLE=NAME (one "
+                   "role's: orchestrator, target, draft, redis); repeatable; default "
+                   + ", ".join(f"{r}={n}" for r, names in DEFAULT_HOSTS.items() for n in names))
     p.add_argument("--tenant", action="append", default=[], help="tenant to make a token for "
                    "(repeatable; default 'default')")
-    p.add_argument("--force", action="store_true", help="replace existing secrets")
+    p.add_argument("--redis-prefix", default=DEFAULT_PREFIX,
+                   help="the deployment's --redis-prefix, which the Redis users' key patterns name")
+    p.add_argument("--force", action="store_true", help="replace existing secrets (a new CA: "
+                   "every process must restart at once)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--rotate", action="store_true", help="new keys, certificates, service token "
+                      "and Redis passwords; the old token and passwords stay accepted")
+    mode.add_argument("--rotate-ca", action="store_true", help="trust a new CA beside the old one; "
+                      "the next --rotate issues from it")
+    mode.add_argument("--drop-previous", action="store_true",
+                      help="stop accepting what the last rotation replaced")
     args = p.parse_args(argv)
+    folder = Path(args.folder)
     try:
-        tokens = generate(Path(args.folder), hosts=args.host or DEFAULT_HOSTS,
-                          tenants=args.tenant or ("default",), force=args.force)
-    except FileExistsError as exc:
+        if args.rotate or args.rotate_ca or args.drop_previous:
+            if args.rotate:
+                rotate(folder, hosts=args.host)
+            elif args.rotate_ca:
+                rotate_ca(folder)
+            else:
+                drop_previous(folder)
+            print(f"rewrote {folder}/; " + ("restart every process" if args.drop_previous
+                                             else ROLLOUT.format(folder=folder)), file=sys.stderr)
+            return 0
+        tokens = generate(folder, hosts=args.host, tenants=args.tenant or ("default",),
+                          force=args.force, redis_prefix=args.redis_prefix)
+    except (FileExistsError, FileNotFoundError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"wrote {args.folder}/: ca.crt, server.crt/key, client.crt/key, tokens, specdec.env, "
-          "redis.conf",
-          file=sys.stderr)
+    print(f"wrote {folder}/: ca.crt, ca.key (mounted nowhere), and one folder per role: "
+          + ", ".join(f"{r}/" for r in ROLES), file=sys.stderr)
     for tenant, token in tokens.items():
         print(f"{tenant}: {token}")
     return 0

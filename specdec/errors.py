@@ -168,9 +168,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions raised by any handler to gRPC statuses.
 
     `observe(method, code_name)` is called once per finished call (e.g. to
-    count requests by status); it must not raise. `guard(method, metadata)`
-    runs before each handler (authentication); what it raises is the call's
-    status. Every call gets a request id, returned in trailing metadata.
+    count requests by status); it must not raise. `guard(method, metadata,
+    auth_context)` runs before each handler, whatever the handler's shape
+    (authentication: what it raises is the call's status; a shape this class
+    does not know is refused, never passed through). Every call gets a
+    request id, returned in trailing metadata.
     """
 
     def __init__(self, observe: Callable[[str, str], None] | None = None,
@@ -197,9 +199,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
             return request_id
 
-        def check(request: Any, context: grpc.aio.ServicerContext) -> None:
+        def authenticate(context: grpc.aio.ServicerContext) -> None:
             if guard is not None:
-                guard(method, context.invocation_metadata())
+                guard(method, context.invocation_metadata(), context.auth_context())
+
+        def check(request: Any, context: grpc.aio.ServicerContext) -> None:
+            authenticate(context)
             if isinstance(request, _Undecodable):
                 raise InvalidArgument("the request could not be decoded as its protobuf "
                                       "message", detail=request.error)
@@ -259,5 +264,50 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             )
 
         # Streaming handlers written with context.write (health Watch) and
-        # client-streaming ones (reflection): none of ours; pass through.
-        return handler
+        # client-streaming ones (reflection): none of ours, but the guard runs first all
+        # the same (fail closed: a method is open only where the guard says so).
+        async def admitted(context: grpc.aio.ServicerContext) -> None:
+            request_id = admit(None, context)
+            try:
+                authenticate(context)
+            except Exception as exc:  # noqa: BLE001
+                await fail(exc, context, request_id)
+
+        return _guarded(handler, admitted)
+
+
+_OTHER_SHAPES = (("unary_stream", grpc.unary_stream_rpc_method_handler),
+                 ("stream_unary", grpc.stream_unary_rpc_method_handler),
+                 ("stream_stream", grpc.stream_stream_rpc_method_handler))
+
+
+def _guarded(handler: grpc.RpcMethodHandler,
+             admitted: Callable[[grpc.aio.ServicerContext], Awaitable[None]]) -> grpc.RpcMethodHandler:
+    """`handler` with `admitted(context)` awaited before it runs (it aborts the call when the
+    caller is not admitted); a handler of no known shape is refused."""
+    for shape, make in _OTHER_SHAPES:
+        inner = getattr(handler, shape)
+        if inner is None:
+            continue
+        if inspect.isasyncgenfunction(inner):
+            async def streamed(request: Any, context: grpc.aio.ServicerContext,
+                               inner=inner) -> AsyncIterator[Any]:
+                await admitted(context)
+                async for response in inner(request, context):
+                    yield response
+
+            wrapped = streamed
+        else:
+            async def returned(request: Any, context: grpc.aio.ServicerContext, inner=inner) -> Any:
+                await admitted(context)
+                result = inner(request, context)
+                return await result if inspect.isawaitable(result) else result
+
+            wrapped = returned
+        return make(wrapped, request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
+
+    async def refused(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this method has no handler")
+
+    return grpc.unary_unary_rpc_method_handler(refused)

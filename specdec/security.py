@@ -7,8 +7,16 @@
     Tokens    `authorization: Bearer <token>` gRPC metadata. The orchestrator
               maps each token to a tenant (--auth-tokens FILE: `tenant:token`
               lines, or a JSON object {tenant: token | [tokens]}); the model
-              services accept one shared --service-token (the orchestrators').
-    Open      grpc.health.v1 and server reflection need no token.
+              services accept the orchestrators' service token, given as the
+              token itself (--service-token) or, so that a model pod holds no
+              orchestrator credential, as its SHA-256 (--service-token-sha256,
+              several during a rotation).
+    Identity  a model service that requires client certificates accepts only
+              the certificate naming --tls-client-id (the orchestrators':
+              spiffe://specdec/orchestrator, what `specdec secrets` issues);
+              any other certificate its CA signed is PERMISSION_DENIED.
+    Open      grpc.health.v1 and server reflection need no token; every other
+              method does, whatever its shape (specdec.errors fails closed).
 
 `BearerGuard` is the check the server bootstrap runs before every handler
 (through `specdec.errors.ErrorInterceptor`); it puts the caller's tenant in
@@ -23,7 +31,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +129,23 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def token_sha256(token: str) -> str:
+    """The hex SHA-256 of a token: what a server that must not hold the token is given."""
+    return _digest(token).hex()
+
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_digests(text: str) -> list[str]:
+    """Hex SHA-256 digests from a comma- or space-separated list (lower-cased)."""
+    digests = [d.strip().lower() for d in re.split(r"[,\s]+", text) if d.strip()]
+    bad = [d for d in digests if not _SHA256_RE.match(d)]
+    if bad:
+        raise ValueError(f"--service-token-sha256: {len(bad)} value(s) are not 64 hex digits")
+    return digests
+
+
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
 
@@ -165,6 +190,13 @@ class TokenTable:
     def from_file(cls, path: str | os.PathLike) -> TokenTable:
         return cls(parse_tokens(Path(path).read_text()))
 
+    @classmethod
+    def from_digests(cls, digests: Iterable[str], tenant: str) -> TokenTable:
+        """A table that knows its tokens only by their hex SHA-256 (all for one tenant)."""
+        table = cls({})
+        table._by_digest = {bytes.fromhex(d): tenant for d in digests}
+        return table
+
     @property
     def tenants(self) -> set[str]:
         return set(self._by_digest.values())
@@ -183,19 +215,36 @@ def bearer_token(metadata: Iterable[tuple[str, object]] | None) -> str | None:
     return None
 
 
-class BearerGuard:
-    """Checks a call's bearer token before its handler runs; sets TENANT.
+def peer_names(auth_context: Mapping[str, Sequence[bytes]] | None) -> set[str]:
+    """The names the caller's certificate carries (its SANs and common name); none without one."""
+    names: set[str] = set()
+    for key in ("x509_subject_alternative_name", "x509_common_name"):
+        for value in (auth_context or {}).get(key, ()):
+            names.add(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+    return names
 
+
+class BearerGuard:
+    """Checks a call's caller before its handler runs; sets TENANT.
+
+    With `client_id`, a caller whose certificate does not name it: PERMISSION_DENIED.
     Missing token: UNAUTHENTICATED. A token the table does not hold: PERMISSION_DENIED.
-    With no table every caller is the anonymous tenant.
+    With no table every caller (who passed the identity check) is the anonymous tenant.
     """
 
-    def __init__(self, table: TokenTable | None, *, what: str = "token") -> None:
+    def __init__(self, table: TokenTable | None, *, what: str = "token", client_id: str = "") -> None:
         self.table = table
         self.what = what
+        self.client_id = client_id
 
-    def __call__(self, method: str, metadata) -> None:
-        if self.table is None or method.startswith(OPEN_METHOD_PREFIXES):
+    def __call__(self, method: str, metadata, peer: Mapping[str, Sequence[bytes]] | None = None) -> None:
+        if method.startswith(OPEN_METHOD_PREFIXES):
+            TENANT.set(ANONYMOUS)
+            return
+        if self.client_id and self.client_id not in peer_names(peer):
+            raise PermissionDenied("this service accepts only the orchestrators' certificate",
+                                   detail=f"the client certificate names {sorted(peer_names(peer))}")
+        if self.table is None:
             TENANT.set(ANONYMOUS)
             return
         token = bearer_token(metadata)
@@ -217,8 +266,10 @@ class ServerSecurity:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""  # require client certificates signed by it (mTLS)
+    tls_client_id: str = ""  # model services: the one client certificate name accepted ("" = any)
     auth_tokens: str = ""  # orchestrator: the tenants' token file
     service_token: str = ""  # model services: the token orchestrators send
+    service_token_sha256: str = ""  # model services: that token's SHA-256 (hex, comma-separated)
     insecure: bool = False  # allow a non-loopback bind without TLS and tokens
 
     @property
@@ -227,7 +278,8 @@ class ServerSecurity:
 
     @property
     def authenticated(self) -> bool:
-        return bool(self.auth_tokens or self.service_token or self.tls_client_ca)
+        return bool(self.auth_tokens or self.service_token or self.service_token_sha256
+                    or self.tls_client_ca)
 
     def credentials(self) -> grpc.ServerCredentials | None:
         return server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
@@ -235,9 +287,14 @@ class ServerSecurity:
     def guard(self) -> BearerGuard:
         if self.auth_tokens:
             return BearerGuard(TokenTable.from_file(self.auth_tokens), what="token")
+        client_id = self.tls_client_id if self.tls_client_ca else ""
+        digests = parse_digests(self.service_token_sha256)
         if self.service_token:
-            return BearerGuard(TokenTable({self.service_token: "orchestrator"}), what="service token")
-        return BearerGuard(None)
+            digests.append(token_sha256(self.service_token))
+        if digests:
+            return BearerGuard(TokenTable.from_digests(digests, "orchestrator"), what="service token",
+                               client_id=client_id)
+        return BearerGuard(None, client_id=client_id)
 
     def check_bind(self, host: str) -> None:
         """Refuse a non-loopback bind with neither TLS nor tokens unless --insecure (then warn)."""
@@ -260,8 +317,10 @@ def security_from_args(args: argparse.Namespace) -> ServerSecurity:
     return ServerSecurity(
         tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
         tls_client_ca=args.tls_client_ca or "",
+        tls_client_id="" if tenants else (getattr(args, "tls_client_id", "") or ""),
         auth_tokens=(args.auth_tokens or "") if tenants else "",
         service_token="" if tenants else (getattr(args, "service_token", "") or ""),
+        service_token_sha256="" if tenants else (getattr(args, "service_token_sha256", "") or ""),
         insecure=bool(args.insecure),
     )
 

@@ -63,6 +63,7 @@ class ServerOptions:
     log_level: str = "INFO"
     trace_file: str = ""  # JSON-lines spans (specdec.tracing); "" = off unless OTEL_TRACES_EXPORTER
     metrics_host: str = "127.0.0.1"  # the metrics endpoint's bind address
+    health_port: int = 0  # plaintext grpc.health.v1 alone on 127.0.0.1 (in-pod probes); 0 = off
     security: ServerSecurity = ServerSecurity()  # TLS, tokens, --insecure
     # gRPC message caps; the model services size them from the model (serve.py).
     max_receive_bytes: int = 256 << 20
@@ -93,6 +94,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         log_level=str(args.log_level).upper(),
         trace_file=args.trace_file or "",
         metrics_host=args.metrics_host,
+        health_port=int(getattr(args, "health_port", 0) or 0),
         security=security_from_args(args),
     )
 
@@ -146,6 +148,7 @@ async def serve(
              else server.add_insecure_port(options.address))
     if bound == 0:
         raise OSError(f"cannot bind {options.address}")
+    health_only = _health_server(health, options.health_port) if options.health_port else None
     if options.metrics_port:
         from prometheus_client import start_http_server
 
@@ -158,6 +161,8 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
 
     await server.start()
+    if health_only is not None:
+        await health_only.start()
     heap.settle()  # the start-up heap (model, libraries) is never walked by the collector again
     for name in ("", *service_names):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -184,8 +189,20 @@ async def serve(
         log.info("drain %s: %d call(s) refused, %d still running",
                  "done" if settled else "deadline reached", drain.refused, drain.in_flight)
     await server.stop(max(0.0, deadline - time.monotonic()))
+    if health_only is not None:
+        await health_only.stop(0)
     tracing.shutdown()  # flush the spans still queued
     log.info("stopped")
+
+
+def _health_server(health: HealthServicer, port: int) -> grpc.aio.Server:
+    """grpc.health.v1 alone, plaintext, on loopback: probes inside the pod need no client
+    certificate, and nothing else is served there (no other method, no other interface)."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
+        raise OSError(f"cannot bind the health port 127.0.0.1:{port}")
+    return server
 
 
 def run_server(

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specdec.credentials import ORCHESTRATOR_ID
+
 ENV_PREFIX = "SPECDEC_"
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -242,6 +244,8 @@ class EnvOnly:
 ENV_ONLY = (
     EnvOnly("SPECDEC_REDIS_PASSWORD", "password for Redis (kept out of --redis-url, so it is in no "
             "process listing)", "specdec.store: every server's Redis client"),
+    EnvOnly("SPECDEC_REDIS_USERNAME", "Redis ACL user (`specdec secrets` makes one per role: the model "
+            "services' may write only the service registry)", "specdec.store: every server's Redis client"),
     EnvOnly("SPECDEC_CACHE_DIR", "where converted models are cached (default ~/.cache/specdec)",
             "engine.loader"),
     EnvOnly("SPECDEC_PARENT_PID", "set by the launcher for its children: a child stops when that "
@@ -264,6 +268,8 @@ SERVER = Group("server", (
     Flag("port", "gRPC port", 0, int),
     Flag("metrics-port", "Prometheus HTTP port, 0 = off", 0, int),
     Flag("metrics-host", "address the metrics endpoint binds (it has no authentication)", "127.0.0.1"),
+    Flag("health-port", "also serve grpc.health.v1 alone, in plaintext, on 127.0.0.1:PORT (for probes "
+         "inside the pod or container, which hold no client certificate); 0 = off", 0, int),
     Flag("grace", "drain deadline: seconds after SIGTERM for in-flight calls to finish and live "
          "sessions to move to other replicas before exit", 10.0, float),
     Flag("redis-url", "Redis, e.g. redis://127.0.0.1:6379/0; a model service registers itself there "
@@ -287,8 +293,17 @@ SERVICE_TOKEN = Flag("service-token", "the token orchestrators and model service
                      "service lets only callers sending 'authorization: Bearer <this>' call it; the "
                      "orchestrator sends it", "")
 
-# A model service's security: TLS, and the service token its callers (the orchestrators) send.
-SERVICE_SECURITY = Group("security", (*_TLS, SERVICE_TOKEN, _INSECURE))
+# A model service's security: TLS, the orchestrators' certificate name, and the service token
+# they send (or only its SHA-256, so that a model pod holds no orchestrator credential).
+SERVICE_SECURITY = Group("security", (
+    *_TLS,
+    Flag("tls-client-id", "with --tls-client-ca: the name (URI SAN, DNS SAN or common name) the "
+         "client certificate must carry; any other certificate is PERMISSION_DENIED; empty = any "
+         "certificate the CA signed", ORCHESTRATOR_ID),
+    SERVICE_TOKEN,
+    Flag("service-token-sha256", "accept the service token whose hex SHA-256 is this (comma-separated: "
+         "several, e.g. the old and the new one during a rotation) without holding the token", ""),
+    _INSECURE))
 # The orchestrator's: TLS, and its tenants' tokens.
 TENANT_SECURITY = Group("security", (*_TLS, Flag(
     "auth-tokens", "file of 'tenant:token' lines (or a JSON object tenant -> token(s)); callers must "

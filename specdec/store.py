@@ -13,7 +13,11 @@ that never finishes).
 
 Services register (address, role, model, tokenizer fingerprint, load) under a
 key with a TTL that a heartbeat refreshes; a replica that stops beating drops
-out of `ServiceRegistry.live` within one TTL.
+out of `ServiceRegistry.live` within one TTL. The registry is not trusted
+blindly: `live` ignores (with one log line each) entries that do not parse,
+and, given what the orchestrator `Expected`, entries without its tokenizer
+fingerprint or serving another model than the role's; unknown fields are
+ignored, not an error.
 
 Every Redis failure becomes `StoreUnavailable` after short socket timeouts, so
 a dead Redis is a quick UNAVAILABLE, never a hang.
@@ -22,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -41,6 +46,8 @@ SINGLE_TURN_TTL_S = 300  # a single-turn record outlives its stream only if the 
 HEARTBEAT_S = 2.0
 RETRY_BEAT_S = 0.25  # a replica's next try while Redis does not answer
 
+log = logging.getLogger(__name__)
+
 
 class StoreUnavailable(Unavailable):
     """Redis did not answer (down, unreachable, or timed out)."""
@@ -51,10 +58,12 @@ def connect(url: str = DEFAULT_URL, *, timeout_s: float = 1.0) -> aioredis.Redis
 
     TLS: a `rediss://` URL; redis-py reads its TLS settings from the query
     (`?ssl_ca_certs=/path/ca.crt&ssl_certfile=...&ssl_keyfile=...`). A password
-    the URL does not carry comes from SPECDEC_REDIS_PASSWORD (out of argv and logs).
+    the URL does not carry comes from SPECDEC_REDIS_PASSWORD (out of argv and logs),
+    and a user name from SPECDEC_REDIS_USERNAME (a Redis ACL user: each role its own).
     """
     return aioredis.Redis.from_url(
         url,
+        username=os.environ.get("SPECDEC_REDIS_USERNAME") or None,
         password=os.environ.get("SPECDEC_REDIS_PASSWORD") or None,
         socket_connect_timeout=timeout_s,
         socket_timeout=timeout_s,
@@ -240,6 +249,57 @@ class ServiceEntry:
     seen: float = 0.0  # unix time of the last heartbeat
 
 
+_ENTRY_TYPES = {"address": str, "role": str, "replica_id": str, "model_name": str,
+                "tokenizer_fingerprint": str, "load": (int, float), "seen": (int, float)}
+_REQUIRED = ("address", "role", "replica_id")
+
+
+class BadEntry(ValueError):
+    """A registry value that is no usable ServiceEntry (the message says why)."""
+
+
+def parse_entry(raw: bytes | str) -> tuple[ServiceEntry, list[str]]:
+    """A registry value as a ServiceEntry, and the unknown fields it carried (ignored);
+    BadEntry when it is no JSON object, lacks a required field or has a field of the wrong type."""
+    try:
+        fields = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadEntry("not JSON") from exc
+    if not isinstance(fields, dict):
+        raise BadEntry("not a JSON object")
+    missing = [name for name in _REQUIRED if not fields.get(name)]
+    if missing:
+        raise BadEntry(f"missing {', '.join(missing)}")
+    known = {k: v for k, v in fields.items() if k in _ENTRY_TYPES}
+    wrong = [k for k, v in known.items() if isinstance(v, bool) or not isinstance(v, _ENTRY_TYPES[k])]
+    if wrong:
+        raise BadEntry(f"wrong type of {', '.join(sorted(wrong))}")
+    return ServiceEntry(**known), sorted(set(fields) - set(known))
+
+
+@dataclass
+class Expected:
+    """What an orchestrator accepts from the registry: its tokenizer's fingerprint (required of
+    every entry) and, once known, the model each role serves."""
+
+    fingerprint: str = ""
+    models: dict[str, str] = field(default_factory=dict)  # role -> model_name
+
+    def mismatch(self, entry: ServiceEntry) -> str:
+        """Why `entry` is not one of ours ("" if it is)."""
+        if not self.fingerprint:
+            return ""
+        if not entry.tokenizer_fingerprint:
+            return "it has no tokenizer fingerprint"
+        if entry.tokenizer_fingerprint != self.fingerprint:
+            return (f"its tokenizer fingerprint {entry.tokenizer_fingerprint[:12]} is not "
+                    f"{self.fingerprint[:12]}")
+        model = self.models.get(entry.role)
+        if model and entry.model_name != model:
+            return f"it serves {entry.model_name!r}, not {model!r}"
+        return ""
+
+
 class ServiceRegistry:
     """Replicas by role: a key per replica with a TTL, plus a per-role index."""
 
@@ -250,11 +310,14 @@ class ServiceRegistry:
         url: str = DEFAULT_URL,
         prefix: str = DEFAULT_PREFIX,
         ttl_s: float = 3 * HEARTBEAT_S,
+        expected: Expected | None = None,
     ) -> None:
         self._r = client
         self._url = url
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self.expected = expected or Expected()
+        self._reported: set[tuple[str, str]] = set()  # (key, problem) already logged
 
     def _key(self, role: str, replica_id: str) -> str:
         return f"{self.prefix}service:{role}:{replica_id}"
@@ -293,8 +356,32 @@ class ServiceRegistry:
             return []
         keys = [self._key(role, i.decode()) for i in ids]
         raw = await _guard("service list", self._url, self._r.mget(keys))
-        entries = [ServiceEntry(**json.loads(v)) for v in raw if v is not None]
+        entries = [e for key, value in zip(keys, raw) if value is not None
+                   and (e := self._usable(key, role, value)) is not None]
         return sorted(entries, key=lambda e: (e.load, e.replica_id))
+
+    def _usable(self, key: str, role: str, value: bytes) -> ServiceEntry | None:
+        """The entry under `key` if it is well-formed and one of ours; else None, logged once."""
+        try:
+            entry, unknown = parse_entry(value)
+        except BadEntry as exc:
+            self._report(key, f"ignored: {exc}")
+            return None
+        if unknown:
+            self._report(key, f"fields {', '.join(unknown)} ignored")
+        problem = f"it names role {entry.role!r}" if entry.role != role else self.expected.mismatch(entry)
+        if problem:
+            self._report(key, f"ignored: {problem}")
+            return None
+        return entry
+
+    def _report(self, key: str, problem: str) -> None:
+        """One log line per entry and problem (live() runs for every request)."""
+        if (key, problem) not in self._reported:
+            if len(self._reported) > 4096:
+                self._reported.clear()
+            self._reported.add((key, problem))
+            log.warning("service registry entry %s: %s", key, problem)
 
 
 async def heartbeat(

@@ -1,5 +1,6 @@
 """A secured stack: TLS on every hop, mutual TLS + a service token to the model services,
-tenant tokens on the orchestrator; certificates from a throwaway trustme CA."""
+tenant tokens on the orchestrator; certificates from a throwaway `specdec secrets` folder (and a
+trustme CA nobody trusts)."""
 from __future__ import annotations
 
 import secrets
@@ -25,6 +26,7 @@ class Pki:
     other_ca: Path  # a CA nobody trusts
     stranger_cert: Path  # a client certificate from other_ca
     stranger_key: Path
+    secrets: Path  # the `specdec secrets` folder all but the stranger's come from
 
 
 def _pair(cert, folder: Path, name: str) -> tuple[Path, Path]:
@@ -36,16 +38,20 @@ def _pair(cert, folder: Path, name: str) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> Pki:
+    """The orchestrator's files of a `specdec secrets` folder (its server certificate names
+    localhost and 127.0.0.1, so every server of the stack presents it), plus a stranger."""
     import trustme
 
+    from specdec.credentials import generate
+
     folder = tmp_path_factory.mktemp("pki")
-    ca, other = trustme.CA(), trustme.CA()
-    ca.cert_pem.write_to_path(str(folder / "ca.crt"))
+    generate(folder / "secrets")
+    mine = folder / "secrets" / "orchestrator"
+    other = trustme.CA()
     other.cert_pem.write_to_path(str(folder / "other-ca.crt"))
-    server = _pair(ca.issue_cert("localhost", "127.0.0.1"), folder, "server")
-    client = _pair(ca.issue_cert("orchestrator"), folder, "client")
     stranger = _pair(other.issue_cert("stranger"), folder, "stranger")
-    return Pki(folder / "ca.crt", *server, *client, folder / "other-ca.crt", *stranger)
+    return Pki(mine / "ca.crt", mine / "server.crt", mine / "server.key", mine / "client.crt",
+               mine / "client.key", folder / "other-ca.crt", *stranger, folder / "secrets")
 
 
 @dataclass
