@@ -1,6 +1,7 @@
 """First-token latency of ordinary streams while another client sends huge prompts.
 
     python -m benchmarks.attack_bench [--mb 8] [--victims 60] [--json out.json]
+    python -m benchmarks.attack_bench --gateway-only [--gateway-body-mb 100]
 
 Tiny target + draft + orchestrator (loopback). One task sends short greedy
 Generates back to back and times each one's first chunk; phases alternate
@@ -10,6 +11,10 @@ Two attack modes: with the default --max-request-bytes (the prompt is refused
 before tokenising) and with the cap raised above the prompt (it is tokenised,
 on the orchestrator's text thread pool, and refused as too long for the
 context). Goal: the p99 delay <= 50 ms.
+
+The gateway entry (benchmarks.gateway_attack): a --gateway-body-mb MB request body, declared
+and chunked, against the gateway's body limit. Goal: 413 within 1 s, gateway memory growth
+<= 20 MB.
 """
 from __future__ import annotations
 
@@ -106,14 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mb", type=int, default=8, help="size of each huge prompt, MB")
     p.add_argument("--victims", type=int, default=120, help="ordinary streams per phase kind")
     p.add_argument("--rounds", type=int, default=4, help="quiet/attack phase pairs")
+    p.add_argument("--gateway-body-mb", type=int, default=100,
+                   help="size of the body sent to the gateway, MB (0 = skip that entry)")
+    p.add_argument("--gateway-only", action="store_true", help="run the gateway entry alone")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    results = run(args)
+    results = {} if args.gateway_only else run(args)
     for mode, r in results.items():
         print(f"{args.mb} MB prompts, {mode}: first token p50 {r['quiet_p50_ms']:.1f} -> "
               f"{r['attack_p50_ms']:.1f} ms, p99 {r['quiet_p99_ms']:.1f} -> {r['attack_p99_ms']:.1f} ms "
               f"(p99 delay {r['p99_delay_ms']:+.1f} ms; {r['huge_requests']} huge requests: "
               f"{', '.join(r['huge_outcomes'])})")
+    if args.gateway_body_mb:
+        from benchmarks import gateway_attack
+
+        body = gateway_attack.run(args.gateway_body_mb)
+        results["gateway body limit"] = body
+        for mode, r in body.items():
+            print(f"{args.gateway_body_mb} MB body to the gateway ({mode}): status "
+                  f"{'/'.join(map(str, r['statuses']))} after at most {r['worst_seconds'] * 1e3:.0f} ms, "
+                  f"gateway memory growth at most {r['worst_rss_growth_mb']:.1f} MB "
+                  f"(the client sent at most {r['most_sent_mb']:.0f} MB)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -7,7 +7,8 @@ Then any OpenAI client works with base_url=http://HOST:8000/v1, e.g.
         model="specdec", messages=[{"role": "user", "content": "Hi"}], stream=True)
 
 The playground page is on http://HOST:8000/playground (off with --no-playground); its
-pass quota is --playground-passes-per-minute target passes per visitor.
+pass quota is --playground-passes-per-minute target passes per visitor. Prometheus metrics
+are on their own port (--metrics-port), never on the API's.
 
 Every flag has a SPECDEC_* environment equivalent (flags win).
 """
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from gateway.app import Settings, create_app
+    from gateway.guard import parse_hosts, parse_networks
     from gateway.playground import PlaygroundSettings
     from specdec.procs import watch_parent
 
@@ -39,20 +41,32 @@ def main(argv: list[str] | None = None) -> int:
     passes = int(args.playground_passes_per_minute)
     if passes < 0:
         raise SystemExit("--playground-passes-per-minute: must be >= 0")
-    playground = None if args.no_playground else PlaygroundSettings(passes_per_minute=passes)
+    if int(args.max_body_bytes) < 1:
+        raise SystemExit("--max-body-bytes: must be >= 1")
+    playground = None if args.no_playground else PlaygroundSettings(
+        passes_per_minute=passes, trusted_proxies=parse_networks(args.trusted_proxies))
     app = create_app(Settings(orchestrator=args.orchestrator, model_name=args.model_name,
                               default_max_tokens=int(args.default_max_tokens),
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),
                               tls_ca=args.tls_ca, tls_cert=args.client_cert, tls_key=args.client_key,
-                              playground=playground))
+                              playground=playground, max_body_bytes=int(args.max_body_bytes),
+                              allowed_hosts=parse_hosts(args.allowed_hosts)))
     log = logging.getLogger("gateway")
+    if int(args.metrics_port):
+        from prometheus_client import start_http_server
+
+        start_http_server(int(args.metrics_port), addr=args.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, int(args.metrics_port))
     log.info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",
              args.host, args.port, args.orchestrator)
     if playground is not None:
         log.info("playground on http://%s:%d/playground (%s target passes per visitor per minute)",
                  args.host, args.port, passes or "unlimited")
+    # proxy_headers off: uvicorn would otherwise take X-Forwarded-For from 127.0.0.1 as the client
+    # (a local caller could claim any address); gateway.guard.client_address decides instead.
     uvicorn.run(app, host=args.host, port=int(args.port), log_level=level.lower(),
-                access_log=level == "DEBUG", timeout_graceful_shutdown=float(args.grace) + 1)
+                access_log=level == "DEBUG", timeout_graceful_shutdown=float(args.grace) + 1,
+                proxy_headers=False)
     return 0
 
 

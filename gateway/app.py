@@ -1,7 +1,10 @@
 """The ASGI app: OpenAI-compatible endpoints in front of one orchestrator address.
 
 Every generation is one `Orchestrator.Generate` stream through `client.AsyncClient`;
-no model work happens here. The gateway waits for the stream's first chunk before
+no model work happens here. Before any route: a body over --max-body-bytes is a 413 while it
+is read, and, while the orchestrator takes calls without a token, only --allowed-hosts names
+may be in Host and Origin (gateway.guard). /metrics is on its own port (--metrics-port), not
+on the API's. The gateway waits for the stream's first chunk before
 answering, so a request the orchestrator rejects gets its HTTP status and an OpenAI
 error body, streaming or not. A client that disconnects mid-stream cancels the gRPC
 call, and the orchestrator frees the session's KV on both services.
@@ -20,7 +23,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import Counter, Histogram
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
@@ -29,6 +32,7 @@ from client import AsyncClient
 from specdec.security import aio_channel, channel_credentials
 from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
 from gateway import logprobs, playground
+from gateway.guard import LOCAL_HOSTS, BodyLimit, Credentials, HostCheck
 from gateway.playground import PlaygroundSettings
 from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
@@ -38,7 +42,7 @@ from gateway.schemas import ChatCompletion, ChatCompletionChunk, TextCompletion,
 
 log = logging.getLogger("gateway")
 _TEXT = "\x00specdec-text\x00"  # placeholder split out of the precomputed chunk JSON
-_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"}
 
 HTTP_REQUESTS = Counter("specdec_http_requests_total",
                         "HTTP responses of the OpenAI-compatible gateway, by route and status",
@@ -86,6 +90,8 @@ class Settings:
     tls_cert: str | None = None          # client certificate for mutual TLS
     tls_key: str | None = None
     playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
+    max_body_bytes: int = 4 << 20        # a larger request body is a 413, refused as it is read
+    allowed_hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS)  # None: any (see gateway.guard)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -102,14 +108,15 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="specdec OpenAI-compatible API", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
+    app.state.credentials = Credentials()
+    # Starlette runs the middleware added last first: the count, then Host/Origin, then the size.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts, credentials=app.state.credentials,
+                       channel=lambda: app.state.health)
     app.add_middleware(_CountResponses)
 
     if settings.playground is not None:
         playground.install(app, settings.playground)
-
-    @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:

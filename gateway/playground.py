@@ -18,13 +18,20 @@ through these endpoints:
     GET  /playground/api/speedup     ?alpha&k&c&v: specdec.core.speedup's curves
 
 Every endpoint that runs the target charges the visitor's pass quota (gateway.quota) in
-target passes. A run whose result is a function of its request (greedy, or sampling with a
-seed) is kept in a small LRU cache; repeating it replays the recorded result and costs
-nothing.
+target passes; a visitor is the caller's address, or behind --trusted-proxies the address
+they forwarded (gateway.guard.client_address). A run whose result is a function of its
+request (greedy, or sampling with a seed) is kept in a small LRU cache; repeating it with
+the same credentials replays the recorded result and costs nothing.
+
+The caller's `Authorization` header goes with every call to the orchestrator, as on the
+API routes. /api/info says whether the orchestrator requires one (`credentials`:
+"required", "none" or "unknown"); the page then asks for a token and, without one, says
+so instead of running anything.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -40,9 +47,13 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
+from client.api import predict_request
 from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
+from gateway.guard import Network, client_address
 from gateway.quota import PassQuota, QuotaExhausted
 from specdec.core import speedup
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 
 log = logging.getLogger("gateway.playground")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -55,6 +66,7 @@ MAX_DRAWS = 20_000
 class PlaygroundSettings:
     passes_per_minute: int = 30  # target passes per visitor per minute; 0 = no quota
     cache_entries: int = 256  # runs kept for free replays
+    trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-For names the visitor
 
 
 # ------------------------------------------------------------------- request bodies
@@ -123,8 +135,10 @@ class RunCache:
         self._runs: OrderedDict[str, Any] = OrderedDict()
 
     @staticmethod
-    def key(kind: str, body: _Body) -> str:
-        return kind + ":" + json.dumps(body.model_dump(), sort_keys=True)
+    def key(kind: str, body: _Body, request: Request) -> str:
+        """The run's key: what it asked, and with which credentials (a run made with a token
+        is replayed only to callers with the same token)."""
+        return f"{kind}:{_credential_digest(request)}:" + json.dumps(body.model_dump(), sort_keys=True)
 
     def get(self, key: str) -> Any | None:
         if key in self._runs:
@@ -139,6 +153,26 @@ class RunCache:
         self._runs.move_to_end(key)
         while len(self._runs) > self.entries:
             self._runs.popitem(last=False)
+
+
+def _credentials(request: Request) -> tuple[tuple[str, str], ...] | None:
+    """The caller's Authorization header as the orchestrator call's metadata."""
+    auth = request.headers.get("authorization")
+    return (("authorization", auth),) if auth else None
+
+
+def _credential_digest(request: Request) -> str:
+    return hashlib.sha256((request.headers.get("authorization") or "").encode()).hexdigest()[:16]
+
+
+def _call_options(request: Request) -> dict:
+    """One orchestrator call's deadline and the caller's credentials."""
+    return {"timeout": request.app.state.client.timeout, "metadata": _credentials(request)}
+
+
+def _orchestrator(request: Request) -> orchestrator_pb2_grpc.OrchestratorStub:
+    # Check and Predict straight on the gateway's channel: AsyncClient's take no metadata.
+    return orchestrator_pb2_grpc.OrchestratorStub(request.app.state.health)
 
 
 def _deterministic(temperature: float, seed: int) -> bool:
@@ -156,8 +190,8 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
     router = APIRouter(prefix=PREFIX)
 
     def visitor(request: Request) -> str:
-        # Per client address: behind a proxy every visitor shares the proxy's address.
-        return request.client.host if request.client else "unknown"
+        return client_address(request.client.host if request.client else None,
+                              request.headers.get("x-forwarded-for"), settings.trusted_proxies)
 
     def meta(request: Request, *, passes: int, charged: int, cached: bool) -> dict:
         return {"passes": passes, "charged": charged, "cached": cached,
@@ -165,7 +199,7 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
 
     async def one_pass(request: Request, kind: str, body: _Body, call) -> dict:
         """A one-target-pass call (Predict, Check): from the cache, else charged 1 pass."""
-        key = RunCache.key(kind, body)
+        key = RunCache.key(kind, body, request)
         hit = cache.get(key)
         if hit is not None:
             return {**hit, **meta(request, passes=hit["passes"], charged=0, cached=True)}
@@ -191,15 +225,18 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
 
     @router.get("/api/info")
     async def info(request: Request) -> dict:
+        required = await request.app.state.credentials.check(request.app.state.health)
         return {"quota": quota.status(visitor(request)), "max_new_tokens": MAX_NEW_TOKENS,
-                "max_draws": MAX_DRAWS}
+                "max_draws": MAX_DRAWS,
+                "credentials": {True: "required", False: "none", None: "unknown"}[required]}
 
     @router.post("/api/predict")
     async def predict(request: Request) -> dict:
         body = _parse(PredictBody, await _json(request))
 
         async def call() -> dict:
-            reply = await request.app.state.client.predict(body.text, top_k=body.top_k)
+            reply = await _orchestrator(request).Predict(predict_request(body.text, body.top_k),
+                                                         **_call_options(request))
             return {"tokens": [_token(t) for t in reply.tokens],
                     "next": [_candidate(c) for c in reply.next], "passes": reply.target_passes}
 
@@ -210,7 +247,8 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
         body = _parse(CheckBody, await _json(request))
 
         async def call() -> dict:
-            reply = await request.app.state.client.check(body.prompt, body.guess)
+            reply = await _orchestrator(request).Check(
+                pb.CheckRequest(prompt=body.prompt, guess=body.guess), **_call_options(request))
             return _check_result(reply)
 
         return await one_pass(request, "check", body, call)
@@ -220,15 +258,16 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
         body = _parse(SampleBody, await _json(request))
         # The distributions are the only target work: a new sampler, seed or number of
         # draws over a prompt already seen costs nothing.
-        dist_key = "dist:" + json.dumps([body.prompt, body.temperature, body.top_k])
+        dist_key = f"dist:{_credential_digest(request)}:" + json.dumps(
+            [body.prompt, body.temperature, body.top_k])
         dist = cache.get(dist_key)
         charged = 0
         if dist is None:
             reservation = quota.reserve(visitor(request), 1)
             try:
-                dist = await request.app.state.client.predict(
-                    body.prompt, top_k=20, temperature=body.temperature, distributions=True,
-                    sampling_top_k=body.top_k)
+                dist = await _orchestrator(request).Predict(
+                    predict_request(body.prompt, 20, body.temperature, True, body.top_k),
+                    **_call_options(request))
             except grpc.RpcError as exc:
                 reservation.settle(0)
                 raise from_rpc_error(exc, "prompt") from None
@@ -248,7 +287,8 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
         body = _parse(GenerateBody, await _json(request))
         if body.proposer == "guess" and not body.guess:
             raise invalid("guess: required when proposer is guess", param="guess")
-        key = RunCache.key("generate", body) if _deterministic(body.temperature, body.seed) else None
+        key = (RunCache.key("generate", body, request) if _deterministic(body.temperature, body.seed)
+               else None)
         recorded = cache.get(key) if key else None
         if recorded is not None:
             return EventSourceResponse(_replay(recorded, lambda: quota.status(visitor(request))),
@@ -257,7 +297,7 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
         stream = request.app.state.client.generate(
             body.prompt, max_new_tokens=body.max_new_tokens, temperature=body.temperature,
             seed=body.seed, proposer=body.proposer, k=body.k, guess=body.guess,
-            round_tokens=True, max_target_passes=reservation.granted)
+            round_tokens=True, max_target_passes=reservation.granted, metadata=_credentials(request))
         try:
             first, events = await first_chunk(stream, "prompt")
         except APIError:

@@ -1,6 +1,7 @@
 """The gateway's settings (python -m gateway), defined once."""
 from __future__ import annotations
 
+from gateway.guard import LOCAL_HOSTS
 from specdec.settings import CLIENT_TLS, ON, Flag, Group, Settings
 
 GATEWAY = Group("gateway", (
@@ -16,8 +17,20 @@ GATEWAY = Group("gateway", (
          "minute on the playground, 0 = none", 30, int),
     Flag("log-level", "DEBUG, INFO, WARNING...", "INFO"),
 ))
+GUARD = Group("what the gateway accepts", (
+    Flag("max-body-bytes", "a request body larger than this is a 413, refused while it is read "
+         "(before any parsing)", 4 << 20, int),
+    Flag("allowed-hosts", "while the orchestrator takes calls without a token: the names a request's "
+         "Host (and a browser's Origin) may carry, comma-separated; others are a 403, so no web page "
+         "on another origin can drive this gateway; '*' = any", ",".join(LOCAL_HOSTS)),
+    Flag("trusted-proxies", "addresses or CIDR blocks (comma-separated) of the proxies whose "
+         "X-Forwarded-For names the client for the playground's quota; empty = none (the quota is "
+         "per connecting address)", ""),
+    Flag("metrics-port", "Prometheus /metrics on its own port (never on the API's), 0 = off", 0, int),
+    Flag("metrics-host", "address the metrics endpoint binds (it has no authentication)", "127.0.0.1"),
+))
 ORCHESTRATOR_TLS = Group("calls to the orchestrator", CLIENT_TLS)
 
 
 def gateway_settings(description: str) -> Settings:
-    return Settings(prog="python -m gateway", description=description, groups=(GATEWAY, ORCHESTRATOR_TLS))
+    return Settings(prog="python -m gateway", description=description, groups=(GATEWAY, GUARD, ORCHESTRATOR_TLS))

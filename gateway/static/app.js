@@ -25,9 +25,18 @@ class ApiError extends Error {
   }
 }
 
+// The caller's API token (when the orchestrator requires one): this tab's session storage only.
+const TOKEN_KEY = "specdec-token";
+function headers() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const h = { "Content-Type": "application/json" };
+  if (token) h.Authorization = `Bearer ${token}`;
+  return h;
+}
+
 async function post(path, body) {
   const reply = await fetch(API + path, {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    method: "POST", headers: headers(), body: JSON.stringify(body),
   });
   const data = await reply.json().catch(() => null);
   if (data && data.quota) showQuota(data.quota);
@@ -38,7 +47,7 @@ async function post(path, body) {
 // POST a generation and read its server-sent events: onRound(event) per round; returns `done`.
 async function generate(body, onRound) {
   const reply = await fetch(API + "/generate", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    method: "POST", headers: headers(), body: JSON.stringify(body),
   });
   if (!reply.ok) {
     const data = await reply.json().catch(() => null);
@@ -432,10 +441,23 @@ bind("#sample-form", async (section) => {
 
 // ------------------------------------------------------------------ start
 
+// Shown only where the orchestrator requires a token; every call then carries it.
+function askForToken(info) {
+  if (info.credentials !== "required") return;
+  const form = $("#credentials");
+  const input = $("#token");
+  form.hidden = false;
+  input.value = sessionStorage.getItem(TOKEN_KEY) || "";
+  input.addEventListener("change", () => sessionStorage.setItem(TOKEN_KEY, input.value.trim()));
+  form.addEventListener("submit", (event) => event.preventDefault());
+}
+
 (async () => {
   try {
     const reply = await fetch(`${API}/info`);
-    showQuota((await reply.json()).quota);
+    const info = await reply.json();
+    showQuota(info.quota);
+    askForToken(info);
   } catch (err) {
     $("#quota").textContent = `The gateway does not answer: ${err.message}`;
   }

@@ -66,8 +66,9 @@ def gw(tiny_pair, tmp_path_factory):
             stack.start_service(role, role, folder, extra=("--metrics-port", str(metrics[role])))
         metrics["orch"] = procs.free_port()
         stack.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(metrics["orch"])))
-        base = stack.start_gateway("orch", ("--default-max-tokens", "16"))
-        metrics["gateway"] = int(base.rsplit(":", 1)[1])  # the gateway serves /metrics on its HTTP port
+        metrics["gateway"] = procs.free_port()  # /metrics on its own port, not the API's
+        base = stack.start_gateway("orch", ("--default-max-tokens", "16",
+                                            "--metrics-port", str(metrics["gateway"])))
         yield SimpleNamespace(stack=stack, base=base, metrics=metrics,
                               openai=openai.OpenAI(base_url=f"{base}/v1", api_key="unused",
                                                    max_retries=0, timeout=60))
