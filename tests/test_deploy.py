@@ -1,10 +1,12 @@
 """deploy/: the Kubernetes manifests (base + overlays, rendered here) and the Grafana dashboard.
 
 Offline: every rendered manifest validates strictly against the Kubernetes schemas that
-`kubernetes-validate` ships; probes target the ports the processes listen on; every
-SPECDEC_* name and flag used exists in the processes' own --help; grace periods cover
-the drain; every hop is TLS with tokens from the Secrets that deploy/k8s/secrets generates
-(rendered here from a fresh `specdec secrets` folder made with the recipe's --host names).
+`kubernetes-validate` ships, and every pod spec meets the restricted Pod Security Standard;
+probes target the ports the processes listen on; every SPECDEC_* name and flag used exists
+in the processes' own --help; grace periods cover the drain; every hop is TLS with tokens
+from the Secrets that deploy/k8s/secrets generates (rendered here from a fresh `specdec
+secrets` folder made with the recipe's --host names), each pod mounting only its own role's;
+NetworkPolicies let only orchestrators reach the model services.
 The live check of the dashboard's metric names is in tests/integration/test_gateway.py.
 """
 from __future__ import annotations
@@ -286,11 +288,14 @@ def test_probes_target_the_ports_the_processes_listen_on(name):
         assert ports["grpc"] == int(env["SPECDEC_PORT"]), role
         assert ports["metrics"] == int(env["SPECDEC_METRICS_PORT"]), role
         assert env["SPECDEC_METRICS_HOST"] == "0.0.0.0", role  # scraped from outside the pod
+        # grpc.health.v1: over TLS on the orchestrator's port, on the loopback health port of a
+        # model service (test_probes_speak_tls checks the credentials)
+        health = int(env.get("SPECDEC_HEALTH_PORT") or ports["grpc"])
+        assert (role in ("target", "draft")) == (health != ports["grpc"]), role
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            # grpc.health.v1 over TLS (test_probes_speak_tls checks the credentials)
             command = container[probe]["exec"]["command"]
             assert command[:2] == ["specdec", "health"], (role, probe)
-            assert command[-1] == f"127.0.0.1:{ports['grpc']}", (role, probe)
+            assert command[-1] == f"127.0.0.1:{health}", (role, probe)
         if role in ("target", "draft"):
             assert _advertise_address(container).endswith(f":{ports['grpc']}")
             assert env["SPECDEC_REDIS_URL"]  # replicas register for discovery
@@ -393,12 +398,20 @@ def test_every_setting_and_flag_exists_in_the_processes_help():
             if arg.startswith("--"):
                 assert re.search(rf"\s{re.escape(arg)}\b", text), f"{role}: {arg} not in --help"
     shared = dict(_find(docs, "ConfigMap", "specdec-config")["data"])
-    shared.update(_secret_data(_find(docs, "Secret", "specdec-secrets")))
-    # Read by the Redis client of every server (specdec/store.py), not a flag.
-    known_anywhere.add("SPECDEC_REDIS_PASSWORD")
-    assert '"SPECDEC_REDIS_PASSWORD"' in (ROOT / "specdec/store.py").read_text()
+    # Read by the Redis client of every server (specdec/store.py), not flags.
+    for name in ("SPECDEC_REDIS_PASSWORD", "SPECDEC_REDIS_USERNAME"):
+        known_anywhere.add(name)
+        assert f'"{name}"' in (ROOT / "specdec/store.py").read_text()
     for name in shared:
         assert name in known_anywhere, f"{name} is read by no process"
+    for role in ROLES:  # each role's own Secret of settings: read by that role's process
+        container = _container(docs, role)
+        known = set(re.findall(r"\bSPECDEC_[A-Z_0-9]+\b", _help(_module(container))))
+        known |= {"SPECDEC_REDIS_PASSWORD", "SPECDEC_REDIS_USERNAME"}
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                for name in _secret_data(_find(docs, "Secret", source["secretRef"]["name"])):
+                    assert name in known, f"{role}: {name} is not read by {_module(container)}"
 
 
 def test_grace_periods_cover_pre_stop_and_drain():
@@ -420,6 +433,11 @@ MODEL_TLS = {"SPECDEC_TLS_CERT": "server.crt", "SPECDEC_TLS_KEY": "server.key",
 ORCHESTRATOR_TLS = {"SPECDEC_TLS_CERT": "server.crt", "SPECDEC_TLS_KEY": "server.key",
                     "SPECDEC_AUTH_TOKENS": "tokens", "SPECDEC_SERVICE_TLS_CA": "ca.crt",
                     "SPECDEC_SERVICE_TLS_CERT": "client.crt", "SPECDEC_SERVICE_TLS_KEY": "client.key"}
+# The Secrets each pod may mount or read: its own role's, nothing else.
+OWN_SECRETS = {"target": {"specdec-target-tls", "specdec-target-env"},
+               "draft": {"specdec-draft-tls", "specdec-draft-env"},
+               "orchestrator": {"specdec-orchestrator-tls", "specdec-orchestrator-env"},
+               "gateway": {"specdec-ca"}, "redis": {"specdec-redis"}}
 
 
 def _pod(docs, role: str) -> dict:
@@ -437,6 +455,22 @@ def _file_setting(docs, role: str, name: str, key: str) -> None:
     assert files[path][1] == key, (role, name, files[path])
 
 
+def _secrets_used(pod: dict) -> set[str]:
+    """Every Secret a pod mounts or takes environment from."""
+    names = set()
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            names.add(volume["secret"]["secretName"])
+        for source in volume.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                names.add(source["secret"]["name"])
+    for container in pod["containers"]:
+        names |= {s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s}
+        names |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+                  if "secretKeyRef" in e.get("valueFrom", {})}
+    return names
+
+
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
 def test_nothing_runs_insecure(name):
     text = yaml.safe_dump_all(list(rendered(name)))
@@ -447,25 +481,43 @@ def test_nothing_runs_insecure(name):
         assert env["SPECDEC_HOST"] == "0.0.0.0"  # so the bind check needs TLS/tokens, and has them
         assert env["SPECDEC_REDIS_URL"].startswith("rediss://"), role
         assert "@" not in env["SPECDEC_REDIS_URL"], "the password comes from SPECDEC_REDIS_PASSWORD"
-        assert env["SPECDEC_REDIS_PASSWORD"], role
+        assert env["SPECDEC_REDIS_PASSWORD"] and env["SPECDEC_REDIS_USERNAME"], role
 
 
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
-def test_model_services_require_mutual_tls_and_the_service_token(name):
+def test_each_pod_holds_only_its_own_roles_secrets(name):
     docs = rendered(name)
-    token = _secret_data(_find(docs, "Secret", "specdec-secrets"))["SPECDEC_SERVICE_TOKEN"]
+    pods = {role: _pod(docs, role) for role in ROLES}
+    pods["redis"] = _find(docs, "StatefulSet", "redis")["spec"]["template"]["spec"]
+    for role, pod in pods.items():
+        assert _secrets_used(pod) <= OWN_SECRETS[role], (role, _secrets_used(pod))
+        assert pod.get("automountServiceAccountToken") is False, role  # no API credentials either
+
+
+@pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
+def test_model_services_require_the_orchestrators_certificate_and_hold_no_credential_of_theirs(name):
+    from specdec.security import token_sha256
+
+    docs = rendered(name)
+    orchestrator_env = _env(_container(docs, "orchestrator"), docs)
+    token = orchestrator_env["SPECDEC_SERVICE_TOKEN"]
     for role in ("target", "draft"):
         container = _container(docs, role)
         for setting, key in MODEL_TLS.items():
             _file_setting(docs, role, setting, key)
-        assert all(secret == "specdec-tls" for secret, _ in
-                   _mounted_files(docs, _pod(docs, role), container).values())
-        assert "SPECDEC_SERVICE_TOKEN" in _help(_module(container))
-        assert _env(container, docs)["SPECDEC_SERVICE_TOKEN"] == token  # envFrom specdec-secrets
+        files = {key for _, key in _mounted_files(docs, _pod(docs, role), container).values()}
+        assert files == {"ca.crt", "server.crt", "server.key"}, (role, files)  # no client key
+        env = _env(container, docs)
+        assert "SPECDEC_SERVICE_TOKEN" not in env and token not in json.dumps(env), role
+        assert env["SPECDEC_SERVICE_TOKEN_SHA256"].split(",")[0] == token_sha256(token), role
+        assert "SPECDEC_SERVICE_TOKEN_SHA256" in _help(_module(container))
+        assert env["SPECDEC_REDIS_USERNAME"] == "model"  # may write only the registry
+        assert env["SPECDEC_REDIS_PASSWORD"] != orchestrator_env["SPECDEC_REDIS_PASSWORD"]
+        assert "SPECDEC_TLS_CLIENT_ID" not in env  # the default: spiffe://specdec/orchestrator
     # The orchestrator presents what the services require.
     for setting, key in ORCHESTRATOR_TLS.items():
         _file_setting(docs, "orchestrator", setting, key)
-    assert _env(_container(docs, "orchestrator"), docs)["SPECDEC_SERVICE_TOKEN"] == token
+    assert orchestrator_env["SPECDEC_REDIS_USERNAME"] == "orchestrator"
 
 
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
@@ -473,17 +525,24 @@ def test_tenant_tokens_and_the_gateway(name):
     docs = rendered(name)
     files = _mounted_files(docs, _pod(docs, "orchestrator"), _container(docs, "orchestrator"))
     path = _env(_container(docs, "orchestrator"), docs)["SPECDEC_AUTH_TOKENS"]
-    assert files[path] == ("specdec-tokens", "tokens")
+    assert files[path] == ("specdec-orchestrator-tls", "tokens")
     from specdec.security import TokenTable
 
-    assert TokenTable.from_file(workdir() / "secrets" / "tokens").tenants  # what specdec secrets writes
+    # What specdec secrets writes.
+    assert TokenTable.from_file(workdir() / "secrets" / "orchestrator" / "tokens").tenants
     # The gateway dials the orchestrator with TLS; it holds no token of its own (it has no
     # such setting): each caller's Authorization header is passed on.
     gateway = _container(docs, "gateway")
     assert not re.search(r"--([a-z]+-)*token\b|SPECDEC_([A-Z]+_)*TOKEN\b", _help("gateway"))
     _file_setting(docs, "gateway", "SPECDEC_TLS_CA", "ca.crt")
-    assert set(_mounted_files(docs, _pod(docs, "gateway"), gateway).values()) == {("specdec-tls", "ca.crt")}
+    assert set(_mounted_files(docs, _pod(docs, "gateway"), gateway).values()) == {("specdec-ca", "ca.crt")}
     assert "/secrets/ca.crt" in _env(gateway, docs)["SPECDEC_REDIS_URL"]  # the same CA everywhere
+    # /metrics on its own port, where Prometheus is told to look.
+    env = _env(gateway, docs)
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    annotations = _find(docs, "Deployment", "specdec-gateway")["spec"]["template"]["metadata"]["annotations"]
+    assert int(env["SPECDEC_METRICS_PORT"]) == ports["metrics"] == int(annotations["prometheus.io/port"])
+    assert ports["metrics"] != ports["http"]
 
 
 @functools.cache
@@ -497,9 +556,10 @@ def _health_help() -> str:
 
 
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
-def test_probes_speak_tls(name):
-    """Native grpc: probes have no TLS: every gRPC server's probes exec `specdec health` with
-    the CA (and a client certificate where the server requires one), all of it mounted."""
+def test_probes_speak_tls_or_stay_on_loopback(name):
+    """Native grpc: probes have no TLS: the orchestrator's exec `specdec health` with the CA over
+    TLS; a model service's TLS port wants the orchestrators' client certificate, which its pod
+    does not hold, so its probes dial its plaintext health port on the pod's loopback."""
     docs = rendered(name)
     flags = set(re.findall(r"--[a-z-]+", _health_help()))
     for role in ("target", "draft", "orchestrator"):
@@ -512,22 +572,27 @@ def test_probes_speak_tls(name):
             args = container[probe]["exec"]["command"][2:]
             options = dict(zip(args[:-1:2], args[1:-1:2]))
             assert set(options) <= flags, (role, options)
-            assert files[options["--tls-ca"]][1] == "ca.crt"
-            if env.get("SPECDEC_TLS_CLIENT_CA"):
-                assert files[options["--client-cert"]][1] == "client.crt"
-                assert files[options["--client-key"]][1] == "client.key"
+            if role == "orchestrator":
+                assert files[options["--tls-ca"]][1] == "ca.crt"
+            else:
+                assert options == {} and args[-1] == f"127.0.0.1:{env['SPECDEC_HEALTH_PORT']}"
 
 
 def test_secrets_come_from_git_ignored_files():
     spec = yaml.safe_load((SECRETS / "kustomization.yaml").read_text())
-    written = {p.name for p in (workdir() / "secrets").iterdir()} - {"kustomization.yaml"}
+    folder = workdir() / "secrets"
+    written = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} - {"kustomization.yaml"}
     used = set()
     for gen in spec["secretGenerator"]:
         used |= {f.rpartition("=")[2] for f in [*gen.get("files", []), *gen.get("envs", [])]}
     assert used <= written, used - written  # every file is one `specdec secrets` writes
-    assert "ca.key" not in used  # the CA's key never enters the cluster
-    readme = (ROOT / "README.md").read_text()
-    assert all(f"--host {h}" in readme or f"--host '{h}'" in readme for h in recipe_hosts())
+    assert not {"ca.key", "state.json"} & used  # the CA's key never enters the cluster
+    # One Secret per role, each from that role's folder only.
+    for gen in spec["secretGenerator"]:
+        folders = {Path(f.rpartition("=")[2]).parent.name for f in [*gen.get("files", []), *gen.get("envs", [])]}
+        assert len(folders) == 1, (gen["name"], folders)
+    docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    assert all(f"--host {h}" in docs or f"--host '{h}'" in docs for h in recipe_hosts())
     if shutil.which("git") and (ROOT / ".git").exists():
         for name in written:
             path = f"deploy/k8s/secrets/{name}"
@@ -536,43 +601,259 @@ def test_secrets_come_from_git_ignored_files():
                               cwd=ROOT).returncode == 1
 
 
-def test_the_certificate_covers_every_name_dialed():
-    """A real TLS handshake per name the processes dial, checked as grpc checks it, with the
-    server certificate the recipe's --host names give."""
+def _names_dialed(docs) -> dict[str, set[str]]:
+    """{server role: the names its clients dial it by}."""
+    gateway_env = _env(_container(docs, "gateway"), docs)
+    redis_url = _env(_container(docs, "target"), docs)["SPECDEC_REDIS_URL"]
+    names = {"orchestrator": {gateway_env["SPECDEC_ORCHESTRATOR"].rsplit(":", 1)[0], "127.0.0.1"},
+             "redis": {re.match(r"rediss://([^:/]+)", redis_url)[1]}}
+    for role in ("target", "draft"):
+        names[role] = {_advertise_address(_container(docs, role), pod_ip=ip).rsplit(":", 1)[0]
+                       for ip in ("10.244.1.7", "10.0.255.3")}
+    return names
+
+
+def test_each_certificate_covers_the_names_its_role_is_dialed_by_and_no_other():
+    """A real TLS handshake per name the processes dial, checked as grpc checks it, against the
+    server certificate of that role from the recipe's --host names (and not another role's)."""
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    docs = rendered("base")
-    names = {"127.0.0.1"}  # the probes
-    names.add(_env(_container(docs, "gateway"), docs)["SPECDEC_ORCHESTRATOR"].rsplit(":", 1)[0])
-    names.add(re.match(r"rediss://([^:/]+)", _env(_container(docs, "target"), docs)["SPECDEC_REDIS_URL"])[1])
-    for role in ("target", "draft"):
-        names.add(_advertise_address(_container(docs, role)).rsplit(":", 1)[0])
-        names.add(_advertise_address(_container(docs, role), pod_ip="10.0.255.3").rsplit(":", 1)[0])
+    names = _names_dialed(rendered("base"))
     secrets = workdir() / "secrets"
-    read = lambda n: (secrets / n).read_bytes()  # noqa: E731
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
-        [(read("server.key"), read("server.crt"))], root_certificates=read("ca.crt"),
-        require_client_auth=True))
-    server.start()
-    try:
-        def handshake(name: str) -> bool:
-            credentials = grpc.ssl_channel_credentials(read("ca.crt"), read("client.key"), read("client.crt"))
-            with grpc.secure_channel(f"127.0.0.1:{port}", credentials,
-                                     options=[("grpc.ssl_target_name_override", name)]) as channel:
-                try:
-                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-                    return True
-                except grpc.RpcError:
-                    return False
+    client = secrets / "orchestrator"
 
-        for name in sorted(names):
-            assert handshake(name), f"the server certificate does not cover {name}"
-        assert not handshake("10.244.1.7")  # why replicas advertise a DNS name, not their pod IP
-    finally:
-        server.stop(None)
+    def handshake(port: int, name: str) -> bool:
+        credentials = grpc.ssl_channel_credentials((client / "ca.crt").read_bytes(),
+                                                   (client / "client.key").read_bytes(),
+                                                   (client / "client.crt").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", credentials,
+                                 options=[("grpc.ssl_target_name_override", name)]) as channel:
+            try:
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                return True
+            except grpc.RpcError:
+                return False
+
+    for role, dialed in names.items():
+        own = secrets / role
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+            [((own / "server.key").read_bytes(), (own / "server.crt").read_bytes())],
+            root_certificates=(own / "ca.crt").read_bytes(), require_client_auth=True))
+        server.start()
+        try:
+            for name in sorted(dialed):
+                assert handshake(port, name), f"the {role} certificate does not cover {name}"
+            others = set().union(*(n for r, n in names.items() if r != role)) - {"127.0.0.1"}
+            for name in sorted(others):
+                assert not handshake(port, name), f"the {role} certificate also covers {name}"
+            assert not handshake(port, "10.244.1.7")  # why replicas advertise a DNS name, not their IP
+        finally:
+            server.stop(None)
+
+
+# ------------------------------------------------------------------- pod security
+
+# The restricted Pod Security Standard (kubernetes.io/docs/concepts/security/pod-security-standards),
+# baseline rules included, as the admission controller applies them to a pod spec.
+_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                       "persistentVolumeClaim", "projected", "secret"}
+_SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+                 "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                 "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+                 "net.ipv4.tcp_keepalive_probes"}
+_SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+_GOOD_PROFILES = {"RuntimeDefault", "Localhost"}
+
+
+def _containers(pod: dict) -> list[dict]:
+    return [*pod.get("initContainers", []), *pod["containers"], *pod.get("ephemeralContainers", [])]
+
+
+def _context_violations(where: str, ctx: dict) -> list[str]:
+    """Rules that hold for the pod's and for each container's securityContext alike."""
+    out = []
+    if ctx.get("windowsOptions", {}).get("hostProcess"):
+        out.append(f"{where}: hostProcess")
+    if ctx.get("runAsUser") == 0:
+        out.append(f"{where}: runAsUser 0")
+    if ctx.get("runAsNonRoot") is False:
+        out.append(f"{where}: runAsNonRoot false")
+    selinux = ctx.get("seLinuxOptions", {})
+    if selinux.get("type", "") not in _SELINUX_TYPES or selinux.get("user") or selinux.get("role"):
+        out.append(f"{where}: seLinuxOptions {selinux}")
+    for key in ("seccompProfile", "appArmorProfile"):
+        if ctx.get(key, {}).get("type") == "Unconfined":
+            out.append(f"{where}: {key} Unconfined")
+    return out
+
+
+def restricted_violations(pod: dict, annotations: dict | None = None) -> list[str]:
+    """What in this pod spec the restricted profile refuses (empty: admitted)."""
+    out: list[str] = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            out.append(f"pod: {key}")
+    pod_ctx = pod.get("securityContext", {})
+    out += _context_violations("pod", pod_ctx)
+    unsafe = [s["name"] for s in pod_ctx.get("sysctls", []) if s["name"] not in _SAFE_SYSCTLS]
+    if unsafe:
+        out.append(f"pod: sysctls {unsafe}")
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= _RESTRICTED_VOLUMES:
+            out.append(f"volume {volume['name']}: {sorted(kinds - _RESTRICTED_VOLUMES)}")
+    for key, value in (annotations or {}).items():
+        if key.startswith("container.apparmor.security.beta.kubernetes.io/") and not (
+                value in ("runtime/default", "") or value.startswith("localhost/")):
+            out.append(f"annotation {key}: {value}")
+    pod_non_root = pod_ctx.get("runAsNonRoot") is True
+    pod_seccomp = pod_ctx.get("seccompProfile", {}).get("type") in _GOOD_PROFILES
+    for c in _containers(pod):
+        where = f"container {c['name']}"
+        ctx = c.get("securityContext", {})
+        out += _context_violations(where, ctx)
+        if ctx.get("privileged"):
+            out.append(f"{where}: privileged")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{where}: allowPrivilegeEscalation is not false")
+        if not (pod_non_root or ctx.get("runAsNonRoot") is True):
+            out.append(f"{where}: runAsNonRoot is not true (nor the pod's)")
+        if not (pod_seccomp or ctx.get("seccompProfile", {}).get("type") in _GOOD_PROFILES):
+            out.append(f"{where}: no RuntimeDefault/Localhost seccompProfile (nor the pod's)")
+        caps = ctx.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{where}: capabilities do not drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{where}: capabilities add {caps['add']}")
+        if ctx.get("procMount", "Default") != "Default":
+            out.append(f"{where}: procMount {ctx['procMount']}")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{where}: hostPort")
+    return out
+
+
+def _pod_templates(docs):
+    """(kind/name, pod template) of every workload in `docs`."""
+    for doc in docs:
+        template = doc.get("spec", {}).get("template") or doc.get("spec", {}).get("jobTemplate", {}).get(
+            "spec", {}).get("template")
+        if doc["kind"] == "Pod":
+            template = doc
+        if template:
+            yield f"{doc['kind']}/{doc['metadata']['name']}", template
+
+
+@pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
+def test_every_pod_meets_the_restricted_pod_security_standard(name):
+    templates = list(_pod_templates(rendered(name)))
+    assert len(templates) == 5  # the four roles and Redis
+    for where, template in templates:
+        pod = template["spec"]
+        assert not restricted_violations(pod, template.get("metadata", {}).get("annotations")), where
+        for c in _containers(pod):  # beyond the standard: nothing writes the image
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, (where, c["name"])
+            writable = {m["mountPath"] for m in c.get("volumeMounts", []) if not m.get("readOnly")}
+            assert writable, (where, "a read-only root needs somewhere to write")
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda pod, c: pod["securityContext"].pop("runAsNonRoot"),
+    lambda pod, c: pod["securityContext"].update(runAsUser=0),
+    lambda pod, c: pod["securityContext"].pop("seccompProfile"),
+    lambda pod, c: c["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+    lambda pod, c: c["securityContext"].update(allowPrivilegeEscalation=True),
+    lambda pod, c: c["securityContext"].update(privileged=True),
+    lambda pod, c: c["securityContext"]["capabilities"].update(drop=["NET_RAW"]),
+    lambda pod, c: c["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+    lambda pod, c: pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}}),
+    lambda pod, c: pod.update(hostNetwork=True),
+    lambda pod, c: c["ports"].append({"containerPort": 80, "hostPort": 80}),
+    lambda pod, c: pod["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
+], ids=["runAsNonRoot", "root", "seccomp", "unconfined", "escalation", "privileged", "drop", "add",
+        "hostPath", "hostNetwork", "hostPort", "sysctl"])
+def test_the_pod_security_check_finds_each_broken_rule(break_it):
+    template = copy.deepcopy(_find(rendered("base"), "Deployment", "specdec-target")["spec"]["template"])
+    pod = template["spec"]
+    assert restricted_violations(pod) == []
+    break_it(pod, pod["containers"][0])
+    assert restricted_violations(pod)
+
+
+# ------------------------------------------------------------------- network policies
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        value, present = labels.get(expr["key"]), expr["key"] in labels
+        ok = {"In": present and value in expr.get("values", []),
+              "NotIn": not present or value not in expr.get("values", []),
+              "Exists": present, "DoesNotExist": not present}[expr["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def reachable(policies: list[dict], source: dict | None, target: dict, port: str) -> bool:
+    """Whether a pod labelled `source` (None: a pod in another namespace) may open `port` (a
+    container port name) on a pod labelled `target`, under these ingress NetworkPolicies."""
+    selecting = [p["spec"] for p in policies if _selects(p["spec"]["podSelector"], target)
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    if not selecting:
+        return True
+    for spec in selecting:
+        for rule in spec.get("ingress", []):
+            if rule.get("ports") and port not in [p.get("port") for p in rule["ports"]]:
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True
+            for peer in peers:
+                if "namespaceSelector" in peer:
+                    if _selects(peer["namespaceSelector"], {}) and (
+                            "podSelector" not in peer or _selects(peer["podSelector"], source or {})):
+                        return True
+                elif "podSelector" in peer and source is not None and _selects(peer["podSelector"], source):
+                    return True
+    return False
+
+
+def test_network_policies_let_only_orchestrators_reach_the_model_services():
+    docs = rendered("base")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = {role: _find(docs, kind, name)["spec"]["template"]["metadata"]["labels"] for role, kind, name in (
+        ("target", "Deployment", "specdec-target"), ("draft", "Deployment", "specdec-draft"),
+        ("orch", "Deployment", "specdec-orchestrator"), ("gateway", "Deployment", "specdec-gateway"),
+        ("redis", "StatefulSet", "redis"))}
+    labels["elsewhere"] = None  # a pod of another namespace
+    expected = {  # (source, destination, port): reachable
+        ("orch", "target", "grpc"): True, ("orch", "draft", "grpc"): True,
+        ("draft", "target", "grpc"): False, ("target", "draft", "grpc"): False,
+        ("target", "target", "grpc"): False, ("gateway", "target", "grpc"): False,
+        ("redis", "draft", "grpc"): False, ("elsewhere", "target", "grpc"): False,
+        ("orch", "redis", "redis"): True, ("target", "redis", "redis"): True,
+        ("draft", "redis", "redis"): True, ("gateway", "redis", "redis"): False,
+        ("elsewhere", "redis", "redis"): False,
+        ("gateway", "orch", "grpc"): True, ("target", "orch", "grpc"): False,
+        ("elsewhere", "orch", "grpc"): False, ("elsewhere", "gateway", "http"): True,
+        ("elsewhere", "target", "metrics"): True, ("elsewhere", "orch", "metrics"): True,
+        ("elsewhere", "gateway", "metrics"): True,
+    }
+    for (source, dest, port), allowed in expected.items():
+        assert reachable(policies, labels[source], labels[dest], port) == allowed, (source, dest, port)
+    # Each port a policy names is a port of the pods it selects.
+    for policy in policies:
+        pods = [t for _, t in _pod_templates(docs) if _selects(policy["spec"]["podSelector"], t["metadata"]["labels"])]
+        assert pods, policy["metadata"]["name"]
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                for template in pods:
+                    names = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
+                    assert port["port"] in names, (policy["metadata"]["name"], port)
 
 
 # ------------------------------------------------------------------- dashboard

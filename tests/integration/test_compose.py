@@ -42,7 +42,10 @@ def test_compose_gpus_profiles_and_health_checks():
     for name in ("target", "draft", "target-cpu", "draft-cpu", "orchestrator"):
         test = services[name]["healthcheck"]["test"]
         assert test[:3] == ["CMD", "specdec", "health"], name
-        port = services[name]["environment"]["SPECDEC_PORT"]
+        env = services[name]["environment"]
+        # A model service's TLS port wants the orchestrators' client certificate, which its
+        # container does not hold: its health check dials the loopback health port.
+        port = env.get("SPECDEC_HEALTH_PORT") or env["SPECDEC_PORT"]
         assert test[3] == f"127.0.0.1:{port}", name
         env = services[name]["environment"]
         assert env["SPECDEC_REDIS_URL"].startswith("rediss://redis:6379/0"), name  # Redis over TLS
@@ -52,6 +55,57 @@ def test_compose_gpus_profiles_and_health_checks():
     assert all(p.startswith("127.0.0.1:") for p in orchestrator["ports"])  # not every interface
     for name in ("target", "draft", "target-cpu", "draft-cpu"):
         assert services[name]["environment"]["SPECDEC_TLS_CLIENT_CA"], name  # mutual TLS
+
+
+MODEL_SERVICES = ("target", "draft", "target-cpu", "draft-cpu")
+
+
+def test_compose_mounts_each_container_only_its_own_secrets():
+    """Each container mounts its own folder of `specdec secrets` (never ca.key or state.json);
+    the model services get no orchestrator credential; nothing runs as root or can gain rights."""
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    for name, svc in services.items():
+        assert not any(secret in entry for entry in (*svc["volumes"], *svc.get("env_file", []))
+                       for secret in ("ca.key", "state.json")), name
+        role = "orchestrator" if name == "orchestrator" else name.removesuffix("-cpu")
+        mounts = [v for v in svc["volumes"] if ":/secrets" in v]
+        assert mounts == [f"./secrets/{role}:/secrets:ro"], (name, mounts)
+        assert all(f.startswith(f"./secrets/{role}/") for f in svc.get("env_file", [])), name
+        assert svc.get("read_only") is True and svc.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert svc.get("user") not in ("root", "0", "0:0"), name
+    for name in MODEL_SERVICES:
+        env = services[name]["environment"]
+        assert not any(k.startswith(("SPECDEC_CLIENT_", "SPECDEC_SERVICE_TLS_")) or k == "SPECDEC_SERVICE_TOKEN"
+                       for k in env), name
+        assert services[name]["env_file"] == [f"./secrets/{name.removesuffix('-cpu')}/model.env"]
+    assert services["redis"]["user"] == "redis"  # the image's own user (the image runs ours as 10001)
+
+
+def test_every_secret_file_compose_names_is_one_specdec_secrets_writes(tmp_path):
+    from specdec.credentials import generate
+
+    generate(tmp_path / "secrets")
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    for name, svc in services.items():
+        folder = next(v for v in svc["volumes"] if ":/secrets" in v).split(":")[0]
+        role_dir = tmp_path / folder.removeprefix("./")
+        named = [v for v in [*svc.get("environment", {}).values(), *svc.get("command", [])]
+                 if str(v).startswith("/secrets/")]
+        named += [v.split("ssl_ca_certs=")[1] for v in svc.get("environment", {}).values()
+                  if "ssl_ca_certs=" in str(v)]
+        assert named, name
+        for path in named:
+            assert (role_dir / path.removeprefix("/secrets/")).is_file(), (name, path)
+        for env_file in svc.get("env_file", []):
+            assert (tmp_path / env_file.removeprefix("./")).is_file(), (name, env_file)
+
+
+def test_dockerfile_runs_as_a_non_root_user():
+    text = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0"), users
+    assert "useradd --uid 10001" in text and users[-1].startswith("10001")  # k8s: runAsUser 10001
 
 
 def test_dockerfile_copies_what_exists_and_installs_the_package():
