@@ -83,12 +83,13 @@ class Stack:
         procs.wait_healthy(self.target_address, target, timeout=timeout)
         procs.wait_healthy(self.draft_address, draft, timeout=timeout)
 
-    def start_orchestrator(self, target: str, draft: str, name: str, timeout: float = 120.0) -> str:
+    def start_orchestrator(self, target: str, draft: str, name: str, timeout: float = 120.0,
+                           extra: tuple[str, ...] = ()) -> str:
         port = procs.free_port()
         argv = orchestrator_argv(port, tokenizer=self.spec.target, targets=[target], drafts=[draft],
                                  redis_url=self.spec.redis_url, redis_prefix=self.prefix,
                                  default_k=self.spec.default_k, threads=1,
-                                 trace_file=self._trace_file(name))
+                                 trace_file=self._trace_file(name), extra=extra)
         return self._group().serve(name, argv, port, timeout=timeout)
 
     def start(self, *, with_link: bool) -> None:

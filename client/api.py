@@ -23,9 +23,11 @@ status code and a message naming the offending field.
 Give several orchestrator addresses (a list, or one string with commas) and a
 stream that breaks with UNAVAILABLE (its orchestrator died, or Redis stayed
 down past the server's bound) is resumed on the next address: the request is
-sent again with the session id from its first chunk and `resume_from` = the
-index after the last token received, and the caller sees one uninterrupted
-stream (`retries` bounds the attempts). A request is single-turn unless
+sent again with the session id from its first chunk, `resume_from` = the
+index after the last token received and the tokens received (`delivered`),
+and the turn continues from exactly those tokens: the caller sees one
+uninterrupted stream (`retries` bounds the attempts). A stream of n > 1
+choices resumes each unfinished choice from its own tokens. A request is single-turn unless
 `keep_session=True`; then `stats.session_id` continues it.
 """
 from __future__ import annotations
@@ -130,7 +132,7 @@ def build_request(
     prediction (Predicted Outputs) is the text most of the answer is expected to be:
     proposed while the output follows it, re-aligned after a rejection (greedy: the same text).
     n > 1 generates n choices (chunks carry `index`; the stream's `choice_stats` has
-    each one's Stats); such a stream is not resumed.
+    each one's Stats); a broken stream resumes every unfinished choice from its own tokens.
     ignore_eos=True generates exactly max_new_tokens (an EOS is streamed like any token; for load tests).
     """
     if proposer not in _PROPOSERS:
@@ -204,27 +206,43 @@ def split_addresses(address: str | Sequence[str]) -> list[str]:
 
 
 class _Resume:
-    """A stream's progress (session id, index received up to) and the request that resumes it."""
+    """A stream's progress (session id, every choice's tokens received, the choices finished) and
+    the request that resumes it from exactly those tokens."""
 
     def __init__(self, request: pb.GenerateRequest, retries: int) -> None:
         self.request, self.retries = request, retries
         self.session_id, self.next_index, self.failures = request.session_id, 0, 0
+        self.delivered: dict[int, list[int]] = {}  # choice -> its generated tokens received
+        self.finished: set[int] = set()  # choices whose Stats came
 
     def chunk(self, c: pb.Chunk) -> Chunk:
         self.session_id = c.session_id or self.session_id
         self.next_index = c.start_index + len(c.token_ids)
+        self.delivered.setdefault(c.index, []).extend(c.token_ids)
         return Chunk(c.text, tuple(c.token_ids), c.start_index,
                      c.round if c.HasField("round") else None, tuple(c.logprobs), c.index)
 
+    def stats(self, stats: pb.Stats) -> None:
+        self.finished.add(stats.index)
+
     def again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:
         """The request resuming the stream after `error`, or None when it is not to be retried."""
-        if error.code() not in RESUMABLE or self.failures >= self.retries or self.request.n > 1:
+        if error.code() not in RESUMABLE or self.failures >= self.retries:
             return None
         self.failures += 1
         request = pb.GenerateRequest()
         request.CopyFrom(self.request)
+        if self.request.n > 1:  # every choice from its own tokens; no session
+            del request.delivered[:]
+            request.delivered.extend(
+                pb.Delivered(index=i, token_ids=self.delivered.get(i, ()), finished=i in self.finished)
+                for i in range(self.request.n))
+            return request
         request.session_id = self.session_id  # "" only if no chunk came: then a plain retry
-        request.resume_from = self.next_index
+        if self.session_id and self.next_index:
+            request.resume_from = self.next_index
+            del request.delivered[:]
+            request.delivered.append(pb.Delivered(index=0, token_ids=self.delivered.get(0, ())))
         return request
 
     @property
@@ -248,6 +266,7 @@ class _Stream:
         if response.HasField("chunk"):
             return self._resume.chunk(response.chunk)
         self.stats = self.choice_stats[response.stats.index] = response.stats
+        self._resume.stats(response.stats)
         return None
 
     def _again(self, error: grpc.RpcError) -> pb.GenerateRequest | None:

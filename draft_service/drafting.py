@@ -75,10 +75,13 @@ class ProposeWork(Work[Drafts]):
         self.position = 0  # absolute position of the first drafted token
 
     def _output(self) -> OutputSpec:
-        """What the next step must return: the draw (sampling), q (PROBS), the confidence (p_min)."""
-        sampling = self.request.sampling
-        draw = () if sampling.greedy else (uniform(self.seed, self.position + len(self.drafted), Purpose.DRAFT),)
-        return OutputSpec(sampling, probs=self.request.want_probs, uniforms=draw, top_prob=self.p_min > 0.0)
+        """What the next step must return: the draw (sampling: coupled, or by the DRAFT uniform),
+        q (PROBS), the confidence (p_min)."""
+        sampling, coupled = self.request.sampling, self.request.coupled_seed
+        draw = () if sampling.greedy or coupled is not None else (
+            uniform(self.seed, self.position + len(self.drafted), Purpose.DRAFT),)
+        return OutputSpec(sampling, probs=self.request.want_probs, uniforms=draw, top_prob=self.p_min > 0.0,
+                          coupled_seed=coupled)
 
     def begin(self) -> Step:
         request = self.request
@@ -142,7 +145,8 @@ class ProposeWork(Work[Drafts]):
 
 
 async def propose(host: ModelHost, request: ModelRequest, seed: int, p_min: float) -> SessionWork[Drafts]:
-    """Draft up to request.k tokens; the draw at absolute position P is uniform(seed, P, DRAFT).
+    """Draft up to request.k tokens; the draw at absolute position P is uniform(seed, P, DRAFT)
+    (or, COUPLED, the coupled sampler's with the noise of (seed, P)).
 
     In process. The k draft steps run batched with other sessions' steps; a
     session with a smaller k (or an early stop) leaves the batch early.

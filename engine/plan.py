@@ -25,6 +25,9 @@ class OutputSpec:
     sampling: SamplingParams = GREEDY
     probs: bool = False  # the sampling distributions of every emitted position
     uniforms: tuple[float, ...] = ()  # one draw per emitted position from those distributions
+    # The coupled sampler (specdec.core.sampling.coupled_draws): one draw per emitted position
+    # with the Gumbel noise of (coupled_seed, the drawn token's absolute position); None = none.
+    coupled_seed: int | None = None
     top_prob: bool = False  # the top probability of the plain softmax (a draft's confidence)
     # Structured output: packed little-endian int32 bitmasks, one row of words per
     # emitted position (bit j of word w allows token 32 w + j); b"" = no mask. The
@@ -65,7 +68,7 @@ class RowOutput:
 
     argmax: list[int]
     probs: torch.Tensor | None = None  # [emit, vocab] float32 on the CPU (OutputSpec.probs)
-    sampled: list[int] | None = None  # OutputSpec.uniforms
+    sampled: list[int] | None = None  # OutputSpec.uniforms or OutputSpec.coupled_seed
     top_prob: list[float] | None = None  # OutputSpec.top_prob
     logprobs: "RowLogprobs | None" = None  # OutputSpec.logprobs
     hidden: torch.Tensor | None = None  # [len(tokens), H] float32 on the CPU (RowPlan.hidden)
@@ -79,3 +82,4 @@ class RowLogprobs:
     argmax: list[float]  # [emit]: of RowOutput.argmax[i]
     top_ids: list[list[int]]  # [emit][n], most likely first
     top_logprobs: list[list[float]]  # [emit][n]
+    sampled: list[float] | None = None  # [emit]: of RowOutput.sampled[i] (coupled draws only)

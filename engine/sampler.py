@@ -4,8 +4,9 @@ Given the emitted logits of every row ([K, vocab], rows one after another), one
 argmax covers all rows; the sampling distributions are computed once per
 distinct SamplingParams in the forward (rows asking the same, the common case,
 share one call of specdec.core.sampling.probs_from_logits); one inverse-CDF
-draw covers every row that asked for draws; one softmax gives the confidence of
-rows that asked for it. Everything small comes to the host in one transfer, the
+draw covers every row that asked for draws, and the coupled sampler draws the
+rows that asked for it, each from its own noise; one softmax gives the
+confidence of rows that asked for it. Everything small comes to the host in one transfer, the
 distributions in another (through pinned memory on a GPU), so a forward syncs
 the device once however many rows it holds.
 
@@ -21,12 +22,14 @@ is in the forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+import numpy as np
 import torch
 
 from engine.plan import RowLogprobs, RowOutput, RowPlan
-from specdec.core import masks
-from specdec.core.sampling import SamplingParams, probs_from_logits, sample
+from specdec.core import masks, rng
+from specdec.core.sampling import SamplingParams, coupled_draws, probs_from_logits, sample, sampling_logits
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -51,28 +54,17 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
         at += row.emit
     _apply_masks(rows, spans, logits)
     argmax = logits.argmax(dim=-1)  # [K]
-    # 1. Distributions, one call per distinct sampling parameters.
-    wanted = [i for i, row in enumerate(rows) if row.emit and (
-        row.output.probs or row.output.uniforms or (row.output.logprobs and not row.output.sampling.greedy))]
-    by_params: dict[SamplingParams, list[int]] = {}
-    for i in wanted:
-        by_params.setdefault(rows[i].output.sampling, []).append(i)
-    probs_of: dict[int, torch.Tensor] = {}  # row -> [emit, vocab] on the device
-    for params, members in by_params.items():
-        index = _index([j for i in members for j in range(*spans[i])], device)
-        p = probs_from_logits(logits.index_select(0, index), params)  # [n, vocab] float32
-        at = 0
-        for i in members:
-            n = rows[i].emit
-            probs_of[i] = p[at:at + n]
-            at += n
-    # 2. Draws for the rows that asked, in one call.
-    drawers = [i for i in wanted if rows[i].output.uniforms]
+    # 1. Sampling logits and distributions, one call per distinct sampling parameters.
+    scores_of, probs_of = _distributions(rows, spans, logits)
+    # 2. Draws: every inverse-CDF row in one call; coupled rows each with their own noise.
+    drawers = [i for i in sorted(probs_of) if rows[i].output.uniforms]
     sampled = None
     if drawers:
         p = torch.cat([probs_of[i][:len(rows[i].output.uniforms)] for i in drawers])
         u = torch.tensor([x for i in drawers for x in rows[i].output.uniforms], dtype=torch.float64)
         sampled = sample(p, u)  # [draws]
+    coupled = {i: coupled_draws(scores, _noise_keys(rows[i])) for i, scores in scores_of.items()
+               if rows[i].output.coupled_seed is not None}
     # 3. Confidence: the top probability of the plain softmax.
     confident = [i for i, row in enumerate(rows) if row.emit and row.output.top_prob]
     top = None
@@ -82,19 +74,19 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
     # 4. The distributions as one block (queued first), then everything small in one
     # transfer; that blocking copy also waits for the block on the same stream.
     host_probs = {}
-    if probs_of:
-        order = [i for i in sorted(probs_of) if rows[i].output.probs]
-        if order:
-            block = _to_host(torch.cat([probs_of[i] for i in order]))
-            at = 0
-            for i in order:
-                n = rows[i].emit
-                host_probs[i] = block[at:at + n]
-                at += n
-    logprobs = _logprobs(rows, spans, logits, argmax, probs_of)
+    order = [i for i in sorted(probs_of) if rows[i].output.probs]
+    if order:
+        block = _to_host(torch.cat([probs_of[i] for i in order]))
+        at = 0
+        for i in order:
+            n = rows[i].emit
+            host_probs[i] = block[at:at + n]
+            at += n
+    logprobs = _logprobs(rows, spans, logits, argmax, probs_of, coupled)
     small = [argmax]
     if sampled is not None:
         small.append(sampled.to(argmax.device, torch.long))
+    small += [coupled[i] for i in sorted(coupled)]
     values = torch.cat(small).tolist()
     top_values = top.tolist() if top is not None else []
     k = len(argmax)
@@ -113,7 +105,54 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
             top_prob=out_top,
             logprobs=logprobs.get(i),
         ))
+    for i in sorted(coupled):  # after every inverse-CDF draw, in row order
+        result[i] = replace(result[i], sampled=[next(draws) for _ in range(rows[i].emit)])
     return result
+
+
+def _distributions(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor
+                   ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Per row that needs them: its sampling logits ([emit, vocab], sampled rows drawn by the
+    coupled sampler) and its distributions ([emit, vocab] float32), one call per distinct
+    SamplingParams in the forward (rows asking the same, the common case, share it)."""
+    def wants_probs(row: RowPlan) -> bool:
+        out = row.output
+        return bool(out.probs or out.uniforms or (out.logprobs and not out.sampling.greedy))
+
+    def wants_scores(row: RowPlan) -> bool:
+        return row.output.coupled_seed is not None and not row.output.sampling.greedy
+
+    by_params: dict[SamplingParams, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.emit and (wants_probs(row) or wants_scores(row)):
+            by_params.setdefault(row.output.sampling, []).append(i)
+    scores_of: dict[int, torch.Tensor] = {}
+    probs_of: dict[int, torch.Tensor] = {}
+    for params, members in by_params.items():
+        index = _index([j for i in members for j in range(*spans[i])], logits.device)
+        block = logits.index_select(0, index)
+        if params.greedy:
+            scores, probs = None, probs_from_logits(block, params)
+        else:
+            scores = sampling_logits(block, params)  # [n, vocab] float32
+            probs = torch.softmax(scores, dim=-1) if any(wants_probs(rows[i]) for i in members) else None
+        at = 0
+        for i in members:
+            n = rows[i].emit
+            if scores is not None and wants_scores(rows[i]):
+                scores_of[i] = scores[at:at + n]
+            if probs is not None and wants_probs(rows[i]):
+                probs_of[i] = probs[at:at + n]
+            at += n
+    return scores_of, probs_of
+
+
+def _noise_keys(row: RowPlan) -> list[int]:
+    """The coupled sampler's noise keys of a row's emitted positions: emitted position i predicts
+    the token at absolute index past + len(tokens) - emit + 1 + i."""
+    first = row.past + len(row.tokens) - row.emit + 1
+    keys = rng.gumbel_keys(row.output.coupled_seed, np.arange(first, first + row.emit, dtype=np.int64))
+    return [int(key) for key in keys]
 
 
 def _apply_masks(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor) -> None:
@@ -126,10 +165,10 @@ def _apply_masks(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: 
 
 
 def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor,
-              argmax: torch.Tensor, probs_of: dict[int, torch.Tensor]) -> dict[int, RowLogprobs]:
-    """Each asking row's log-probabilities: of the next fed token, of the argmax, and the top n.
-
-    Two transfers for all rows together (floats, then ids).
+              argmax: torch.Tensor, probs_of: dict[int, torch.Tensor],
+              coupled: dict[int, torch.Tensor]) -> dict[int, RowLogprobs]:
+    """Each asking row's log-probabilities: of the next fed token, of the argmax, of its coupled
+    draws (if any) and the top n. Two transfers for all rows together (floats, then ids).
     """
     asking = [i for i, row in enumerate(rows) if row.emit and row.output.logprobs]
     if not asking:
@@ -146,6 +185,8 @@ def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: tor
         top = torch.topk(lp, min(n, lp.shape[-1]), dim=-1)  # sorted, most likely first
         floats += [lp[:-1].gather(1, fed.unsqueeze(1)).squeeze(1),
                    lp.gather(1, argmax[lo:hi].unsqueeze(1)).squeeze(1), top.values.reshape(-1)]
+        if i in coupled:
+            floats.append(lp.gather(1, coupled[i].unsqueeze(1)).squeeze(1))
         ids.append(top.indices.reshape(-1))
     values = torch.cat(floats).tolist()
     top_ids = torch.cat(ids).tolist()
@@ -158,8 +199,12 @@ def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: tor
         at += emit
         tv = values[at:at + emit * n]
         at += emit * n
+        drawn = None
+        if i in coupled:
+            drawn = values[at:at + emit]
+            at += emit
         ti = top_ids[at_ids:at_ids + emit * n]
         at_ids += emit * n
         result[i] = RowLogprobs(next_fed, arg, [ti[j * n:(j + 1) * n] for j in range(emit)],
-                                [tv[j * n:(j + 1) * n] for j in range(emit)])
+                                [tv[j * n:(j + 1) * n] for j in range(emit)], drawn)
     return result

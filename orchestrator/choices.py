@@ -40,6 +40,21 @@ def choice_specs(spec: GenerateSpec, n: int) -> list[GenerateSpec]:
     return [dataclasses.replace(spec, seed=choice_seed(seed, i), index=i) for i in range(n)]
 
 
+def resumed_choices(specs: list[GenerateSpec], delivered) -> list[GenerateSpec]:
+    """A resume of n > 1 (GenerateRequest.delivered): the choices not finished, each continuing
+    from its own delivered tokens (with its own seed, as before; each prefills on its own)."""
+    by_index = {int(e.index): e for e in delivered}
+    out = []
+    for spec in specs:
+        entry = by_index.get(spec.index)
+        if entry is not None and entry.finished:
+            continue
+        tokens = tuple(entry.token_ids) if entry is not None else ()
+        out.append(dataclasses.replace(spec, delivered=tokens,
+                                       resume_from=len(spec.prompt_ids) + len(tokens) if tokens else 0))
+    return out
+
+
 async def merged(streams: list[AsyncIterator]) -> AsyncIterator:
     """The responses of concurrent choices on one stream, as each commits. The first
     failure ends the stream (the other choices are cancelled and free their KV)."""

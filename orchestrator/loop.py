@@ -16,11 +16,18 @@ A cache miss from either service resends every committed token from position 0
 (orchestrator.proposers), statistics live in orchestrator.stats and the
 session's lifecycle in orchestrator.sessions.
 
-A resume (`resume_from`, after the stream's orchestrator died) runs the same
-loop over the same turn: rounds are a function of the committed tokens, k and
-the seed, so they commit the same tokens again, and only tokens from
-`resume_from` on are streamed (their text is what follows the text of the
-tokens before it). Each chunk carries the absolute index of its first token.
+A resume (`resume_from`, after the stream's orchestrator died) continues the
+turn from the tokens the client received (GenerateSpec.delivered, or the
+record's where an older client sends none: orchestrator.sessions): they are
+committed first, through the decoder, the stop-string hold-back and the
+grammar, whose text was streamed already; the rounds then draft after them.
+Each chunk carries the absolute index of its first token.
+
+Sampling (specdec.core.verify): a request with `coupled` set (every seeded
+one) verifies by the coupled sampler: the target returns its draw at each
+scored position and a drafted token is accepted iff it equals that draw, so
+the text is the target-only sample for the seed whatever was drafted. Others
+verify by rejection sampling on the target's p and the draft's q.
 """
 from __future__ import annotations
 
@@ -46,8 +53,8 @@ from specdec.core.fingerprint import extend, prefix_fingerprints
 from specdec.core.kv import crop_lengths
 from specdec.core.speedup import GoodputPolicy
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
-from specdec.core.verify import Verdict, verify_greedy, verify_sampled
-from specdec.errors import FailedPrecondition
+from specdec.core.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
+from specdec.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2, model_pb2
 from specdec.wire import decode_probs
 
@@ -114,8 +121,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     with Timer(tally, "redis_ms"):  # routing reads the registry
         proposer = await open_proposer(spec, config, session.id, session.draft_home(),
                                        target=lambda: session.target.address)
-    sampling = WireSampling.encode(spec.sampling)  # once per request, not per RPC
-    tokens = list(spec.prompt_ids)
+    sampling = WireSampling.encode(spec.sampling, coupled=spec.coupled)  # once per request, not per RPC
+    tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
     adaptive = GoodputPolicy() if not spec.k and config.adaptive_k and proposer.adaptive else None
     k_max = config.max_k if adaptive is not None else spec.k or config.default_k
@@ -123,12 +130,13 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     # not for a caller's prediction, which is asked for and costs no draft work.
     gated = not spec.k and proposer.proposes and config.speculation_gate and spec.proposer != PREDICTION
     gate = None
-    decoder = IncrementalDecoder(config.tokenizer, tokens)
+    decoder = IncrementalDecoder(config.tokenizer, spec.prompt_ids)
     holdback = StopStringHoldback(spec.stop) if spec.stop else None
     # Structured output: the turn's grammar state (orchestrator.grammar), advanced along commits.
     matcher = config.grammars.matcher(spec.constraint) if spec.constraint is not None else None
+    finish = _replay_delivered(spec, config, tokens[len(spec.prompt_ids):], decoder, holdback, matcher)
+    tally.new_tokens = len(tokens) - len(spec.prompt_ids)
     n_logprobs = max(spec.top_logprobs, 1) if spec.logprobs else 0  # the argmax's comes with the top 1
-    finish = None
     sent = 0  # chunks streamed
     prefetch: asyncio.Future | None = None  # a first round's feeding of the draft (proposer.prefetch)
 
@@ -202,7 +210,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
 
             # 3. Verify.
             with trace.step("verify"):
-                p = None if ctx.sampling.params.greedy else decode_probs(reply.response.probs)
+                p = None if ctx.sampling.params.greedy or ctx.sampling.coupled else decode_probs(reply.response.probs)
                 verdict = _verify(ctx, drafted, _draft_q(proposal, own, masks, p), reply.response, p)
             tally.add_verdict(len(drafted), verdict)
             rnd.drafted, rnd.accepted = len(drafted), verdict.accepted
@@ -214,8 +222,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
             committed, finish = clip_to_stop(verdict.tokens, eos_ids=() if spec.ignore_eos else config.eos_ids,
                                              remaining=remaining)
-            skip = max(0, spec.resume_from - len(tokens))  # already streamed before a resume
-            text, committed, hit = _detokenize(committed, decoder, holdback, skip)
+            text, committed, hit = _detokenize(committed, decoder, holdback)
             finish = STOP if hit else finish
             if matcher is not None:
                 matcher.commit(committed)
@@ -239,7 +246,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             if gate is not None and tally.target_passes > 1:  # a decoding round (not the prompt's prefill)
                 gate.record(len(committed), time.perf_counter() - tally.round_started, session.id)
             tally.new_tokens = len(tokens) - len(spec.prompt_ids)
-            fresh = committed[skip:]
+            fresh = committed
             if finish and not hit and fresh:
                 text += _release_held(decoder, holdback)
             await session.save(tokens, proposer.replica, rnd, last=bool(finish))
@@ -247,8 +254,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 tally.chunk_sent()
                 detail = RoundDetail(tally.target_passes, rnd.source, drafted, verdict.accepted,
                                      verdict.extra_kind, committed) if spec.round_tokens else None
-                logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)
-                            [len(committed) - len(fresh):len(committed)] if n_logprobs else None)
+                logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)[:len(committed)]
+                            if n_logprobs else None)
                 replicas = ("", "") if sent else (
                     session.target.address, proposer.replica.address if proposer.replica is not None else "")
                 yield ChunkEvent(text=text, token_ids=fresh, start_index=len(tokens) - len(fresh),
@@ -270,6 +277,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
         proposer.close()  # parallel mode: no pre-draft outlives the request
         await asyncio.shield(session.abandon(proposer.replica))
         raise
+    if not tally.rounds:  # the delivered tokens had ended the turn (a resume after its last chunk)
+        await session.save(tokens, proposer.replica, RoundTally(), last=True)
     if gate is not None:
         gate.leave()
     tally.finish_reason = finish
@@ -299,13 +308,16 @@ async def _score(target: SessionReplica, ctx: DraftContext, drafted: list[int], 
             session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
             tokens=[*ctx.tokens[position:], *drafted], k=len(drafted),
             sampling=ctx.sampling.message, output_mode=ctx.sampling.output_mode,
-            allowed=allowed, logprobs=logprobs, features=features,
+            allowed=allowed, logprobs=logprobs, features=features, seed=ctx.seed,
         ))
 
     reply = await target.call(send, len(ctx.tokens), wait_s=wait_s, extra=len(drafted))
     if logprobs and not reply.response.HasField("logprobs"):
         raise FailedPrecondition(f"logprobs: target replica {target.address} does not return "
                                  "log-probabilities (an older service)")
+    if ctx.sampling.coupled and len(reply.response.sampled_ids) != len(drafted) + 1:
+        raise FailedPrecondition(f"sampling: target replica {target.address} returns no coupled draws "
+                                 "(an older service)")
     if features and not reply.response.HasField("features"):
         raise FailedPrecondition(f"features: target replica {target.address} returns no features "
                                  "(an older service), which the feature draft needs")
@@ -327,9 +339,12 @@ def _draft_q(proposal: Proposal, own: int, masks: RoundMasks | None,
 
 def _verify(ctx: DraftContext, drafted: list[int], q: torch.Tensor | None,
             response: model_pb2.ScoreResponse, p: torch.Tensor | None) -> Verdict:
-    """Step 3: greedy on the target's argmax ids, else exact rejection sampling on p and q."""
+    """Step 3: greedy on the target's argmax ids, coupled on its draws, else exact rejection
+    sampling on p and q."""
     if ctx.sampling.params.greedy:
         return verify_greedy(drafted, list(response.argmax_ids))
+    if ctx.sampling.coupled:
+        return verify_coupled(drafted, list(response.sampled_ids))
     return verify_sampled(drafted, q, p, seed=ctx.seed, position=len(ctx.tokens))
 
 
@@ -338,9 +353,10 @@ def _token_logprobs(verdict: Verdict, response: model_pb2.ScoreResponse, p: torc
     """The log-probability of each of the round's tokens, from the target's own Logprobs.
 
     Accepted drafts have theirs in Logprobs.drafted. The extra token is the
-    argmax when greedy (Logprobs.argmax); when sampled it was drawn by the
-    verifier from p (or the residual), so it is read from p itself, the very
-    distribution the target's log-probabilities are taken from.
+    argmax when greedy (Logprobs.argmax), the target's own draw when coupled
+    (Logprobs.sampled); drawn by the verifier from p (or the residual), it is
+    read from p itself, the very distribution the target's log-probabilities
+    are taken from.
     """
     lp = response.logprobs
     n = lp.top_n
@@ -348,6 +364,8 @@ def _token_logprobs(verdict: Verdict, response: model_pb2.ScoreResponse, p: torc
     for j, token in enumerate(verdict.tokens):
         if j < verdict.accepted:
             value = lp.drafted[j]
+        elif len(lp.sampled) > j:
+            value = lp.sampled[j]
         elif p is None:
             value = lp.argmax[j]
         else:
@@ -384,25 +402,41 @@ def _observe_costs(config: LoopConfig, target: SessionReplica, proposer: Propose
 
 
 def _detokenize(
-    committed: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None, skip: int = 0
+    committed: list[int], decoder: IncrementalDecoder, holdback: StopStringHoldback | None
 ) -> tuple[str, list[int], bool]:
-    """Text for newly committed tokens; with stop strings, cut after the token completing one.
-
-    The first `skip` tokens were streamed before (a resume): they go through the
-    decoder and the hold-back, and their text is dropped.
-    """
+    """Text for newly committed tokens; with stop strings, cut after the token completing one."""
     if holdback is None:
-        if skip:
-            decoder.push(committed[:skip])
-        return (decoder.push(committed[skip:]) if len(committed) > skip else ""), committed, False
+        return decoder.push(committed), committed, False
     text = ""
     for i, token in enumerate(committed):
         piece, hit = holdback.push(decoder.push([token]))
-        if i >= skip:
-            text += piece
+        text += piece
         if hit:
             return text, committed[: i + 1], True
     return text, committed, False
+
+
+def _replay_delivered(spec: GenerateSpec, config: LoopConfig, delivered: list[int], decoder: IncrementalDecoder,
+                      holdback: StopStringHoldback | None, matcher) -> str | None:
+    """A resume: the client's tokens go through the decoder, the hold-back and the grammar as if
+    just committed (their text was streamed before). The turn's finish reason if they end it."""
+    if not delivered:
+        return None
+    if matcher is not None:
+        try:
+            matcher.commit(delivered)
+        except InvalidArgument:
+            raise InvalidArgument("delivered: the tokens do not follow the request's constraint") from None
+    _, kept, hit = _detokenize(delivered, decoder, holdback)
+    if hit:
+        if len(kept) < len(delivered):
+            raise InvalidArgument("delivered: tokens after the one completing a stop string")
+        return STOP
+    kept, finish = clip_to_stop(delivered, eos_ids=() if spec.ignore_eos else config.eos_ids,
+                                remaining=spec.max_new_tokens)
+    if len(kept) < len(delivered):
+        raise InvalidArgument("delivered: tokens after the end of the turn (an EOS, or max_new_tokens)")
+    return finish
 
 
 def _release_held(decoder: IncrementalDecoder, holdback: StopStringHoldback | None) -> str:

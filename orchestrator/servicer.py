@@ -18,7 +18,7 @@ import grpc
 from orchestrator import check as checking
 from orchestrator import predict as predicting
 from orchestrator import metrics
-from orchestrator.choices import SharedPrefill, choice_specs, merged
+from orchestrator.choices import SharedPrefill, choice_specs, merged, resumed_choices
 from orchestrator.grammar import Constraint
 from orchestrator.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
 from orchestrator.sessions import forget_session
@@ -86,6 +86,8 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
     if any(not s for s in request.stop):
         raise InvalidArgument("stop: stop strings must be non-empty")
     _check_choices(request)
+    delivered = _delivered(request, len(prompt_ids), config)
+    sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
     guess_ids: list[int] = []
     if request.prediction:
         if request.proposer not in (pb.PROPOSER_UNSPECIFIED, pb.PROPOSER_GUESS) or request.guess:
@@ -100,7 +102,7 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
     return GenerateSpec(
         prompt_ids=tuple(prompt_ids),
         max_new_tokens=int(request.max_new_tokens),
-        sampling=sampling_from_proto(request.sampling if request.HasField("sampling") else None),
+        sampling=sampling,
         seed=int(request.seed),
         stop=tuple(request.stop),
         proposer=proposer,
@@ -110,6 +112,7 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         strict=request.strict,
         keep_session=request.keep_session,
         resume_from=int(request.resume_from),
+        delivered=delivered,
         round_tokens=request.round_tokens,
         max_target_passes=int(request.max_target_passes),
         ignore_eos=request.ignore_eos,
@@ -118,6 +121,7 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         top_logprobs=_top_logprobs(request),
         tenant=tenant,
         parallel=_SPECULATION.get(request.speculation, None),
+        coupled=config.couples(sampling, int(request.seed)),
     )
 
 
@@ -156,14 +160,47 @@ def _top_logprobs(request: pb.GenerateRequest) -> int:
 
 
 def _check_choices(request: pb.GenerateRequest) -> None:
-    """n > 1 runs n single-turn sessions: nothing to continue or resume."""
+    """n > 1 runs n single-turn sessions: nothing to continue, and a resume names no session."""
     if request.n > MAX_CHOICES:
         raise InvalidArgument(f"n: {request.n} is above this server's limit of {MAX_CHOICES}")
     if request.n > 1:
         for name in ("session_id", "keep_session", "resume_from"):
             if getattr(request, name):
                 raise InvalidArgument(f"{name}: not with n > 1 (each choice is a single-turn "
-                                      "session)")
+                                      "session; a resume sends `delivered`)")
+
+
+def _delivered(request: pb.GenerateRequest, prompt_len: int, config: LoopConfig) -> tuple[int, ...] | None:
+    """Choice 0's delivered tokens of a resume (None where none were sent), every entry checked.
+
+    n = 1: at most one entry, index 0, whose tokens end at resume_from. n > 1:
+    one entry per choice at most; the servicer hands each choice its own.
+    """
+    entries = list(request.delivered)
+    if not entries:
+        return None
+    n = max(1, request.n)
+    seen: set[int] = set()
+    for e in entries:
+        if e.index >= n or e.index in seen:
+            raise InvalidArgument(f"delivered: index {e.index} is not a choice of this request (n = {n}) "
+                                  "or appears twice")
+        seen.add(e.index)
+        if len(e.token_ids) > request.max_new_tokens:
+            raise InvalidArgument(f"delivered: {len(e.token_ids)} tokens for choice {e.index}, more than "
+                                  f"max_new_tokens ({request.max_new_tokens})")
+        if any(not 0 <= t < config.vocab_size for t in e.token_ids) and config.vocab_size:
+            raise InvalidArgument(f"delivered: a token of choice {e.index} is outside the vocabulary "
+                                  f"[0, {config.vocab_size})")
+    first = next((e for e in entries if e.index == 0), None)
+    tokens = tuple(first.token_ids) if first is not None else ()
+    if n == 1:
+        if not request.resume_from:
+            raise InvalidArgument("delivered: only with resume_from (a resume of a stream)")
+        if request.resume_from != prompt_len + len(tokens):
+            raise InvalidArgument(f"resume_from: {request.resume_from} must be the index after the "
+                                  f"delivered tokens ({prompt_len} prompt + {len(tokens)} delivered)")
+    return tokens
 
 
 # Request.speculation -> GenerateSpec.parallel (None: the orchestrator's default); an
@@ -191,6 +228,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             specs = choice_specs(spec, request.n)
             if len(specs) == 1:
                 responses = self._generate(spec)
+            elif request.delivered:  # a resume of n > 1: each unfinished choice from its tokens
+                responses = merged([self._generate(s, resumable=False)
+                                    for s in resumed_choices(specs, request.delivered)])
             else:  # choices 1.. start from choice 0's prefilled prompt (orchestrator.choices)
                 shared = SharedPrefill(self.config, specs)
                 responses = merged([self._generate(specs[0], resumable=False, shared=shared)]

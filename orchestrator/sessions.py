@@ -31,13 +31,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-import grpc
 
 from orchestrator.remote import ModelClient, SessionReplica, in_background, release_kv
 from orchestrator.spec import GenerateSpec, LoopConfig, RecordStore
 from orchestrator.stats import RoundTally, Tally, Timer
 from specdec import tracing
-from specdec.errors import InvalidArgument, NotFound, SpecdecError, Unavailable
+from specdec.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from specdec.store import SessionRecord, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -50,12 +49,6 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.05, 0.25  # backoff between attempts while Redis 
 OUTAGE_GRACE_S = 0.5
 _DELETE = object()  # a pending "delete the record" in place of a state
 _WRITERS: dict[str, RecordWriter] = {}  # per session id: this process's one writer
-
-
-class SeedUnknown(SpecdecError):
-    """A sampled turn cannot be resumed: its seed was random and is not recorded."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -176,8 +169,9 @@ class Session:
     """One request's hold on a session: its record, the target replica, its record writer."""
 
     def __init__(self, config: LoopConfig, record: SessionRecord, target: SessionReplica,
-                 reuse: int, tally: Tally) -> None:
+                 reuse: int, tally: Tally, prefix: Sequence[int] = ()) -> None:
         self.store, self.record, self.target, self.tally = config.store, record, target, tally
+        self.prefix = tuple(prefix)  # the turn's committed tokens at its start: prompt (+ delivered)
         self.outage_bound_s = config.redis_outage_s
         self.reuse = reuse  # leading prompt tokens equal to the record's committed tokens
         self.writer = RecordWriter.for_session(config.store, record.session_id,
@@ -296,17 +290,39 @@ async def retry_redis(fetch: Callable[[], Awaitable[T]], bound_s: float, what: s
 
 
 def _turn_seed(spec: GenerateSpec, record: SessionRecord | None) -> int:
-    """The request's seed; for a resume with seed 0, the one the record kept for this turn."""
+    """The request's seed; for a resume with seed 0, the one the record kept for this turn, else a
+    new one: the rounds continue from the delivered tokens, so any seed samples them exactly."""
     if spec.seed:
         return spec.seed
-    if spec.resume_from:
-        if record is not None and record.turn_start == len(spec.prompt_ids) and record.turn_seed:
-            return record.turn_seed
-        if not spec.sampling.greedy:
-            raise SeedUnknown("seed: this sampled turn cannot be resumed: its seed was random and "
-                              "no record of the turn is left (send an explicit seed to make "
-                              "sampled streams resumable)")
+    if spec.resume_from and record is not None and record.turn_start == len(spec.prompt_ids) and record.turn_seed:
+        return record.turn_seed
     return secrets.randbits(63) + 1
+
+
+def _delivered(spec: GenerateSpec, record: SessionRecord | None) -> tuple[int, ...]:
+    """A resume's delivered tokens, checked against the session record of the same turn.
+
+    An older client sends none: the record's committed tokens stand for them,
+    since each is saved before its chunk is streamed; the record may lag the
+    stream by a round (`record_interval_s`), and then the client must send them.
+    """
+    if not spec.resume_from:
+        return spec.delivered or ()
+    turn = record is not None and record.turn_start == len(spec.prompt_ids) and \
+        tuple(record.tokens[:len(spec.prompt_ids)]) == spec.prompt_ids
+    kept = tuple(record.tokens[len(spec.prompt_ids):]) if turn else ()
+    if spec.delivered is None:
+        wanted = spec.resume_from - len(spec.prompt_ids)
+        if len(kept) < wanted:
+            raise FailedPrecondition(
+                f"delivered: the session record holds {len(kept)} of the {wanted} tokens this stream "
+                "delivered; resend the request with GenerateRequest.delivered (the client library does)")
+        return kept[:wanted]
+    n = min(len(kept), len(spec.delivered))
+    if kept[:n] != spec.delivered[:n]:
+        raise FailedPrecondition("delivered: the tokens differ from the ones this turn committed (session "
+                                 "record); resume with the tokens the stream delivered")
+    return spec.delivered
 
 
 async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> Session:
@@ -317,7 +333,8 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
 
     The turn's start and seed go into the record first (the write overlaps
     routing and round 1, which waits for it): a resume after this
-    orchestrator dies must draw the same numbers.
+    orchestrator dies draws with the same seed. A resume starts from the
+    prompt and the delivered tokens (`Session.prefix`).
     """
     if spec.resume_from and spec.resume_from < len(spec.prompt_ids):
         raise InvalidArgument(f"resume_from: {spec.resume_from} is before the turn's first generated "
@@ -333,13 +350,14 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     if spec.session_id and record is None and (foreign or not spec.resume_from):
         raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
     seed = tally.seed = _turn_seed(spec, record)
-    # A resume whose record is gone (a single-turn stream that had finished) starts it again.
+    prefix = spec.prompt_ids + _delivered(spec, record)
+    # A resume whose record is gone (a single-turn stream that had finished) continues without it.
     record = record or SessionRecord(session_id=spec.session_id or uuid.uuid4().hex,
                                      created=time.time(), tenant=spec.tenant)
     record = replace(record, turn_start=len(spec.prompt_ids), turn_seed=seed,
                      multi_turn=record.multi_turn or spec.keep_session)
     tally.session_id = record.session_id
-    reuse = common_prefix(record.tokens, spec.prompt_ids)
+    reuse = common_prefix(record.tokens, prefix)
     with Timer(tally, "redis_ms"):  # admission: a replica with room, else RESOURCE_EXHAUSTED
         target = await config.admission.place(config.router, record.session_id, record.target,
                                               min(reuse, record.target_len), wait_s=config.target_wait_s)
@@ -347,7 +365,7 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address
     tally.reused_prompt_tokens = min(target.held, len(spec.prompt_ids) - 1)
-    session = Session(config, record, target, reuse, tally)
+    session = Session(config, record, target, reuse, tally, prefix)
     session.writer.submit(record)
     return session
 

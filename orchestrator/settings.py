@@ -36,6 +36,10 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("speculation-gate", "for requests that give no k: measure each target replica's tokens/s with "
          "and without drafting, in alternating epochs per load level, and draft only where it measured "
          "faster (orchestrator.gate)", True, kind=SWITCH),
+    Flag("sampler", "how sampled requests are verified: 'auto' = the coupled sampler for requests with a "
+         "seed (one seed, one text at any k, proposer, load or replica) and rejection sampling for those "
+         "without (it accepts more drafts); 'coupled' or 'rejection' for every request (docs/api.md)",
+         "auto", choices=["auto", "coupled", "rejection"]),
     Flag("max-new-tokens-limit", "largest max_new_tokens a request may ask for", 4096, int),
     Flag("rpc-timeout", "seconds before a model-service call counts as down", 60.0, float),
     Flag("startup-timeout", "seconds to wait for a target replica at start-up", 60.0, float),

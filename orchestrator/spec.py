@@ -38,7 +38,8 @@ class GenerateSpec:
     tenant: str = ""  # the authenticated caller; a session is only ever visible to its own
     parallel: bool | None = None  # draft the next round during this one's verify; None = the config's
     keep_session: bool = False  # keep the record for later turns; else deleted when the stream ends
-    resume_from: int = 0  # > 0: regenerate the turn, streaming only tokens from this index on
+    resume_from: int = 0  # > 0: a resume; the turn continues after `delivered`
+    delivered: tuple[int, ...] | None = None  # a resume: the generated tokens the client has (None: not sent)
     round_tokens: bool = False  # each chunk carries its round's drafted/accepted tokens
     max_target_passes: int = 0  # > 0: finish ("passes") after this many target passes
     ignore_eos: bool = False  # an EOS commits like any token: exactly max_new_tokens (load tests)
@@ -46,6 +47,8 @@ class GenerateSpec:
     logprobs: bool = False  # each chunk carries its tokens' log-probabilities
     top_logprobs: int = 0  # ... and this many alternatives each (0..20)
     index: int = 0  # the choice this turn is (GenerateRequest.n); its seed is already derived
+    # Sampled by the coupled sampler (specdec.core.verify); LoopConfig.couples decides.
+    coupled: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,20 @@ class WireSampling:
 
     params: SamplingParams
     message: common_pb2.SamplingParams
-    output_mode: int  # OUTPUT_MODE_TOKENS when greedy (ids only), else OUTPUT_MODE_PROBS
+    # OUTPUT_MODE_TOKENS when greedy (ids only), OUTPUT_MODE_COUPLED for the coupled sampler
+    # (ids only: the services draw), else OUTPUT_MODE_PROBS (rejection sampling on p and q)
+    output_mode: int
+
+    @property
+    def coupled(self) -> bool:
+        return self.output_mode == common_pb2.OUTPUT_MODE_COUPLED
 
     @classmethod
-    def encode(cls, params: SamplingParams) -> WireSampling:
-        mode = common_pb2.OUTPUT_MODE_TOKENS if params.greedy else common_pb2.OUTPUT_MODE_PROBS
+    def encode(cls, params: SamplingParams, coupled: bool = False) -> WireSampling:
+        if params.greedy:
+            mode = common_pb2.OUTPUT_MODE_TOKENS
+        else:
+            mode = common_pb2.OUTPUT_MODE_COUPLED if coupled else common_pb2.OUTPUT_MODE_PROBS
         return cls(params, sampling_to_proto(params), mode)
 
 
@@ -100,6 +112,15 @@ class LoopConfig:
     record_interval_s: float = 0.2
     # Requests without a k draft only where drafting measured faster on the target replica.
     speculation_gate: bool = True
+    # How sampled requests verify: "auto" = coupled when seeded, rejection sampling when not;
+    # "coupled" or "rejection" for all (GenerateSpec.coupled; docs/api.md).
+    sampler: str = "auto"
+
+    def couples(self, params: SamplingParams, seed: int) -> bool:
+        """Whether a sampled request with this seed (0 = none given) uses the coupled sampler."""
+        if params.greedy:
+            return False
+        return self.sampler == "coupled" or (self.sampler == "auto" and seed != 0)
     vocab_size: int = 0  # the target's (ModelInfo.vocab_size): the width of grammar masks
     grammars: Grammars | None = None  # built from the tokenizer when None
     # Feature drafts: multi-turn sessions' feature relays between turns (orchestrator.features).

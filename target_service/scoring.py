@@ -1,8 +1,9 @@
 """Score: one step over the new tokens and the drafts; results for the last k + 1 positions.
 
 Runs on the model worker, batched with other sessions' calls (ModelHost.serve).
-The argmax and, in PROBS mode, the distributions of every row of a forward are
-computed together by the engine's sampler (engine.sampler). The cache keeps
+The argmax and, in PROBS mode, the distributions (in COUPLED mode, the coupled
+draws) of every row of a forward are computed together by the engine's sampler
+(engine.sampler). The cache keeps
 every token sent, drafted ones included; the next call's cache_position crops
 rejected ones.
 """
@@ -35,6 +36,7 @@ class Scores:
     probs: torch.Tensor | None  # [k + 1, vocab] float32 on the CPU, PROBS mode only
     logprobs: RowLogprobs | None = None  # ScoreRequest.logprobs > 0 only
     hidden: torch.Tensor | None = None  # [len(tokens), H] features of every token sent (ScoreRequest.features)
+    sampled_ids: list[int] | None = None  # [k + 1] the coupled draws (COUPLED mode; greedy: the argmax)
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,13 @@ class ScoreWork(Work[Scores]):
     def begin(self) -> Step:
         request = self.request
         return Step(request.tokens, request.k + 1, OutputSpec(
-            request.sampling, probs=request.want_probs,
+            request.sampling, probs=request.want_probs, coupled_seed=request.coupled_seed,
             allowed=self.extras.allowed, logprobs=self.extras.logprobs), hidden=bool(self.extras.features))
 
     def advance(self, session: CachedSession, out: RowOutput) -> None:
-        self.scores = Scores(out.argmax, out.probs, out.logprobs, out.hidden if self.extras.features else None)
+        sampled = out.argmax if self.request.coupled_seed is not None and out.sampled is None else out.sampled
+        self.scores = Scores(out.argmax, out.probs, out.logprobs, out.hidden if self.extras.features else None,
+                             sampled if self.request.coupled_seed is not None else None)
         return None
 
     def result(self) -> Scores:

@@ -32,13 +32,15 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float) -> model_pb2.ScoreResponse:
         TOKENS_SCORED.inc(len(request.tokens))
         scores = done.value
-        response = model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids)
+        response = model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids, sampled_ids=scores.sampled_ids or ())
         if scores.logprobs is not None:
             lp = scores.logprobs
             response.logprobs.CopyFrom(common_pb2.Logprobs(
                 drafted=lp.next_fed, argmax=lp.argmax, top_n=len(lp.top_ids[0]) if lp.top_ids else 0,
                 top_ids=[t for row in lp.top_ids for t in row],
-                top_logprobs=[v for row in lp.top_logprobs for v in row]))
+                top_logprobs=[v for row in lp.top_logprobs for v in row],
+                sampled=lp.sampled if lp.sampled is not None
+                else (lp.argmax if scores.sampled_ids is not None else ())))
         if scores.hidden is not None:
             response.features.CopyFrom(encode_features(scores.hidden, request.features, request.cache_position))
         return fill_response(response, done, started, scores.probs)

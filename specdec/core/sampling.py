@@ -7,9 +7,12 @@ tensor's device, so the same code serves CPU and GPU hosts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from specdec.core import rng
 
 # The smallest non-zero temperature. Logits are divided by it in float32: at
 # 1e-40 (a float32 denormal) ordinary logits overflow to inf and softmax turns
@@ -55,12 +58,20 @@ def probs_from_logits(
     and sampled verification share one code path. A row whose logits are all
     -inf becomes uniform rather than NaN.
     """
-    logits = logits.float()
     if params.greedy:
-        out = torch.zeros_like(logits)
+        out = torch.zeros_like(logits, dtype=torch.float32)
         out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return out
-    x = logits / params.temperature
+    return torch.softmax(sampling_logits(logits, params), dim=-1)
+
+
+def sampling_logits(
+    logits: torch.Tensor,  # [n, vocab]
+    params: SamplingParams,  # sampled (temperature > 0)
+) -> torch.Tensor:  # [n, vocab] float32: softmax of a row is its sampling distribution
+    """The logits the sampler draws from: divided by the temperature, -inf outside the top-k,
+    the nucleus and the min-p floor. A row whose logits are all -inf becomes all zeros (uniform)."""
+    x = logits.float() / params.temperature
     vocab = x.shape[-1]
     # A row with every logit -inf would turn into NaN below: sample it uniformly.
     all_masked = torch.isneginf(x.amax(dim=-1, keepdim=True))  # [n, 1]
@@ -78,7 +89,30 @@ def probs_from_logits(
         x = x.masked_fill(p < floor, float("-inf"))
     if any_masked:
         x = torch.where(all_masked, torch.zeros_like(x), x)
-    return torch.softmax(x, dim=-1)
+    return x
+
+
+def coupled_draws(
+    scores: torch.Tensor,  # [n, vocab] sampling_logits (or log-probabilities) of n positions
+    keys: Sequence[int],  # [n] specdec.core.rng.gumbel_keys(seed, position) of each row
+) -> torch.Tensor:  # [n] int64, on scores' device
+    """The coupled sampler: row i's token is argmax_v (scores[i, v] + G(keys[i], v)).
+
+    Gumbel-max: with standard Gumbel noise G the argmax is distributed as
+    softmax(scores[i]), so this is exact sampling. The noise is a pure function
+    of (seed, position, token), so every party that draws position P with the
+    same seed uses the same noise: the target's draw at P is the same whatever
+    was drafted (and the draft, drawing with that noise from its own scores,
+    agrees with it as often as a shared-noise coupling allows). Tokens at -inf
+    are never drawn. Row by row in float64, so a row's draw never depends on the
+    other rows.
+    """
+    if len(keys) != scores.shape[0]:
+        raise ValueError(f"keys: one per row of scores ({scores.shape[0]}), got {len(keys)}")
+    vocab = scores.shape[-1]
+    draws = [torch.argmax(scores[i].double() + rng.gumbel_noise(key, vocab, scores.device))
+             for i, key in enumerate(keys)]
+    return torch.stack(draws) if draws else torch.zeros(0, dtype=torch.int64, device=scores.device)
 
 
 # Nucleus buckets: the top 11 bits of a non-negative float32 (8 exponent bits,

@@ -18,6 +18,15 @@ committed token is then exactly the token target-only sampling commits, so the
 text is the same as without the proposal (not only its distribution), at the
 same acceptance rate (P(draw = d) = p(d), as Algorithm 1's test gives for a
 one-hot q).
+
+A seeded request uses the coupled sampler (specdec.core.sampling.coupled_draws)
+for every proposer, the draft model included: the target draws each position
+with Gumbel noise fixed by (seed, position), the draft drafts with the same
+noise, and a drafted token is accepted iff it equals the target's draw
+(`verify_coupled`). The committed tokens are then the target-only sample for
+that seed whatever was drafted, by whom, at which k, in which batch: one seed,
+one text. Its acceptance is that of the shared-noise coupling, below Algorithm
+1's optimum (see docs/api.md for the measured cost).
 """
 from __future__ import annotations
 
@@ -77,6 +86,21 @@ def verify_greedy(
     tokens = [int(t) for t in drafted[:m]]
     tokens.append(int(target_argmax[m]))
     return Verdict(accepted=m, tokens=tokens, extra_kind=BONUS if m == k else RECOVERED)
+
+
+def verify_coupled(
+    drafted: Sequence[int],  # [k]
+    target_draws: Sequence[int],  # [k + 1]: the target's coupled draw after each prefix
+) -> Verdict:
+    """Coupled sampling: accept while the drafted token equals the target's own draw there.
+
+    target_draws[i] is the token target-only decoding with this seed draws at
+    the position of drafted[i] (given the accepted prefix before it), so the
+    committed tokens are exactly target-only decoding's; the extra token is the
+    target's draw at the first mismatch (recovered) or after the last drafted
+    token (bonus). The same rule as greedy verification, on draws instead of argmaxes.
+    """
+    return verify_greedy(drafted, target_draws)
 
 
 def count_accepted(

@@ -1,7 +1,7 @@
 """The one decode-and-validate path for a model request (Score and Propose alike).
 
 ScoreRequest and ProposeRequest share their first seven fields (session,
-cache_position, prefix_hash, tokens, k, sampling, output_mode), so one
+cache_position, prefix_hash, tokens, k, sampling, output_mode) and a seed, so one
 function checks them; each role adds only its own extra check
 (target_service.scoring: k fits in tokens; draft_service.drafting: p_min).
 Every error names the offending field (the statuses in model.proto).
@@ -31,6 +31,9 @@ class ModelRequest:
     k: int  # drafted tokens: to score (Score) or to draft at most (Propose)
     sampling: SamplingParams
     want_probs: bool  # OUTPUT_MODE_PROBS: return distributions, not only token ids
+    # OUTPUT_MODE_COUPLED: sampled tokens are drawn by the coupled sampler with this seed's
+    # noise (specdec.core.sampling.coupled_draws); None = not coupled.
+    coupled_seed: int | None = None
 
 
 def require_session_id(session_id: str) -> str:
@@ -39,13 +42,15 @@ def require_session_id(session_id: str) -> str:
     return session_id
 
 
-def wants_probs(output_mode: int) -> bool:
-    """True for OUTPUT_MODE_PROBS; UNSPECIFIED means TOKENS; unknown values are rejected."""
-    if output_mode in (common_pb2.OUTPUT_MODE_UNSPECIFIED, common_pb2.OUTPUT_MODE_TOKENS):
-        return False
-    if output_mode == common_pb2.OUTPUT_MODE_PROBS:
-        return True
-    raise InvalidArgument(f"output_mode {output_mode} is not a known OutputMode")
+_OUTPUT_MODES = (common_pb2.OUTPUT_MODE_UNSPECIFIED, common_pb2.OUTPUT_MODE_TOKENS,
+                 common_pb2.OUTPUT_MODE_PROBS, common_pb2.OUTPUT_MODE_COUPLED)
+
+
+def check_output_mode(output_mode: int) -> int:
+    """The request's OutputMode (UNSPECIFIED means TOKENS); unknown values are rejected."""
+    if output_mode not in _OUTPUT_MODES:
+        raise InvalidArgument(f"output_mode {output_mode} is not a known OutputMode")
+    return output_mode
 
 
 def decode_request(request: Any, model: LoadedModel, limits: HostLimits) -> ModelRequest:
@@ -76,6 +81,7 @@ def decode_request(request: Any, model: LoadedModel, limits: HostLimits) -> Mode
     if k > limits.max_k:
         raise InvalidArgument(f"k {k} exceeds this server's max of {limits.max_k}")
     sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
+    mode = check_output_mode(request.output_mode)
     return ModelRequest(
         session_id=session_id,
         cache_position=cache_position,
@@ -83,5 +89,6 @@ def decode_request(request: Any, model: LoadedModel, limits: HostLimits) -> Mode
         tokens=tokens,
         k=k,
         sampling=sampling,
-        want_probs=wants_probs(request.output_mode),
+        want_probs=mode == common_pb2.OUTPUT_MODE_PROBS,
+        coupled_seed=int(request.seed) if mode == common_pb2.OUTPUT_MODE_COUPLED else None,
     )

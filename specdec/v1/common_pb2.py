@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"a\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x42\x08\n\x06_top_p\"r\n\rDistributions\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\r\n\x05\x64\x65nse\x18\x03 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x04 \x01(\x0c\x12\x0b\n\x03ids\x18\x05 \x01(\x0c\x12\x0e\n\x06values\x18\x06 \x01(\x0c\"(\n\nTokenMasks\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\"a\n\x08Logprobs\x12\x0f\n\x07\x64rafted\x18\x01 \x03(\x02\x12\x0e\n\x06\x61rgmax\x18\x02 \x03(\x02\x12\r\n\x05top_n\x18\x03 \x01(\r\x12\x0f\n\x07top_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\x82\x01\n\x0cServerTiming\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nforward_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_rows\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x10\n\x08\x66orwards\x18\x06 \x01(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xc4\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x16\n\x0e\x63ontext_length\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x17\n\x0fparameter_count\x18\t \x01(\x04\x12\r\n\x05max_k\x18\n \x01(\r\x12\x12\n\nreplica_id\x18\x0b \x01(\t\x12\x1a\n\x12max_request_tokens\x18\x0c \x01(\r\x12\x11\n\tmax_batch\x18\r \x01(\r\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x0e \x01(\r\x12\x14\n\x0c\x66\x65\x61ture_kind\x18\x0f \x01(\t\"z\n\x08\x46\x65\x61tures\x12\x16\n\x0e\x66irst_position\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12-\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x1b.specdec.v1.FeatureEncoding\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*X\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12OUTPUT_MODE_TOKENS\x10\x01\x12\x15\n\x11OUTPUT_MODE_PROBS\x10\x02*\x87\x01\n\x0f\x46\x65\x61tureEncoding\x12\x19\n\x15\x46\x45\x41TURE_ENCODING_NONE\x10\x00\x12\x1c\n\x18\x46\x45\x41TURE_ENCODING_FLOAT16\x10\x01\x12\x1c\n\x18\x46\x45\x41TURE_ENCODING_FLOAT32\x10\x02\x12\x1d\n\x19\x46\x45\x41TURE_ENCODING_BFLOAT16\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"a\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x42\x08\n\x06_top_p\"r\n\rDistributions\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\r\n\x05\x64\x65nse\x18\x03 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x04 \x01(\x0c\x12\x0b\n\x03ids\x18\x05 \x01(\x0c\x12\x0e\n\x06values\x18\x06 \x01(\x0c\"(\n\nTokenMasks\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\"r\n\x08Logprobs\x12\x0f\n\x07\x64rafted\x18\x01 \x03(\x02\x12\x0e\n\x06\x61rgmax\x18\x02 \x03(\x02\x12\r\n\x05top_n\x18\x03 \x01(\r\x12\x0f\n\x07top_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\x12\x0f\n\x07sampled\x18\x06 \x03(\x02\"\x82\x01\n\x0cServerTiming\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nforward_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_rows\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x10\n\x08\x66orwards\x18\x06 \x01(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xc4\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x16\n\x0e\x63ontext_length\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x17\n\x0fparameter_count\x18\t \x01(\x04\x12\r\n\x05max_k\x18\n \x01(\r\x12\x12\n\nreplica_id\x18\x0b \x01(\t\x12\x1a\n\x12max_request_tokens\x18\x0c \x01(\r\x12\x11\n\tmax_batch\x18\r \x01(\r\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x0e \x01(\r\x12\x14\n\x0c\x66\x65\x61ture_kind\x18\x0f \x01(\t\"z\n\x08\x46\x65\x61tures\x12\x16\n\x0e\x66irst_position\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12-\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x1b.specdec.v1.FeatureEncoding\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*q\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12OUTPUT_MODE_TOKENS\x10\x01\x12\x15\n\x11OUTPUT_MODE_PROBS\x10\x02\x12\x17\n\x13OUTPUT_MODE_COUPLED\x10\x03*\x87\x01\n\x0f\x46\x65\x61tureEncoding\x12\x19\n\x15\x46\x45\x41TURE_ENCODING_NONE\x10\x00\x12\x1c\n\x18\x46\x45\x41TURE_ENCODING_FLOAT16\x10\x01\x12\x1c\n\x18\x46\x45\x41TURE_ENCODING_FLOAT32\x10\x02\x12\x1d\n\x19\x46\x45\x41TURE_ENCODING_BFLOAT16\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTPUTMODE']._serialized_start=1072
-  _globals['_OUTPUTMODE']._serialized_end=1160
-  _globals['_FEATUREENCODING']._serialized_start=1163
-  _globals['_FEATUREENCODING']._serialized_end=1298
+  _globals['_OUTPUTMODE']._serialized_start=1089
+  _globals['_OUTPUTMODE']._serialized_end=1202
+  _globals['_FEATUREENCODING']._serialized_start=1205
+  _globals['_FEATUREENCODING']._serialized_end=1340
   _globals['_SAMPLINGPARAMS']._serialized_start=39
   _globals['_SAMPLINGPARAMS']._serialized_end=136
   _globals['_DISTRIBUTIONS']._serialized_start=138
@@ -42,17 +42,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENMASKS']._serialized_start=254
   _globals['_TOKENMASKS']._serialized_end=294
   _globals['_LOGPROBS']._serialized_start=296
-  _globals['_LOGPROBS']._serialized_end=393
-  _globals['_SERVERTIMING']._serialized_start=396
-  _globals['_SERVERTIMING']._serialized_end=526
-  _globals['_RELEASEREQUEST']._serialized_start=528
-  _globals['_RELEASEREQUEST']._serialized_end=564
-  _globals['_RELEASERESPONSE']._serialized_start=566
-  _globals['_RELEASERESPONSE']._serialized_end=601
-  _globals['_GETINFOREQUEST']._serialized_start=603
-  _globals['_GETINFOREQUEST']._serialized_end=619
-  _globals['_MODELINFO']._serialized_start=622
-  _globals['_MODELINFO']._serialized_end=946
-  _globals['_FEATURES']._serialized_start=948
-  _globals['_FEATURES']._serialized_end=1070
+  _globals['_LOGPROBS']._serialized_end=410
+  _globals['_SERVERTIMING']._serialized_start=413
+  _globals['_SERVERTIMING']._serialized_end=543
+  _globals['_RELEASEREQUEST']._serialized_start=545
+  _globals['_RELEASEREQUEST']._serialized_end=581
+  _globals['_RELEASERESPONSE']._serialized_start=583
+  _globals['_RELEASERESPONSE']._serialized_end=618
+  _globals['_GETINFOREQUEST']._serialized_start=620
+  _globals['_GETINFOREQUEST']._serialized_end=636
+  _globals['_MODELINFO']._serialized_start=639
+  _globals['_MODELINFO']._serialized_end=963
+  _globals['_FEATURES']._serialized_start=965
+  _globals['_FEATURES']._serialized_end=1087
 # @@protoc_insertion_point(module_scope)

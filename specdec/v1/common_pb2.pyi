@@ -12,6 +12,7 @@ class OutputMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTPUT_MODE_UNSPECIFIED: _ClassVar[OutputMode]
     OUTPUT_MODE_TOKENS: _ClassVar[OutputMode]
     OUTPUT_MODE_PROBS: _ClassVar[OutputMode]
+    OUTPUT_MODE_COUPLED: _ClassVar[OutputMode]
 
 class FeatureEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -22,6 +23,7 @@ class FeatureEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 OUTPUT_MODE_UNSPECIFIED: OutputMode
 OUTPUT_MODE_TOKENS: OutputMode
 OUTPUT_MODE_PROBS: OutputMode
+OUTPUT_MODE_COUPLED: OutputMode
 FEATURE_ENCODING_NONE: FeatureEncoding
 FEATURE_ENCODING_FLOAT16: FeatureEncoding
 FEATURE_ENCODING_FLOAT32: FeatureEncoding
@@ -64,18 +66,20 @@ class TokenMasks(_message.Message):
     def __init__(self, rows: _Optional[int] = ..., bits: _Optional[bytes] = ...) -> None: ...
 
 class Logprobs(_message.Message):
-    __slots__ = ("drafted", "argmax", "top_n", "top_ids", "top_logprobs")
+    __slots__ = ("drafted", "argmax", "top_n", "top_ids", "top_logprobs", "sampled")
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ARGMAX_FIELD_NUMBER: _ClassVar[int]
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     TOP_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
     drafted: _containers.RepeatedScalarFieldContainer[float]
     argmax: _containers.RepeatedScalarFieldContainer[float]
     top_n: int
     top_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, drafted: _Optional[_Iterable[float]] = ..., argmax: _Optional[_Iterable[float]] = ..., top_n: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    sampled: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, drafted: _Optional[_Iterable[float]] = ..., argmax: _Optional[_Iterable[float]] = ..., top_n: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., sampled: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ServerTiming(_message.Message):
     __slots__ = ("queue_ms", "forward_ms", "total_ms", "batch_rows", "batch_tokens", "forwards")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features", "seed")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class ScoreRequest(_message.Message):
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
@@ -29,23 +30,26 @@ class ScoreRequest(_message.Message):
     allowed: _common_pb2.TokenMasks
     logprobs: int
     features: _common_pb2.FeatureEncoding
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ...) -> None: ...
+    seed: int
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs", "features")
+    __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs", "features", "sampled_ids")
     ARGMAX_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_IDS_FIELD_NUMBER: _ClassVar[int]
     argmax_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: _common_pb2.Distributions
     cache_length: int
     timing: _common_pb2.ServerTiming
     logprobs: _common_pb2.Logprobs
     features: _common_pb2.Features
-    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Logprobs, _Mapping]] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ...) -> None: ...
+    sampled_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Logprobs, _Mapping]] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ..., sampled_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "seed", "p_min", "features")

@@ -41,7 +41,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes", "constraint", "logprobs", "top_logprobs", "prediction", "n", "ignore_eos")
+    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes", "constraint", "logprobs", "top_logprobs", "prediction", "n", "ignore_eos", "delivered")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class GenerateRequest(_message.Message):
     PREDICTION_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_new_tokens: int
@@ -86,7 +87,18 @@ class GenerateRequest(_message.Message):
     prediction: str
     n: int
     ignore_eos: bool
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prediction: _Optional[str] = ..., n: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    delivered: _containers.RepeatedCompositeFieldContainer[Delivered]
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prediction: _Optional[str] = ..., n: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., delivered: _Optional[_Iterable[_Union[Delivered, _Mapping]]] = ...) -> None: ...
+
+class Delivered(_message.Message):
+    __slots__ = ("index", "token_ids", "finished")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finished: bool
+    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "lark")

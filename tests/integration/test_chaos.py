@@ -3,10 +3,13 @@
 Two targets, two drafts and one orchestrator (two, with the client failing over
 between them, where the client library takes several addresses), on a Redis
 server this test owns (never the machine's shared one). Each round starts
-STREAMS greedy streams, injects one fault (every kind once per cycle, in a
-seeded random order) once they are under way, waits for
-them, checks every stream's tokens against the fault-free text, then repairs
-(restarts what was stopped). Faults:
+STREAMS streams (half greedy with the draft at a fixed k, half sampled with a
+seed in the default configuration: default proposer, the speculation gate and
+the server's k), injects one fault (every kind once per cycle, in a seeded
+random order) once they are under way, waits for them, checks every stream's
+tokens against the fault-free text (target-only decoding, of the same seed
+for the sampled ones), then repairs (restarts what was stopped). Every fault
+must be injected while at least one stream is in flight. Faults:
 
   target-sigterm / target-sigkill   one target (a drain, or a crash); restarted after the round
   draft-sigterm / draft-sigkill     one draft; restarted after the round
@@ -49,6 +52,11 @@ ROUNDS = 40 if LONG else 12
 BUDGET_S = 3600.0 if LONG else 110.0  # rounds stop once this much time has gone (CI bound)
 STREAMS = 4
 OPTIONS = dict(max_new_tokens=120, proposer="draft")
+SAMPLED = dict(max_new_tokens=120, temperature=0.8, top_p=0.95)  # default proposer, the server's k
+
+
+def _seed(prompt: str) -> int:
+    return 1 + sum(map(ord, prompt)) % 997
 
 
 def _redis_survives_outages() -> bool:
@@ -156,6 +164,8 @@ def chaos(tiny_pair, tmp_path_factory):
         with Client(c.addresses[0], timeout=120) as client:
             c.expected = {p: client.complete(p, **{**OPTIONS, "proposer": "none"}).token_ids
                           for p in PROMPTS}
+            c.expected_sampled = {p: client.complete(p, seed=_seed(p), proposer="none", **SAMPLED).token_ids
+                                  for p in PROMPTS}
         yield c
     finally:
         redis = c.stack.processes.running.pop("redis", None)  # last: services deregister first
@@ -166,27 +176,33 @@ def chaos(tiny_pair, tmp_path_factory):
                 procs.stop(redis)
 
 
-def _stream(addresses, prompt: str, k: int, cancel_after: int, out: dict) -> None:
-    """One stream; with cancel_after > 0 it is cancelled after that many tokens and sent again."""
+def _stream(addresses, prompt: str, k: int, cancel_after: int, out: dict, sampled: bool) -> None:
+    """One stream; with cancel_after > 0 it is cancelled after that many tokens and sent again.
+    out["live"] is set while it runs."""
     target = addresses if len(addresses) > 1 else addresses[0]
+    options = dict(seed=_seed(prompt), **SAMPLED) if sampled else dict(k=k, **OPTIONS)
+    out["live"] = True
     try:
         with Client(target, timeout=180) as c:
             if cancel_after:
-                stream, got = c.generate(prompt, k=k, **OPTIONS), 0
+                stream, got = c.generate(prompt, **options), 0
                 for chunk in stream:
                     got += len(chunk.token_ids)
                     if got >= cancel_after:
                         stream.cancel()
                         break
-            out["tokens"] = c.complete(prompt, k=k, **OPTIONS).token_ids
+            out["tokens"] = c.complete(prompt, **options).token_ids
     except grpc.RpcError as exc:
         out["error"] = f"{exc.code().name}: {exc.details()}"
+    finally:
+        out["live"] = False
 
 
 def test_every_stream_survives_a_random_schedule_of_faults(chaos):
     rng = random.Random(SEED)
     started = time.monotonic()
     table: dict[str, list[int]] = {f: [0, 0] for f in FAULTS}
+    in_flight: dict[str, list[int]] = {f: [] for f in FAULTS}  # streams live at each injection
     rounds = 0
     schedule: list[str] = []
     while rounds < ROUNDS and time.monotonic() - started < BUDGET_S:
@@ -197,23 +213,29 @@ def test_every_stream_survives_a_random_schedule_of_faults(chaos):
         prompts = rng.sample(PROMPTS, STREAMS)
         cancel = rng.randrange(STREAMS) if fault == "client-cancel" else -1
         outs = [dict() for _ in prompts]
+        sampled = [i % 2 == 1 for i in range(len(prompts))]
         threads = [threading.Thread(target=_stream, daemon=True, args=(
-            chaos.addresses, p, rng.randint(2, 4), 10 if i == cancel else 0, outs[i]))
+            chaos.addresses, p, rng.randint(2, 4), 10 if i == cancel else 0, outs[i], sampled[i]))
             for i, p in enumerate(prompts)]
         for t in threads:
             t.start()
         time.sleep(rng.uniform(0.2, 0.6))  # under way
+        in_flight[fault].append(sum(bool(out.get("live")) for out in outs))
         if fault != "client-cancel":
             chaos.inject(fault, rng)
         for t in threads:
             t.join(240)
         chaos.repair()
-        for p, out in zip(prompts, outs):
+        for p, out, s in zip(prompts, outs, sampled):
             table[fault][1] += 1
-            ok = out.get("tokens") == chaos.expected[p]
+            ok = out.get("tokens") == (chaos.expected_sampled if s else chaos.expected)[p]
             table[fault][0] += ok
             assert ok, f"round {rounds} ({fault}), {p!r}: {out.get('error') or 'different text'}"
-    summary = ", ".join(f"{f} {k}/{n}" for f, (k, n) in table.items() if n)
+    summary = ", ".join(f"{f} {k}/{n} (live {in_flight[f]})" for f, (k, n) in table.items() if n)
     print(f"chaos seed {SEED}: {rounds} rounds in {time.monotonic() - started:.0f} s; {summary}")
     assert rounds >= 3
+    ran = [f for f in FAULTS if in_flight[f]]
+    assert all(min(in_flight[f]) > 0 for f in ran), in_flight  # every fault hit streams in flight
+    if LONG or rounds >= len(FAULTS):
+        assert ran == FAULTS, f"faults never scheduled: {set(FAULTS) - set(ran)}"
 

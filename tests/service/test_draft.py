@@ -104,7 +104,7 @@ BAD_PROPOSALS = [
     ({"tokens": [5] * 601}, grpc.StatusCode.RESOURCE_EXHAUSTED, "tokens"),
     ({"p_min": 1.5}, grpc.StatusCode.INVALID_ARGUMENT, "p_min"),
     ({"sampling": temperature(1.0, min_p=1.0)}, grpc.StatusCode.INVALID_ARGUMENT, "sampling.min_p"),
-    ({"output_mode": 3}, grpc.StatusCode.INVALID_ARGUMENT, "output_mode"),
+    ({"output_mode": 9}, grpc.StatusCode.INVALID_ARGUMENT, "output_mode"),
     ({"session_id": ""}, grpc.StatusCode.INVALID_ARGUMENT, "session_id"),
     ({"session_id": "x" * 300}, grpc.StatusCode.INVALID_ARGUMENT, "session_id"),
 ]

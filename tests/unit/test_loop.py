@@ -36,8 +36,8 @@ from orchestrator.stats import Tally, stats_to_proto
 from specdec.core import rng
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import Purpose
-from specdec.core.sampling import SamplingParams, probs_from_logits, sample
-from specdec.errors import CacheMiss, InvalidArgument, Unavailable
+from specdec.core.sampling import SamplingParams, coupled_draws, probs_from_logits, sample, sampling_logits
+from specdec.errors import CacheMiss, FailedPrecondition, InvalidArgument, Unavailable
 from specdec.store import SessionRecord, StoreUnavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.v1 import orchestrator_pb2 as pb
@@ -82,6 +82,7 @@ class FakeService:
         self.calls = 0
         self.left: list[str] = []  # sessions that said they make no more calls (leave)
         self.delay_s = 0.0  # per call, so a stream spans a store outage
+        self.stale_noise = False  # control: the coupled sampler reuses position 0's noise everywhere
 
     def restart(self) -> None:
         self.caches.clear()
@@ -116,8 +117,11 @@ class FakeService:
         logits = torch.stack([self.model.logits(cache[:j]) for j in range(n - k, n + 1)])  # [k + 1, vocab]
         response = model_pb2.ScoreResponse(argmax_ids=logits.argmax(-1).tolist(), cache_length=n)
         response.timing.total_ms = 0.002
+        params = sampling_from_proto(request.sampling)
         if request.output_mode == common_pb2.OUTPUT_MODE_PROBS:
-            response.probs.CopyFrom(encode_probs(probs_from_logits(logits, sampling_from_proto(request.sampling))))
+            response.probs.CopyFrom(encode_probs(probs_from_logits(logits, params)))
+        if request.output_mode == common_pb2.OUTPUT_MODE_COUPLED:  # row j draws the token at index j
+            response.sampled_ids.extend(_coupled(logits, params, request.seed, n - k, self.stale_noise))
         return response, self._call(request, response)
 
     async def propose(self, request: model_pb2.ProposeRequest):
@@ -130,6 +134,8 @@ class FakeService:
             logits = self.model.logits(cache)
             if params.greedy:
                 drafted.append(int(logits.argmax()))
+            elif request.output_mode == common_pb2.OUTPUT_MODE_COUPLED:
+                drafted += _coupled(logits[None], params, request.seed, len(cache), self.stale_noise)
             else:
                 q = probs_from_logits(logits[None], params)  # [1, vocab]
                 u = torch.tensor([rng.uniform(request.seed, len(cache), Purpose.DRAFT)], dtype=torch.float64)
@@ -150,6 +156,15 @@ class FakeService:
         if self.down:
             raise ServiceDown(f"{self.address} down")
         return self.caches.pop(session_id, None) is not None
+
+
+def _coupled(logits: torch.Tensor, params: SamplingParams, seed: int, first: int,
+             stale: bool = False) -> list[int]:
+    """The coupled sampler's draws of rows predicting the tokens at indices first, first + 1, ...
+    (`stale`, the control: every position draws with position 0's noise)."""
+    positions = np.zeros(logits.shape[0], dtype=np.int64) if stale else np.arange(first, first + logits.shape[0])
+    keys = rng.gumbel_keys(seed, positions)
+    return coupled_draws(sampling_logits(logits, params), [int(key) for key in keys]).tolist()
 
 
 class MemoryStore:
@@ -402,19 +417,23 @@ def sampling_models() -> tuple[TableModel, TableModel]:
 
 
 def first_two_tokens(misreport_q: bool, trials: int, proposer: str = DRAFT, prompt=(0, 1),
-                     sources: set | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     sources: set | None = None, coupled: bool = False,
+                     stale_noise: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """`trials` sampled generations (one seed each) of 3 tokens: round 1 drafts k = 2, then
     accepts 0, 1 or 2 of them and adds a recovered or bonus token. Returns the first two
     tokens [trials, 2] and how often round 1 accepted 0, 1, 2 drafted tokens [3]; `sources`
     collects what proposed each round (Round.source). The prompt must end in (0, 1)."""
     target, draft = sampling_models()
     stack = Stack(target, draft, misreport_q=misreport_q, eos_ids=frozenset())
+    for service in stack.services.values():
+        service.stale_noise = stale_noise
     params = SamplingParams(temperature=1.0)
 
     async def all_trials() -> tuple[list[list[int]], list[int]]:
         runs, accepted = [], []
         for seed in range(1, trials + 1):
-            ids, _, tally = await stack.arun(prompt, k=4, proposer=proposer, sampling=params, seed=seed, max_new=3)
+            ids, _, tally = await stack.arun(prompt, k=4, proposer=proposer, sampling=params, seed=seed, max_new=3,
+                                             coupled=coupled)
             runs.append(ids[:2])
             accepted.append(tally.accepted_per_round[0])
             if sources is not None:
@@ -767,26 +786,36 @@ def test_a_cancelled_or_failed_turn_keeps_the_session_and_a_retry_continues() ->
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=8)],
                          ids=["greedy", "sampled"])
-def test_resume_streams_exactly_what_follows(sampling: SamplingParams) -> None:
-    """A stream cut after 2 chunks (its orchestrator gone), resumed from several indices,
-    gives the uncut stream's tokens and text, contiguous; seed 0 is taken from the record."""
+@pytest.mark.parametrize("send", [True, False], ids=["delivered", "from-record"])
+def test_resume_streams_exactly_what_follows(sampling: SamplingParams, send: bool) -> None:
+    """A stream cut after 2 chunks (its orchestrator gone), resumed from several indices with the
+    tokens received (or, an older client, none: the record's stand for them), gives the uncut
+    stream's tokens and text, contiguous; seed 0 is taken from the record. Sampled with the
+    coupled sampler, the continuation is the same whatever the round boundaries were."""
     target, draft = make_models(1)
     stack = Stack(target, draft)
+    coupled = not sampling.greedy
 
     async def body():
         # Kept, so that each resume below finds the record (a single-turn one is deleted when
         # its stream finishes, the first resume's here).
         cut, _, _ = await _collect(stack, PROMPTS[0], stop_after=2, sampling=sampling, seed=0,
-                                   keep_session=True)
+                                   keep_session=True, coupled=coupled)
         sid = cut[0].session_id
         record = stack.store.records[sid]
         assert record.turn_start == len(PROMPTS[0]) and record.turn_seed
-        full, ref_tally, _ = await _collect(stack, PROMPTS[0], sampling=sampling, seed=record.turn_seed)
+        full, ref_tally, _ = await _collect(stack, PROMPTS[0], sampling=sampling, seed=record.turn_seed,
+                                            coupled=coupled)
         ends = [c.start_index + len(c.token_ids) for c in cut]
+        whole = _ids(full)
         resumed = {}
         for n in (ends[0], ends[1], ends[1] + 1, len(PROMPTS[0]) + ref_tally.new_tokens):
-            resumed[n] = await _collect(stack, PROMPTS[0], sampling=sampling, seed=0,
-                                        session_id=sid, resume_from=n)
+            delivered = tuple(whole[: n - len(PROMPTS[0])]) if send else None
+            if not send:  # the record must hold them: what the cut stream and earlier resumes saved
+                stack.store.records[sid] = replace(stack.store.records[sid],
+                                                   tokens=tuple(PROMPTS[0]) + tuple(whole))
+            resumed[n] = await _collect(stack, PROMPTS[0], sampling=sampling, seed=0, session_id=sid,
+                                        resume_from=n, delivered=delivered, coupled=coupled)
         assert stack.store.records[sid].turn_seed == record.turn_seed
         return cut, full, resumed
 
@@ -804,20 +833,106 @@ def test_resume_streams_exactly_what_follows(sampling: SamplingParams) -> None:
             assert c.start_index == index
             index += len(c.token_ids)
         assert decoder.decode(have) + "".join(c.text for c in chunks) == whole_text
-    assert resumed[len(PROMPTS[0]) + len(whole_ids)][0] == []  # everything was received: stats only
+    last = resumed[len(PROMPTS[0]) + len(whole_ids)]
+    assert last[0] == [] and last[1].finish_reason == full_finish(full, whole_ids)  # stats only
+
+
+def full_finish(chunks, ids) -> str:
+    return "eos" if ids and ids[-1] == EOS else "length"
+
+
+def test_a_resume_continues_from_the_delivered_tokens_not_from_the_turns_start() -> None:
+    """Rejection sampling (no coupling): the resumed rounds draft and score after exactly the
+    delivered tokens, even tokens this turn's own rounds would not have drawn."""
+    target, draft = make_models(1)
+    stack = Stack(target, draft)
+    sampled = SamplingParams(temperature=1.0)
+    prompt = PROMPTS[1]
+    delivered = (5, 6, 7)  # not what the turn drew: any tokens the client holds are the prefix
+
+    async def body():
+        return await _collect(stack, prompt, sampling=sampled, seed=0, session_id="s1",
+                              resume_from=len(prompt) + len(delivered), delivered=delivered, max_new=12)
+
+    chunks, tally, error = asyncio.run(body())
+    assert error is None and chunks[0].start_index == len(prompt) + len(delivered)
+    scored = [r for r in stack.services["t0"].requests]
+    assert scored[0][0] + scored[0][1] - scored[0][2] == len(prompt) + len(delivered)  # prefix = prompt + delivered
+    assert tally.new_tokens == 12 and len(_ids(chunks)) == 12 - len(delivered)
 
 
 def test_resume_errors() -> None:
     target, draft = make_models(1)
     stack = Stack(target, draft)
+    plain = plain_greedy(target, PROMPTS[0])
     with pytest.raises(InvalidArgument, match="resume_from"):
         stack.run(PROMPTS[0], resume_from=2, session_id="x")
-    with pytest.raises(sessions.SeedUnknown, match="seed"):
+    # An older client sends no delivered tokens: with no record of them, it is told to send them.
+    with pytest.raises(FailedPrecondition, match="delivered"):
         stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 1, session_id="gone",
                   sampling=SamplingParams(temperature=1.0), seed=0)
-    # Greedy needs no seed: a resume whose record is gone regenerates the turn.
-    out, _, _ = stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 3, session_id="gone")
-    assert out == plain_greedy(target, PROMPTS[0])[3:]
+    # With them, a resume whose record is gone continues from them (any seed samples exactly).
+    out, _, tally = stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 3, session_id="gone",
+                              delivered=tuple(plain[:3]))
+    assert out == plain[3:] and tally.new_tokens == len(plain)
+    out, _, _ = stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 2, session_id="gone2",
+                          delivered=tuple(plain[:2]), sampling=SamplingParams(temperature=1.0), seed=0)
+    assert len(out) == MAX_NEW - 2
+    # Tokens that disagree with the turn's record are refused.
+    _, _, kept = stack.run(PROMPTS[0], keep_session=True, max_new=6)
+    wrong = tuple((t + 1) % VOCAB for t in plain[:4])
+    with pytest.raises(FailedPrecondition, match="differ"):
+        stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 4, session_id=kept.session_id, delivered=wrong)
+    # Delivered tokens that end the turn: nothing left to generate, the stats only.
+    eos_at = (4, 4, EOS)
+    out, _, tally = stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 3, session_id="ended",
+                              delivered=eos_at)
+    assert out == [] and tally.finish_reason == "eos" and tally.target_passes == 0
+    with pytest.raises(InvalidArgument, match="after the end"):
+        stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 4, session_id="ended2", delivered=(EOS, 4, 4, 4))
+    out, _, tally = stack.run(PROMPTS[0], resume_from=len(PROMPTS[0]) + 2, session_id="stopped",
+                              delivered=(4, 5), stop=("ef",))
+    assert out == [] and tally.finish_reason == "stop"
+
+
+# --------------------------------------------------------------------- one seed, one text
+
+
+def test_a_seed_means_one_text_whatever_proposes_at_any_k() -> None:
+    """The coupled sampler: for each seed, target-only decoding and every proposer at every k
+    commit the same tokens, while the drafts are accepted often."""
+    target, draft = make_models(3)
+    stack = Stack(target, draft)
+    sampled = SamplingParams(temperature=0.8)
+    accepted = drafted = 0  # of the draft at k = 1: the coupling's agreement
+    for seed in range(1, 21):
+        prompt = PROMPTS[seed % 2]
+        want, _, _ = stack.run(prompt, k=0, proposer=NONE, sampling=sampled, seed=seed, coupled=True)
+        for proposer, k in ((DRAFT, 1), (DRAFT, 4), (DRAFT, 8), (LOOKUP, 4), (COMBINED, 5)):
+            got, _, tally = stack.run(prompt, k=k, proposer=proposer, sampling=sampled, seed=seed, coupled=True)
+            assert got == want, (seed, proposer, k)
+            if (proposer, k) == (DRAFT, 1):
+                accepted += tally.accepted_tokens
+                drafted += tally.drafted_tokens
+    # The draft draws with the target's noise: it agrees about as often as rejection sampling
+    # accepts (0.74 with these tables), far above independent draws.
+    assert drafted and accepted / drafted > 0.5, (accepted, drafted)
+
+
+def test_the_coupled_sampler_has_the_target_distribution() -> None:
+    tokens, accepted = first_two_tokens(misreport_q=False, trials=S_TRIALS, coupled=True)
+    assert (accepted > S_TRIALS / 20).all()  # rejections, partial and full acceptance all happen
+    p_first, p_joint = chain_pvalues(tokens)
+    print(f"\ncoupled exactness: first-token p={p_first:.4f}, two-token joint p={p_joint:.4f}")
+    assert p_first > P_THRESHOLD and p_joint > P_THRESHOLD
+
+
+def test_a_coupled_sampler_reusing_one_positions_noise_fails_the_same_test() -> None:
+    """The control: noise shared between positions (a wrong sampler) correlates the two tokens."""
+    tokens, _ = first_two_tokens(misreport_q=False, trials=S_TRIALS // 2, coupled=True, stale_noise=True)
+    p_first, p_joint = chain_pvalues(tokens)
+    print(f"\nstale noise: first-token p={p_first:.2e}, two-token joint p={p_joint:.2e}")
+    assert p_joint < P_THRESHOLD
 
 
 def test_single_turn_requests_leave_no_record_and_no_kv() -> None:
