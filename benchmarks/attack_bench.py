@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.gateway_body_mb} MB body to the gateway ({mode}): status "
                   f"{'/'.join(map(str, r['statuses']))} after at most {r['worst_seconds'] * 1e3:.0f} ms, "
                   f"gateway memory growth at most {r['worst_rss_growth_mb']:.1f} MB "
-                  f"(the client sent at most {r['most_sent_mb']:.0f} MB)")
+                  f"(the client got {r['most_sent_mb']:.1f} MB out before the answer)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -40,12 +40,17 @@ def _head(port: int, total: int, chunked: bool) -> bytes:
 
 
 def _send_body(sock: socket.socket, total: int, chunked: bool, sent: list[int]) -> None:
-    """Write the body until it is all sent or the server stops taking it."""
+    """Write the body until it is all sent or the server stops taking it; `sent[0]` counts
+    the bytes the kernel took."""
     frame = (f"{len(BLOCK):x}\r\n".encode(), b"\r\n") if chunked else (b"", b"")
+    block = memoryview(frame[0] + BLOCK + frame[1])
     try:
         while sent[0] < total:
-            sock.sendall(frame[0] + BLOCK + frame[1])
-            sent[0] += len(BLOCK)
+            view = block
+            while view:
+                n = sock.send(view)
+                sent[0] += n
+                view = view[n:]
         if chunked:
             sock.sendall(b"0\r\n\r\n")
     except OSError:  # the server answered and closed: what the limit is for
