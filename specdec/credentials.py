@@ -52,6 +52,9 @@ DEFAULT_HOSTS = {"orchestrator": ("orchestrator",), "target": ("target", "target
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")  # every server: the in-container probes dial these
 REDIS_USERS = {"orchestrator": "orchestrator", "target": "model", "draft": "model"}
 DEFAULT_PREFIX = "specdec:"
+# What the single-certificate layout kept at the top of DIR (every container mounted all of it).
+LEGACY_FILES = ("server.crt", "server.key", "client.crt", "client.key", "tokens", "specdec.env",
+                "redis.conf")
 
 
 # ------------------------------------------------------------------ certificates
@@ -196,7 +199,11 @@ def _accepting(new: str, accepted: list[str]) -> list[str]:
 def _load_state(folder: Path) -> dict:
     path = folder / "state.json"
     if not path.exists():
-        raise FileNotFoundError(f"{folder} holds no secrets made by `specdec secrets` (no state.json)")
+        older = (folder / "server.key").exists()
+        raise FileNotFoundError(
+            f"{folder} holds " + ("secrets of the single-certificate layout: --force replaces them "
+                                  "(every process restarts at once)" if older
+                                  else "no secrets made by `specdec secrets` (no state.json)"))
     return json.loads(path.read_text())
 
 
@@ -284,6 +291,8 @@ def generate(folder: Path, *, hosts: Iterable[str] = (), tenants=("default",), f
     os.chmod(folder, 0o700)
     if (folder / "ca.crt").exists() and not force:
         raise FileExistsError(f"{folder} already holds secrets; --rotate renews them, --force replaces them")
+    for name in LEGACY_FILES:  # keys nothing mounts any more must not linger
+        (folder / name).unlink(missing_ok=True)
     ca, ca_key = _new_ca()
     _private(folder / "ca.key", _pem_key(ca_key))
     _write(folder / "ca.crt", ca)

@@ -141,6 +141,19 @@ def test_rotation_accepts_the_previous_generation_until_it_is_dropped(tmp_path) 
         generate(secrets)
 
 
+def test_a_folder_of_the_single_certificate_layout_is_replaced_whole(tmp_path) -> None:
+    old = tmp_path / "secrets"
+    old.mkdir()
+    for name in ("ca.crt", "ca.key", "server.crt", "server.key", "client.crt", "client.key",
+                 "tokens", "specdec.env", "redis.conf"):
+        (old / name).write_text("old")
+    out = subprocess.run([sys.executable, "-m", "specdec.cli", "secrets", str(old), "--rotate"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "--force replaces them" in out.stderr
+    generate(old, force=True)
+    assert sorted(p.name for p in old.iterdir() if p.is_file()) == ["ca.crt", "ca.key", "state.json"]
+
+
 # ------------------------------------------------------------------ real model services
 
 
