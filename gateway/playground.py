@@ -135,10 +135,10 @@ class RunCache:
         self._runs: OrderedDict[str, Any] = OrderedDict()
 
     @staticmethod
-    def key(kind: str, body: _Body, request: Request) -> str:
-        """The run's key: what it asked, and with which credentials (a run made with a token
-        is replayed only to callers with the same token)."""
-        return f"{kind}:{_credential_digest(request)}:" + json.dumps(body.model_dump(), sort_keys=True)
+    def key(kind: str, body: _Body, credentials: str = "") -> str:
+        """The run's key: what it asked, and with which credentials (`_credential_digest`: a run
+        made with a token is replayed only to callers with the same token)."""
+        return f"{kind}:{credentials}:" + json.dumps(body.model_dump(), sort_keys=True)
 
     def get(self, key: str) -> Any | None:
         if key in self._runs:
@@ -199,7 +199,7 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
 
     async def one_pass(request: Request, kind: str, body: _Body, call) -> dict:
         """A one-target-pass call (Predict, Check): from the cache, else charged 1 pass."""
-        key = RunCache.key(kind, body, request)
+        key = RunCache.key(kind, body, _credential_digest(request))
         hit = cache.get(key)
         if hit is not None:
             return {**hit, **meta(request, passes=hit["passes"], charged=0, cached=True)}
@@ -287,8 +287,8 @@ def install(app: FastAPI, settings: PlaygroundSettings) -> None:
         body = _parse(GenerateBody, await _json(request))
         if body.proposer == "guess" and not body.guess:
             raise invalid("guess: required when proposer is guess", param="guess")
-        key = (RunCache.key("generate", body, request) if _deterministic(body.temperature, body.seed)
-               else None)
+        key = (RunCache.key("generate", body, _credential_digest(request))
+               if _deterministic(body.temperature, body.seed) else None)
         recorded = cache.get(key) if key else None
         if recorded is not None:
             return EventSourceResponse(_replay(recorded, lambda: quota.status(visitor(request))),
