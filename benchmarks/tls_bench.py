@@ -43,13 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plain_port, tls_port = procs.free_port(), procs.free_port()
         group.serve("plain", service_argv("target", plain_port, model=model, threads=1), plain_port)
-        extra = ["--tls-cert", str(sec / "server.crt"), "--tls-key", str(sec / "server.key"),
+        target, orchestrator = sec / "target", sec / "orchestrator"  # each role's own files
+        extra = ["--tls-cert", str(target / "server.crt"), "--tls-key", str(target / "server.key"),
                  "--service-token", token]
         if args.mutual:
-            extra += ["--tls-client-ca", str(sec / "ca.crt")]
+            extra += ["--tls-client-ca", str(target / "ca.crt")]
         group.start("tls", service_argv("target", tls_port, model=model, threads=1, extra=extra))
-        creds = channel_credentials(str(sec / "ca.crt"), *((str(sec / "client.crt"), str(sec / "client.key"))
-                                                           if args.mutual else (None, None)))
+        client = (str(orchestrator / "client.crt"), str(orchestrator / "client.key"))
+        creds = channel_credentials(str(orchestrator / "ca.crt"), *(client if args.mutual else (None, None)))
         stubs = {
             "plain": (model_pb2_grpc.TargetServiceStub(grpc.insecure_channel(f"127.0.0.1:{plain_port}")), None),
             "tls": (model_pb2_grpc.TargetServiceStub(grpc.secure_channel(f"localhost:{tls_port}", creds)),
