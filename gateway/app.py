@@ -1,13 +1,14 @@
 """The ASGI app: OpenAI-compatible endpoints in front of one orchestrator address.
 
 Every generation is one `Orchestrator.Generate` stream through `client.AsyncClient`;
-no model work happens here. Before any route: a body over --max-body-bytes is a 413 while it
-is read, and, while the orchestrator takes calls without a token, only --allowed-hosts names
-may be in Host and Origin (gateway.guard). /metrics is on its own port (--metrics-port), not
-on the API's. The gateway waits for the stream's first chunk before
+no model work happens here. The gateway waits for the stream's first chunk before
 answering, so a request the orchestrator rejects gets its HTTP status and an OpenAI
 error body, streaming or not. A client that disconnects mid-stream cancels the gRPC
 call, and the orchestrator frees the session's KV on both services.
+
+Before any route (gateway.guard): a body over --max-body-bytes is a 413 while it is read,
+and, while the orchestrator takes calls without a token, only --allowed-hosts names may be
+in Host and Origin. /metrics is on its own port (--metrics-port), never on the API's.
 """
 from __future__ import annotations
 
