@@ -61,8 +61,8 @@ def _attacker(address: str, payload: str, stop: threading.Event, outcomes: list)
 
 
 def run(args: argparse.Namespace) -> dict:
-    from specdec import procs
-    from specdec.launch import Processes, child_env, orchestrator_argv, service_argv
+    from specdec.runtime import procs
+    from launcher.launch import Processes, child_env, orchestrator_argv, service_argv
     from tests.tiny import build_pair
 
     work = Path(tempfile.mkdtemp(prefix="specdec-attack-"))

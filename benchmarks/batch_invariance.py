@@ -1,7 +1,7 @@
 """Batch invariance of the batched target on the suite prompts (embedded target, in-process).
 
 Two measurements, each with the invariance measure (each matrix product's rows
-padded where its kernel needs it, engine.linear.calibrate) and without it:
+padded where its kernel needs it, engine.model.linear.calibrate) and without it:
 
   teacher-forced  every prompt, then its greedy continuation fed back in steps
                   (`decode`: 1 token per step; `score`: 1..5 tokens per step, like
@@ -106,7 +106,7 @@ async def decode_streams(host, prompts: list[list[int]], tokens: int, concurrent
     """Greedy decoding through the batching worker: Score(k=0) per token, `concurrent` streams at once."""
     from specdec.core.fingerprint import fingerprint
     from specdec.core.sampling import SamplingParams
-    from specdec.hosting.requests import ModelRequest
+    from model_service.requests import ModelRequest
     from target_service.scoring import score
 
     async def stream(i: int) -> list[int]:
@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     from engine.host import HostLimits, ModelHost
-    from engine.linear import calibrate
-    from engine.llama import LlamaForward
-    from engine.loader import load
+    from engine.model.linear import calibrate
+    from engine.model.llama import LlamaForward
+    from engine.model.loader import load
     from engine.runner import PooledRunner
 
     lm = load(None, dtype=args.dtype)

@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import grpc
 
-    from specdec import procs
-    from engine.loader import load
-    from specdec.launch import service_argv
+    from specdec.runtime import procs
+    from engine.model.loader import load
+    from launcher.launch import service_argv
     from specdec.v1 import model_pb2_grpc
     from benchmarks.batch_invariance import suite_prompts
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.host import HostLimits, pick_runner
-    from engine.loader import load
+    from engine.model.loader import load
 
     torch.set_num_threads(1)
     spec = None

@@ -85,8 +85,8 @@ def huge_body(port: int, pid: int, total: int, *, chunked: bool, timeout_s: floa
 
 def start_gateway(max_body_bytes: int | None = None, logs: Path | None = None):
     """`python -m gateway` on a free port (no orchestrator behind it); (process, port)."""
-    from specdec import procs
-    from specdec.launch import child_env
+    from specdec.runtime import procs
+    from launcher.launch import child_env
     from tests.integration.stack import wait_http
 
     port = procs.free_port()
@@ -102,7 +102,7 @@ def start_gateway(max_body_bytes: int | None = None, logs: Path | None = None):
 
 def run(mb: int, repeats: int = 3) -> dict:
     """The figures for a `mb` MB body, declared and chunked, `repeats` times each (the worst kept)."""
-    from specdec import procs
+    from specdec.runtime import procs
 
     proc, port = start_gateway()
     try:

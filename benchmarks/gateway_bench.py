@@ -131,7 +131,7 @@ def run(orchestrator: str, gateway: str, model: str, *, pairs: int, max_tokens: 
 
 def _own_stack(args, workdir: Path):
     """Start target, draft, orchestrator and gateway; return (orchestrator, gateway, stop)."""
-    from specdec import procs
+    from specdec.runtime import procs
 
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_VERBOSITY": "error", "SPECDEC_REDIS_URL": ""}

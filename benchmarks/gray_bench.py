@@ -47,8 +47,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.stack import prepare_run
 from client import Client
-from specdec import procs
-from specdec.launch import Processes, child_env, orchestrator_argv, service_argv
+from specdec.runtime import procs
+from launcher.launch import Processes, child_env, orchestrator_argv, service_argv
 from tests.integration.faults import Throttle, freeze
 
 PROMPTS = [

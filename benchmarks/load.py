@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import load_report, suite
-from specdec import heap
+from specdec.runtime import heap
 
 REPO = Path(__file__).resolve().parent.parent
 BATCHED, UNBATCHED, PEER = "batched", "unbatched", "peer"
@@ -130,7 +130,7 @@ class LoadStack:
     --default-k auto (the adaptive config) and one with every default (the default config)."""
 
     def __init__(self, name: str, args, log_dir: Path, service_flags: list[str]) -> None:
-        from specdec.launch import Processes, child_env
+        from launcher.launch import Processes, child_env
 
         self.name, self.args, self.flags = name, args, service_flags
         self.prefix = f"specdec-load-{uuid.uuid4().hex[:8]}:"
@@ -144,8 +144,8 @@ class LoadStack:
 
     def start(self) -> None:
         """Start the services (not waiting); `wait` makes them healthy and starts the orchestrator."""
-        from specdec import procs
-        from specdec.launch import service_argv
+        from specdec.runtime import procs
+        from launcher.launch import service_argv
 
         self.services = {}
         for role, model in (("target", self.args.target), ("draft", self.args.draft)):
@@ -158,8 +158,8 @@ class LoadStack:
             self._pending.append((self.services[role], proc))
 
     def wait(self) -> None:
-        from specdec import procs
-        from specdec.launch import orchestrator_argv
+        from specdec.runtime import procs
+        from launcher.launch import orchestrator_argv
 
         for address, proc in self._pending:
             procs.wait_healthy(address, proc, timeout=600)
@@ -349,7 +349,7 @@ class Peer:
 
     def __init__(self, args) -> None:
         from draft_service.role import default_draft
-        from engine.loader import load
+        from engine.model.loader import load
 
         self.target = load(args.target, device="cpu", dtype="float32")
         self.draft = load(args.draft or default_draft(), device="cpu")
@@ -445,7 +445,7 @@ class PhysicalLimit:
         import torch
 
         from engine.host import HostLimits, pick_runner
-        from engine.loader import load
+        from engine.model.loader import load
         from engine.plan import RowPlan, StepPlan
 
         self._torch, self._row, self._plan = torch, RowPlan, StepPlan

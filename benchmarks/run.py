@@ -239,9 +239,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def feature_draft(args) -> bool:
-    """Whether the draft the services serve is a feature head (engine.drafts kind "eagle")."""
+    """Whether the draft the services serve is a feature head (engine.model.drafts kind "eagle")."""
     from draft_service.role import default_draft
-    from engine import drafts
+    from engine.model import drafts
 
     folder = args.draft or (None if args.draft_layers else default_draft())
     return bool(folder) and drafts.is_draft_folder(Path(folder)) and \
@@ -456,7 +456,7 @@ class PeerRunner:
 
     def __init__(self, args) -> None:
         from draft_service.role import default_draft
-        from engine.loader import load
+        from engine.model.loader import load
 
         self.target = load(args.target, device=args.device, dtype=args.dtype)
         self.draft = None

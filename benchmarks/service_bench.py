@@ -38,7 +38,7 @@ def _transport(args: argparse.Namespace, env: dict, log_dir: Path) -> dict:
     """Per-call gRPC cost on the tiny target, whose forward is too small to add noise."""
     import grpc
 
-    from specdec import procs
+    from specdec.runtime import procs
     from specdec.core.fingerprint import fingerprint
     from tests.tiny import build_model
     from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
     import torch
 
-    from specdec import procs
+    from specdec.runtime import procs
     from specdec.core.fingerprint import fingerprint
     from specdec.core.sampling import SamplingParams
-    from engine import loader
+    from engine.model import loader
     from engine.host import HostLimits, ModelHost
-    from specdec.hosting.requests import ModelRequest
+    from model_service.requests import ModelRequest
     from specdec.v1 import model_pb2, model_pb2_grpc
     from target_service.scoring import ScoreWork
 

@@ -1,6 +1,6 @@
 """Start and stop the benchmark's own stack: target, draft, orchestrator(s), link emulators.
 
-Command lines come from specdec.launch; every process is stopped by its own pid. The
+Command lines come from launcher.launch; every process is stopped by its own pid. The
 services run without Redis registration and the orchestrators use a private
 Redis key prefix, so nothing here routes to (or is routed to from) another
 stack sharing the same Redis; our keys are deleted at the end.
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.linkemu import LinkEmulator
-from specdec import procs
-from specdec.launch import Processes, child_env, orchestrator_argv, service_argv
+from specdec.runtime import procs
+from launcher.launch import Processes, child_env, orchestrator_argv, service_argv
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class StackSpec:
     # k for requests that send k = 0: "auto" picks it each round (svc-draft-auto); every
     # other configuration sends its own k, so this touches nothing else.
     default_k: str = "auto"
-    # --trace-dir: every process appends its spans to DIR/<name>.jsonl (specdec.tracing).
+    # --trace-dir: every process appends its spans to DIR/<name>.jsonl (specdec.runtime.tracing).
     trace_dir: Path | None = None
 
 

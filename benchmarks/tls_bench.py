@@ -25,11 +25,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import grpc
 
-    from specdec import procs
+    from specdec.runtime import procs
     from specdec.core.fingerprint import fingerprint
-    from specdec.credentials import generate
-    from specdec.launch import Processes, child_env, service_argv
-    from specdec.security import channel_credentials
+    from specdec.runtime.credentials import generate
+    from launcher.launch import Processes, child_env, service_argv
+    from specdec.runtime.security import channel_credentials
     from specdec.v1 import model_pb2, model_pb2_grpc
     from tests.tiny import build_model
 

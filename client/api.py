@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import grpc
 
-from specdec.security import aio_channel, bearer_metadata, channel_credentials, sync_channel
+from specdec.runtime.security import aio_channel, bearer_metadata, channel_credentials, sync_channel
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc

@@ -3,5 +3,5 @@
 prompts (the shipped prompt set) -> data (target greedy responses + top-k
 log-probs) -> train (a few target layers, soft cross-entropy) -> evaluate
 (held-out agreement, tokens per target pass, cost) -> a draft folder
-(engine.drafts) that engine.loader serves like any model.
+(engine.model.drafts) that engine.model.loader serves like any model.
 """

@@ -20,7 +20,7 @@ Stages (each resumable, each reads what the previous one wrote under --out):
          --depth passes unrolled on its own features
          -> OUT/train/eagle-checkpoint.pt, then OUT/draft/ (kind eagle)
   eval   agreement and tokens/pass on both held-out sets of OUT/draft (loaded
-         through engine.loader, as the draft service loads it) and of
+         through engine.model.loader, as the draft service loads it) and of
          the early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json.
          --kind eagle: agreement, per-depth acceptance and tokens/pass of the
          head drafting on its own features (exact chain simulation), cost
@@ -48,7 +48,7 @@ from distill.heldout import HELDOUT_V2_FILE
 from distill.sources import (
     _amp, _target_loader_spec, generate_set, heldout_records, heldout_v2_prompts, load_target,
 )
-from specdec.settings import POSITIONAL, Flag, Group, Settings
+from specdec.runtime.settings import POSITIONAL, Flag, Group, Settings
 
 log = logging.getLogger("distill")
 STAGES = ("prompts", "data", "train", "eval", "all")
@@ -169,7 +169,7 @@ def category_counts(args: argparse.Namespace, categories: dict[int, str]) -> dic
 
 def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     from distill import data, train
-    from engine import drafts
+    from engine.model import drafts
 
     if args.kind == "eagle":
         from distill import eagle
@@ -225,7 +225,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
 
 def init_recipe(args: argparse.Namespace, model: Any) -> str | dict[str, Any]:
     """Load --init-draft into `model` (a loaded target) when given; the manifest's description of the init."""
-    from engine import drafts
+    from engine.model import drafts
 
     if args.init_draft is None:
         return f"target embedding + layers 0..{args.layers - 1} + final norm + tied head (frozen embedding/head)"
@@ -244,7 +244,7 @@ def cost_variants(args: argparse.Namespace, target_model: Any, context: list[int
     Timed on untrained drafts of the same shape (cost does not depend on the weights).
     """
     from distill import evaluate
-    from engine import drafts
+    from engine.model import drafts
 
     out: dict[str, Any] = {}
     for dtype in ("float32", "bfloat16"):
@@ -276,8 +276,8 @@ def evaluate_model(name: str, model: Any, sets: dict[str, list[dict[str, Any]]],
 
 def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     from distill import data, evaluate
-    from engine import drafts
-    from engine import loader
+    from engine.model import drafts
+    from engine.model import loader
 
     if args.kind == "eagle":
         from distill import eagle
@@ -319,7 +319,7 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def write_manifest_eval(folder: Path, result: dict[str, Any]) -> None:
     """The eval summary in the draft's manifest: templated held-out numbers, and the separate set's."""
-    from engine import drafts
+    from engine.model import drafts
 
     d = result["draft"]
     summary = {k: d[k] for k in ("agreement", "tokens_per_pass", "best_k", "speedup", "cost")}

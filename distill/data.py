@@ -3,7 +3,7 @@
 At every step the target's log-softmax is reduced to its top-k (ids + fp16
 log-probs) and stored next to the greedy token, so the soft labels cost nothing
 beyond generation. Where the serving engine's forward runs the target
-(engine.llama), a shard goes through it continuously batched (generate_pooled):
+(engine.model.llama), a shard goes through it continuously batched (generate_pooled):
 a finished row's place goes to the next prompt at once and the paged KV pool
 copies nothing per step. Otherwise (generate_batch) prompts go through
 transformers in left-padded batches whose finished rows leave the batch. On the
@@ -130,7 +130,7 @@ def generate_batch(
 
 def pooled_forward(model: Any) -> Any:
     """The engine's pooled runner over `model` (engine.runner), or None where its forward does not serve it."""
-    from engine.llama import LlamaForward, unsupported
+    from engine.model.llama import LlamaForward, unsupported
 
     return None if unsupported(model) else LlamaForward(model)
 

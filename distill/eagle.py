@@ -1,4 +1,4 @@
-"""Train and evaluate an EAGLE-style feature head (engine.drafts, kind "eagle").
+"""Train and evaluate an EAGLE-style feature head (engine.model.drafts, kind "eagle").
 
 Data: the data stage's records (prompt + greedy response). For each record the
 frozen target runs teacher-forced over prompt + response[:-1] and its features
@@ -46,7 +46,7 @@ from distill.train import (
     autocast, column_map, fit_to_budget, head_logits, lr_at, make_batches, optimizer_step, replay_batches, resume,
     save_checkpoint,
 )
-from engine.drafts import subset_of, target_features, trainable_parameters
+from engine.model.drafts import subset_of, target_features, trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def multi_pass(model: Any, ids: torch.Tensor, features: torch.Tensor, depth: int
     """The head's normed outputs [B, T, H] for passes 1..depth (see the module doc).
 
     ids [B, T] right-padded; features [B, T, H]: the target's F (row t = F_t,
-    not yet shifted). Pass 1 equals engine.drafts.head_hidden on the shifted
+    not yet shifted). Pass 1 equals engine.model.drafts.head_hidden on the shifted
     features; pass d >= 2 reads pass d-1's outputs, shifted, as features and
     attends to pass-1 keys at <= t-d+1 and to pass-i keys at t-d+i (i = 2..d).
     `noise`: uniform noise on the true input features, times their RMS.
@@ -575,7 +575,7 @@ def run_train(args: Any) -> dict[str, Any]:
 
     from distill import data, sources
     from distill.train import choose_subset
-    from engine import drafts
+    from engine.model import drafts
 
     started = time.monotonic()
     records = data.load_records(Path(args.out) / "data" / "train")
@@ -654,7 +654,7 @@ def run_eval(args: Any) -> dict[str, Any]:
     import json
 
     from distill import evaluate, sources
-    from engine import drafts, loader
+    from engine.model import drafts, loader
 
     sets = sources.heldout_records(args)
     folder = args.draft_model or Path(args.out) / "draft"

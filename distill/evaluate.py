@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from specdec.core.speedup import break_even_alpha, expected_tokens_per_pass
-from engine.drafts import subset_of
+from engine.model.drafts import subset_of
 from distill.train import head_logits
 
 

@@ -47,7 +47,7 @@ def _target_loader_spec(target: str) -> str | None:
 
 
 def load_target(args: argparse.Namespace, dtype: str) -> Any:
-    from engine import loader
+    from engine.model import loader
 
     return loader.load(_target_loader_spec(args.target_model), device=args.device,
                        dtype=fast_dtype(dtype, args.device))

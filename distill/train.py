@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from engine.drafts import SubsetHead, trainable_named, trainable_parameters
+from engine.model.drafts import SubsetHead, trainable_named, trainable_parameters
 
 log = logging.getLogger(__name__)
 

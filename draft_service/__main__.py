@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from draft_service.role import ROLE
-from specdec.hosting.serve import main
-from specdec.procs import exit_now
+from model_service.serve import main
+from specdec.runtime.procs import exit_now
 
 if __name__ == "__main__":
     exit_now(main(ROLE))

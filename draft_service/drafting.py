@@ -9,7 +9,7 @@ cache ends holding the committed tokens plus every drafted token but the last
 (which was sampled, never fed back):
 cache_length = cache_position + len(tokens) + max(len(drafted) - 1, 0).
 
-A feature head (engine.drafts, ModelInfo.feature_dim > 0) reads a target
+A feature head (engine.model.drafts, ModelInfo.feature_dim > 0) reads a target
 feature with every token: the request's rows for the tokens that have one (in
 one step), then the head's own output at the previous position for the rest
 (one step each), and for every drafted token. Its own output at the last fed
@@ -29,8 +29,8 @@ from engine.plan import OutputSpec, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
 from specdec.core.rng import Purpose, uniform
-from specdec.errors import CacheMiss, InvalidArgument
-from specdec.hosting.requests import ModelRequest
+from specdec.runtime.errors import CacheMiss, InvalidArgument
+from model_service.requests import ModelRequest
 
 TOKENS_DRAFTED = Counter("specdec_tokens_drafted_total", "Tokens returned by Propose")
 TOKENS_PREFILLED = Counter(

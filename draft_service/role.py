@@ -11,8 +11,8 @@ from pathlib import Path
 
 import specdec
 from draft_service.servicer import DraftServicer
-from engine.drafts import is_draft_folder
-from specdec.hosting.role import Role
+from engine.model.drafts import is_draft_folder
+from model_service.role import Role
 from specdec.v1 import model_pb2, model_pb2_grpc
 
 DEFAULT_PORT = 50062

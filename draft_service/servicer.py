@@ -5,9 +5,9 @@ from typing import Any
 
 from draft_service.drafting import TOKENS_DRAFTED, TOKENS_PREFILLED, ProposeWork, check_p_min
 from engine.host import SessionWork
-from specdec.errors import InvalidArgument
-from specdec.hosting.servicer import FEATURE_KIND, ModelServicerBase, fill_response
-from specdec.wire import decode_features
+from specdec.runtime.errors import InvalidArgument
+from model_service.servicer import FEATURE_KIND, ModelServicerBase, fill_response
+from specdec.runtime.wire import decode_features
 from specdec.v1 import model_pb2, model_pb2_grpc
 
 

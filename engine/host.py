@@ -7,7 +7,7 @@ feeds tokens and takes outputs step by step.
 
 Two runners:
   * pooled (the default, --max-batch > 1): the engine's own forward
-    (engine.llama) over one preallocated KV pool, many sessions per forward.
+    (engine.model.llama) over one preallocated KV pool, many sessions per forward.
     Chosen where the model's architecture is known and the start-up
     self-check agrees with the model's own forward (engine.selfcheck);
     otherwise a log line says why and the host uses
@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 import torch
 
 from engine import selfcheck
-from engine.linear import calibrate
-from engine.llama import LlamaForward, unsupported
-from engine.loader import LoadedModel
+from engine.model.linear import calibrate
+from engine.model.llama import LlamaForward, unsupported
+from engine.model.loader import LoadedModel
 from engine.runner import PooledRunner
 from engine.scheduler import BatchLimits, Scheduler, SessionWork, Work
 from engine.sessions import SessionStore
@@ -60,7 +60,7 @@ class HostLimits:
     # A session's logits must not depend on who shares its forward (engine.runner).
     batch_invariant: bool = True
     stall_timeout_s: float = 120.0  # a forward running longer than this is a wedged worker
-    compile: bool = False  # torch.compile the engine's norms and activation (engine.llama)
+    compile: bool = False  # torch.compile the engine's norms and activation (engine.model.llama)
 
 
 @dataclass(frozen=True)

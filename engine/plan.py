@@ -45,7 +45,7 @@ class RowPlan:
     past: int  # positions the cache holds before these tokens
     emit: int  # 0..len(tokens): the last positions whose logits are output (emitted)
     output: OutputSpec = field(default_factory=OutputSpec)
-    # A feature head (engine.drafts) reads one target feature per token ([len(tokens), H],
+    # A feature head (engine.model.drafts) reads one target feature per token ([len(tokens), H],
     # any device/dtype); None = zeros. Other models take none.
     features: Any = None
     # Return the normed final hidden state of every token of this row (RowOutput.hidden):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.errors import ResourceExhausted
+from specdec.runtime.errors import ResourceExhausted
 
 BLOCK_SIZE = 16
 

@@ -2,14 +2,14 @@
 
 Per step: reserve nothing (the scheduler did), pack every row's tokens into one
 token axis, pad it to a token bucket where the device wants fixed shapes, plan
-the attention groups (engine.attention), run engine.llama's forward once, and
+the attention groups (engine.model.attention), run engine.model.llama's forward once, and
 turn the emitted logits into every row's outputs in one sampler call
 (engine.sampler). The host builds a handful of index lists per step; the device
 is synced once, when the small outputs come back.
 
 Batch invariance per device (HostLimits.batch_invariant):
   * CPU: each linear pads its own token count M where its kernel needs it
-    (engine.linear.calibrate; on this CPU in fp32 only the down projection,
+    (engine.model.linear.calibrate; on this CPU in fp32 only the down projection,
     1 -> 2 tokens), attention groups rows by shape; no whole-forward padding.
   * CUDA: the packed token count and the emitted-logit count are padded to fixed
     buckets (TOKEN_BUCKETS), so every linear and norm sees one of a few shapes
@@ -23,8 +23,8 @@ from dataclasses import replace
 import torch
 
 from engine import sampler
-from engine.attention import plan_attention
-from engine.llama import LlamaForward, token_tensors
+from engine.model.attention import plan_attention
+from engine.model.llama import LlamaForward, token_tensors
 from engine.plan import RowOutput, StepPlan
 from engine.pool import KVPool, SessionKV
 
@@ -37,7 +37,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 class PooledRunner:
-    """Runs plans through engine.llama's forward over one KV pool."""
+    """Runs plans through engine.model.llama's forward over one KV pool."""
 
     pooled = True
 

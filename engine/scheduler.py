@@ -50,7 +50,7 @@ from engine import metrics
 from engine.plan import OutputSpec, RowOutput, RowPlan, StepPlan
 from engine.pool import PoolExhausted
 from engine.sessions import CachedSession, SessionStore
-from specdec.errors import CacheMiss, ResourceExhausted, Unavailable
+from specdec.runtime.errors import CacheMiss, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

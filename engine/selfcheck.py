@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafts import head_hidden
+from engine.model.drafts import head_hidden
 from engine.plan import RowPlan, StepPlan
 from engine.runner import PooledRunner
 from engine.stock import cache_kwarg

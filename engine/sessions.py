@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.core import fingerprint as fp
-from specdec.errors import CacheMiss
+from specdec.runtime.errors import CacheMiss
 from engine import metrics
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The stock backend: one session per forward through the model's own forward and cache.
 
-Serves models the engine's own forward does not know (engine.llama.unsupported)
+Serves models the engine's own forward does not know (engine.model.llama.unsupported)
 and --max-batch 1. A session's cache is a transformers DynamicCache behind the
 same interface as a pool session (length, crop, reserve, free, nbytes).
 
@@ -17,7 +17,7 @@ import torch
 
 from engine import sampler
 from engine.plan import RowOutput, StepPlan
-from specdec.errors import FailedPrecondition
+from specdec.runtime.errors import FailedPrecondition
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.app import Settings, create_app
     from gateway.guard import parse_hosts, parse_networks
     from gateway.playground import PlaygroundSettings
-    from specdec.procs import watch_parent
+    from specdec.runtime.procs import watch_parent
 
     watch_parent()  # started by `specdec up`: go when it goes
     passes = int(args.playground_passes_per_minute)

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from client import AsyncClient
-from specdec.security import aio_channel, channel_credentials
+from specdec.runtime.security import aio_channel, channel_credentials
 from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
 from gateway import logprobs, playground
 from gateway.guard import LOCAL_HOSTS, BodyLimit, Credentials, HostCheck

@@ -15,7 +15,7 @@ import re
 import grpc
 from starlette.responses import Response
 
-from specdec.errors import RETRY_AFTER_KEY
+from specdec.runtime.errors import RETRY_AFTER_KEY
 
 # gRPC status -> HTTP status (the usual gateway mapping).
 HTTP_STATUS = {

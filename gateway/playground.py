@@ -437,7 +437,7 @@ def _check_result(reply) -> dict:
 def _draw(dist, body: SampleBody) -> dict:
     """The sampling panel's draws and test (CPU work: run off the event loop)."""
     from gateway import sampling_panel as panel
-    from specdec.wire import decode_probs
+    from specdec.runtime.wire import decode_probs
 
     p = decode_probs(dist.target_next)[0]
     q = decode_probs(dist.draft_next)[0]

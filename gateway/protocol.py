@@ -5,7 +5,7 @@ publishes the whole request (and gateway/schemas.py the responses), and a value
 outside its range is a 400 naming it before anything reaches the orchestrator.
 Parameters fall into four groups (the README's OpenAI table lists each one):
 - supported: model, messages / prompt, max_tokens, max_completion_tokens,
-  temperature, top_p, seed, stop, n (<= specdec.limits.MAX_CHOICES), best_of
+  temperature, top_p, seed, stop, n (<= specdec.runtime.limits.MAX_CHOICES), best_of
   (= n only), stream, stream_options.include_usage, prediction, response_format
   (text, json_object, json_schema), logprobs, top_logprobs;
 - extensions: `speculation` {proposer, k, guess}, `constraint` {regex | lark}
@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import invalid
-from specdec.limits import MAX_CHOICES
+from specdec.runtime.limits import MAX_CHOICES
 
 INT32 = 2**31 - 1  # the proto's int32 fields (sampling.top_k)
 UINT32 = 2**32 - 1  # the proto's uint32 fields (max_new_tokens, k)

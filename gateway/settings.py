@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gateway.guard import LOCAL_HOSTS
-from specdec.settings import CLIENT_TLS, ON, Flag, Group, Settings
+from specdec.runtime.settings import CLIENT_TLS, ON, Flag, Group, Settings
 
 GATEWAY = Group("gateway", (
     Flag("orchestrator", "orchestrator gRPC address", "127.0.0.1:50050"),

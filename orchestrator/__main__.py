@@ -31,10 +31,10 @@ from orchestrator.routing import Router
 from orchestrator.settings import orchestrator_settings
 from orchestrator.text import load_tokenizer
 from specdec.core.fingerprint import tokenizer_fingerprint
-from specdec.limits import admission_from_args
-from specdec.security import service_client_from_args
-from specdec.server import configure_logging, options_from_args, serve
-from specdec.store import Expected, ServiceRegistry, SessionStore, connect
+from specdec.runtime.limits import admission_from_args
+from specdec.runtime.security import service_client_from_args
+from specdec.runtime.server import configure_logging, options_from_args, serve
+from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
 
 if TYPE_CHECKING:
@@ -203,6 +203,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specdec.procs import exit_now
+    from specdec.runtime.procs import exit_now
 
     exit_now(main())

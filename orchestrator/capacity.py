@@ -46,7 +46,7 @@ from prometheus_client import Gauge
 
 from orchestrator.costs import CostBook
 from orchestrator.remote import SessionReplica
-from specdec.limits import reject
+from specdec.runtime.limits import reject
 
 if TYPE_CHECKING:
     from orchestrator.routing import Router

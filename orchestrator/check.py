@@ -8,9 +8,9 @@ from orchestrator.routing import Router
 from specdec.core.fingerprint import EMPTY
 from specdec.core.sampling import SamplingParams
 from specdec.core.verify import verify_greedy
-from specdec.errors import InvalidArgument, Unavailable
+from specdec.runtime.errors import InvalidArgument, Unavailable
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs, sampling_to_proto
+from specdec.runtime.wire import decode_probs, sampling_to_proto
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from orchestrator.sessions import forget_session
 from orchestrator.spec import GenerateSpec, LoopConfig
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import choice_seed
-from specdec.store import SessionRecord
+from specdec.runtime.store import SessionRecord
 
 log = logging.getLogger(__name__)
 

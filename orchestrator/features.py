@@ -21,7 +21,7 @@ Bytes on the wire are counted both ways: `received` (Score responses) and
 """
 from __future__ import annotations
 
-from specdec.errors import FailedPrecondition
+from specdec.runtime.errors import FailedPrecondition
 from specdec.v1 import common_pb2
 
 DEFAULT_ENCODING = common_pb2.FEATURE_ENCODING_FLOAT16

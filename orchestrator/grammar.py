@@ -30,7 +30,7 @@ import llguidance.hf
 import numpy as np
 
 from specdec.core import masks
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 # Compact JSON without free whitespace: a free-whitespace grammar lets a weak model

@@ -48,15 +48,15 @@ from orchestrator.sessions import Session, open_session
 from orchestrator.spec import PREDICTION, GenerateSpec, LoopConfig, WireSampling
 from orchestrator.stats import RoundTally, Tally, Timer
 from orchestrator.text import IncrementalDecoder
-from specdec import tracing
+from specdec.runtime import tracing
 from specdec.core.fingerprint import extend, prefix_fingerprints
 from specdec.core.kv import crop_lengths
 from specdec.core.speedup import GoodputPolicy
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
 from specdec.core.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
-from specdec.errors import FailedPrecondition, InvalidArgument
+from specdec.runtime.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 
 
 # finish_reason of a turn stopped by GenerateSpec.max_target_passes.

@@ -43,7 +43,7 @@ from orchestrator.proposers import DraftContext, DraftServiceProposer, PreDraft,
 from orchestrator.remote import Call, DeadlineMissed, ModelClient, SessionReplica
 from specdec.core.fingerprint import extend
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 
 
 @dataclass

@@ -17,9 +17,9 @@ from orchestrator.check import score_once
 from orchestrator.routing import Router
 from specdec.core.fingerprint import EMPTY
 from specdec.core.sampling import SamplingParams
-from specdec.errors import InvalidArgument, Unavailable
+from specdec.runtime.errors import InvalidArgument, Unavailable
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs, encode_probs, sampling_to_proto
+from specdec.runtime.wire import decode_probs, encode_probs, sampling_to_proto
 
 DEFAULT_TOP_K = 5
 MAX_TOP_K = 20

@@ -18,7 +18,7 @@ from orchestrator.proposers import (
 from orchestrator.remote import place
 from orchestrator.spec import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
 from specdec.core.fingerprint import prefix_fingerprints
-from specdec.errors import InvalidArgument, Unavailable
+from specdec.runtime.errors import InvalidArgument, Unavailable
 
 
 async def open_proposer(

@@ -33,9 +33,9 @@ from orchestrator.remote import (
 from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, PREDICTION, WireSampling
 from specdec.core.lookup import PromptLookup
 from specdec.core.prediction import PredictionCursor
-from specdec.errors import SpecdecError, Unavailable
+from specdec.runtime.errors import SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 
 log = logging.getLogger(__name__)
 # A first round whose draft lacks at least this many committed tokens feeds it alongside the

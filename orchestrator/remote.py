@@ -8,7 +8,7 @@ here, around a bytes-in/bytes-out channel call, so the encode and decode can
 be timed per call without copying the payload again. A cache-miss status
 becomes `CacheMiss` (recoverable: resend the committed tokens); an unreachable
 service, one that cancelled the call, or a draining one (UNAVAILABLE
-"draining: ...", specdec.drain) becomes `ServiceDown`.
+"draining: ...", specdec.runtime.drain) becomes `ServiceDown`.
 
 Chunked prefill: a Score or Propose carrying more tokens than the replica's
 per-request limit (GetInfo max_request_tokens, asked once per replica) is
@@ -45,10 +45,10 @@ import grpc
 
 from orchestrator.batching import CallBatcher, frame
 from orchestrator.outliers import SESSION_MOVES, ReplicaHealth
-from specdec import tracing
+from specdec.runtime import tracing
 from specdec.core.fingerprint import EMPTY, extend
-from specdec.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
-from specdec.security import ServiceClientSecurity, aio_channel
+from specdec.runtime.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
+from specdec.runtime.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
 
 
@@ -458,7 +458,7 @@ class SessionReplica:
         deadline. A down replica is replaced by another live one (which
         holds nothing: resent from 0); with none left the call waits for one to
         come back, up to `wait_s`, then raises ServiceDown. A draining replica
-        (specdec.drain) counts as down. On the draft, any other status
+        (specdec.runtime.drain) counts as down. On the draft, any other status
         that is not the request's own fault (RESOURCE_EXHAUSTED, INTERNAL,
         UNKNOWN, ...) moves the session too, and is raised (as UpstreamError)
         once no other replica is left; a missed deadline raises DeadlineMissed

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from orchestrator.outliers import ReplicaHealth
 from orchestrator.remote import ModelClient, release_in_background
 from specdec.core.fingerprint import EMPTY
-from specdec.store import ServiceRegistry, StoreUnavailable
+from specdec.runtime.store import ServiceRegistry, StoreUnavailable
 from specdec.v1 import model_pb2
 
 

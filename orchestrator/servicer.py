@@ -1,10 +1,10 @@
 """The Orchestrator gRPC servicer: proto in, loop, proto out. Nothing else lives here.
 
-Admission (specdec.limits) comes first: the request's text bytes against
+Admission (specdec.runtime.limits) comes first: the request's text bytes against
 --max-request-bytes, then the tenant's rate and stream slots. Tokenising,
 chat templating and decoding run on a thread pool, off the event loop, so one
 huge request does not stall the other streams. A session is visible only to
-the tenant that created it (specdec.security.TENANT).
+the tenant that created it (specdec.runtime.security.TENANT).
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from orchestrator.sessions import forget_session
 from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
 from orchestrator.stats import stats_to_proto
 from orchestrator.text import encode_prompt, encode_text
-from specdec.errors import InvalidArgument, OutOfRange
-from specdec.limits import MAX_CHOICES, MAX_SESSION_ID, Admission, AdmissionLimits
-from specdec.security import TENANT
+from specdec.runtime.errors import InvalidArgument, OutOfRange
+from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, Admission, AdmissionLimits
+from specdec.runtime.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
-from specdec.wire import sampling_from_proto
+from specdec.runtime.wire import sampling_from_proto
 
 _PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_GUESS: GUESS,
               pb.PROPOSER_NONE: NONE, pb.PROPOSER_COMBINED: COMBINED}

@@ -1,6 +1,6 @@
 """A session's lifecycle in the loop: open, save each round's committed state, finish or give up.
 
-The Redis record (specdec.store.SessionRecord) is the last committed state:
+The Redis record (specdec.runtime.store.SessionRecord) is the last committed state:
 the committed token ids, per role the replica holding the session's KV and
 how many of those tokens it holds, and where the current turn started and
 its seed. A turn resumes from it on any orchestrator replica.
@@ -35,9 +35,9 @@ from typing import TypeVar
 from orchestrator.remote import ModelClient, SessionReplica, in_background, release_kv
 from orchestrator.spec import GenerateSpec, LoopConfig, RecordStore
 from orchestrator.stats import RoundTally, Tally, Timer
-from specdec import tracing
-from specdec.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from specdec.store import SessionRecord, StoreUnavailable
+from specdec.runtime import tracing
+from specdec.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from specdec.runtime.store import SessionRecord, StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

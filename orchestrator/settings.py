@@ -5,10 +5,10 @@ from orchestrator.capacity import CapacityPolicy
 from orchestrator.deadlines import DeadlinePolicy
 from orchestrator.kinds import GUESS, KINDS
 from orchestrator.outliers import OutlierPolicy
-from specdec.settings import (
+from specdec.runtime.settings import (
     APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,
 )
-from specdec.store import SESSION_TTL_S
+from specdec.runtime.store import SESSION_TTL_S
 
 DEFAULT_PORT = 50050
 

@@ -16,9 +16,9 @@ from orchestrator.grammar import Constraint, Grammars
 from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION  # noqa: F401 - re-exported
 from orchestrator.routing import Router
 from specdec.core.sampling import SamplingParams
-from specdec.store import SessionRecord
+from specdec.runtime.store import SessionRecord
 from specdec.v1 import common_pb2
-from specdec.wire import sampling_to_proto
+from specdec.runtime.wire import sampling_to_proto
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class WireSampling:
 
 
 class RecordStore(Protocol):
-    """Where session records live (specdec.store.SessionStore in Redis; a dict in tests)."""
+    """Where session records live (specdec.runtime.store.SessionStore in Redis; a dict in tests)."""
 
     async def load(self, session_id: str) -> SessionRecord | None: ...
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 
 from orchestrator.costs import Costs
 from orchestrator.remote import Call
-from specdec import tracing
+from specdec.runtime import tracing
 from specdec.core.verify import Verdict
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -121,7 +121,7 @@ class Tally(Costs):
     @property
     def round_started(self) -> float:
         """When the open round started (perf_counter seconds): the request's start, then the last
-        close_round. A round's spans (specdec.tracing) start and end on these readings."""
+        close_round. A round's spans (specdec.runtime.tracing) start and end on these readings."""
         return self._round_start or self.started
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 
 REPLACEMENT = "\ufffd"
 
@@ -13,7 +13,7 @@ def load_tokenizer(folder: str | None) -> tuple[Any, str]:
     """(tokenizer, folder): `folder`, or the embedded default target's cached folder."""
     from transformers import AutoTokenizer
 
-    from engine.loader import resolve
+    from engine.model.loader import resolve
 
     path, _ = resolve(folder)
     return AutoTokenizer.from_pretrained(path), str(path)

@@ -1,4 +1,4 @@
-"""Regenerate docs/configuration.md from the settings definitions (specdec.settings and each
+"""Regenerate docs/configuration.md from the settings definitions (specdec.runtime.settings and each
 process's own). tests/unit/test_settings.py fails when the page differs from a fresh rendering.
 
     python scripts/gen_config_docs.py          # write the page
@@ -22,8 +22,8 @@ def processes() -> list[tuple[str, str, object]]:
     from draft_service.role import ROLE as DRAFT
     from gateway.settings import gateway_settings
     from orchestrator.settings import orchestrator_settings
-    from specdec import cli
-    from specdec.hosting.settings import service_settings
+    from launcher import cli
+    from model_service.settings import service_settings
     from target_service.role import ROLE as TARGET
 
     return [
@@ -37,7 +37,7 @@ def processes() -> list[tuple[str, str, object]]:
 
 
 def render() -> str:
-    from specdec.settings import reference
+    from specdec.runtime.settings import reference
 
     return reference(processes())
 

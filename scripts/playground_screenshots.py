@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specdec import procs  # noqa: E402
+from specdec.runtime import procs  # noqa: E402
 from tests.playground import browser as chromium  # noqa: E402
 
 QUOTA = 200
@@ -76,7 +76,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="specdec-screens-"))
     up_log = logs / "up.out"
-    up = procs.start(["python", "-m", "specdec.cli", "up", "--port", str(procs.free_port()),
+    up = procs.start(["python", "-m", "launcher.cli", "up", "--port", str(procs.free_port()),
                       "--gateway-port", "0", "--logs", str(logs)], log_path=up_log)
     gateway = None
     try:

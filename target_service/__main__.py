@@ -1,8 +1,8 @@
 """python -m target_service --help"""
 from __future__ import annotations
 
-from specdec.hosting.serve import main
-from specdec.procs import exit_now
+from model_service.serve import main
+from specdec.runtime.procs import exit_now
 from target_service.role import ROLE
 
 if __name__ == "__main__":

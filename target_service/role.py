@@ -1,7 +1,7 @@
 """The target role for the shared bootstrap: its verb, port, servicer and model default."""
 from __future__ import annotations
 
-from specdec.hosting.role import Role
+from model_service.role import Role
 from specdec.v1 import model_pb2, model_pb2_grpc
 from target_service.servicer import TargetServicer
 

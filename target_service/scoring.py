@@ -21,9 +21,9 @@ from engine.plan import OutputSpec, RowLogprobs, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
 from specdec.core import masks
-from specdec.errors import InvalidArgument
-from specdec.hosting.requests import ModelRequest
-from specdec.wire import check_feature_encoding
+from specdec.runtime.errors import InvalidArgument
+from model_service.requests import ModelRequest
+from specdec.runtime.wire import check_feature_encoding
 
 TOKENS_SCORED = Counter("specdec_tokens_scored_total", "Tokens fed through Score forwards")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.host import SessionWork
-from specdec.errors import FailedPrecondition
-from specdec.hosting.servicer import FEATURE_KIND, ModelServicerBase, fill_response
-from specdec.wire import encode_features
+from specdec.runtime.errors import FailedPrecondition
+from model_service.servicer import FEATURE_KIND, ModelServicerBase, fill_response
+from specdec.runtime.wire import encode_features
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 from target_service.scoring import TOKENS_SCORED, ScoreWork, check_score, decode_extras
 

@@ -82,7 +82,7 @@ def recipe_hosts() -> list[str]:
 @functools.cache
 def workdir() -> Path:
     """deploy/k8s copied, with deploy/k8s/secrets filled by `specdec secrets` (the recipe's hosts)."""
-    from specdec.credentials import generate
+    from specdec.runtime.credentials import generate
 
     root = Path(tempfile.mkdtemp(prefix="specdec-k8s-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
@@ -398,10 +398,10 @@ def test_every_setting_and_flag_exists_in_the_processes_help():
             if arg.startswith("--"):
                 assert re.search(rf"\s{re.escape(arg)}\b", text), f"{role}: {arg} not in --help"
     shared = dict(_find(docs, "ConfigMap", "specdec-config")["data"])
-    # Read by the Redis client of every server (specdec/store.py), not flags.
+    # Read by the Redis client of every server (specdec/runtime/store.py), not flags.
     for name in ("SPECDEC_REDIS_PASSWORD", "SPECDEC_REDIS_USERNAME"):
         known_anywhere.add(name)
-        assert f'"{name}"' in (ROOT / "specdec/store.py").read_text()
+        assert f'"{name}"' in (ROOT / "specdec/runtime/store.py").read_text()
     for name in shared:
         assert name in known_anywhere, f"{name} is read by no process"
     for role in ROLES:  # each role's own Secret of settings: read by that role's process
@@ -496,7 +496,7 @@ def test_each_pod_holds_only_its_own_roles_secrets(name):
 
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
 def test_model_services_require_the_orchestrators_certificate_and_hold_no_credential_of_theirs(name):
-    from specdec.security import token_sha256
+    from specdec.runtime.security import token_sha256
 
     docs = rendered(name)
     orchestrator_env = _env(_container(docs, "orchestrator"), docs)
@@ -526,7 +526,7 @@ def test_tenant_tokens_and_the_gateway(name):
     files = _mounted_files(docs, _pod(docs, "orchestrator"), _container(docs, "orchestrator"))
     path = _env(_container(docs, "orchestrator"), docs)["SPECDEC_AUTH_TOKENS"]
     assert files[path] == ("specdec-orchestrator-tls", "tokens")
-    from specdec.security import TokenTable
+    from specdec.runtime.security import TokenTable
 
     # What specdec secrets writes.
     assert TokenTable.from_file(workdir() / "secrets" / "orchestrator" / "tokens").tenants
@@ -547,8 +547,8 @@ def test_tenant_tokens_and_the_gateway(name):
 
 @functools.cache
 def _health_help() -> str:
-    # `specdec` is the console script of specdec.cli:main (pyproject.toml).
-    out = subprocess.run([sys.executable, "-c", "import sys; from specdec.cli import main; "
+    # `specdec` is the console script of launcher.cli:main (pyproject.toml).
+    out = subprocess.run([sys.executable, "-c", "import sys; from launcher.cli import main; "
                           "sys.exit(main(['health', '--help']))"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]

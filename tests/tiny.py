@@ -121,7 +121,7 @@ def build_pair(root: Path, *, draft_noise: float = 0.04) -> tuple[Path, Path]:
 
 def build_feature_head(target: Path, out_dir: Path, *, feature_weight: float = 0.02, noise: float = 0.0,
                        seed: int = 0) -> Path:
-    """A tiny EAGLE-style feature head of `target` (engine.drafts kind "eagle"), saved as a draft folder.
+    """A tiny EAGLE-style feature head of `target` (engine.model.drafts kind "eagle"), saved as a draft folder.
 
     A random tiny target cannot be learned in seconds, so the head is made, not
     trained: all of the target's layers (build_feature_head keeps the last
@@ -132,7 +132,7 @@ def build_feature_head(target: Path, out_dir: Path, *, feature_weight: float = 0
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine import drafts
+    from engine.model import drafts
     from specdec.core.fingerprint import tokenizer_fingerprint
 
     gen = torch.Generator().manual_seed(seed)

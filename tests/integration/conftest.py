@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.stack import Stack
 
 

@@ -11,9 +11,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec import procs
-from specdec.launch import Processes, child_env, device_under_test, orchestrator_argv, service_argv
-from specdec.store import delete_prefix
+from specdec.runtime import procs
+from launcher.launch import Processes, child_env, device_under_test, orchestrator_argv, service_argv
+from specdec.runtime.store import delete_prefix
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV = child_env(1, quiet=True)

@@ -42,7 +42,7 @@ import grpc
 import pytest
 
 from client import Client
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.faults import PROMPTS, Throttle, freeze
 from tests.integration.stack import Stack
 

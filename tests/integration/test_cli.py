@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
-from specdec import procs
+from specdec.runtime import procs
 
-SPECDEC = [sys.executable, "-m", "specdec.cli"]
+SPECDEC = [sys.executable, "-m", "launcher.cli"]
 
 
 def _closed(address: str) -> bool:
@@ -100,7 +100,7 @@ def test_demo_splits_the_cores_and_compares_with_target_only(tiny_pair, tmp_path
     """The launcher gives each service its share of the cores (not all of them each), and the
     demo prints its speed next to target-only's on the same prompt and stack. Without --logs its
     services log to a temporary folder, removed after a clean run."""
-    from specdec.launch import available_cores, split_threads
+    from launcher.launch import available_cores, split_threads
 
     target_dir, draft_dir = tiny_pair
     scratch = tmp_path / "tmp"

@@ -83,7 +83,7 @@ def test_compose_mounts_each_container_only_its_own_secrets():
 
 
 def test_every_secret_file_compose_names_is_one_specdec_secrets_writes(tmp_path):
-    from specdec.credentials import generate
+    from specdec.runtime.credentials import generate
 
     generate(tmp_path / "secrets")
     services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
@@ -116,12 +116,12 @@ def test_dockerfile_copies_what_exists_and_installs_the_package():
 
 
 def test_health_subcommand(stack):
-    ok = subprocess.run([sys.executable, "-m", "specdec.cli", "health", stack.addresses["orch"]],
+    ok = subprocess.run([sys.executable, "-m", "launcher.cli", "health", stack.addresses["orch"]],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "SERVING" in ok.stdout
-    from specdec.procs import free_port
+    from specdec.runtime.procs import free_port
 
-    dead = subprocess.run([sys.executable, "-m", "specdec.cli", "health", f"127.0.0.1:{free_port()}",
+    dead = subprocess.run([sys.executable, "-m", "launcher.cli", "health", f"127.0.0.1:{free_port()}",
                            "--timeout", "1"], capture_output=True, text=True, timeout=60)
     assert dead.returncode == 1 and "UNAVAILABLE" in dead.stderr
 

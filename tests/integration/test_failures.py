@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from client import Client
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.stack import Stack
 
 PROMPT = "The cat sat on the"

@@ -87,7 +87,7 @@ def _head_joint(target_dir, head_dir, prompt_ids: list[int]) -> dict[tuple[int, 
     d1 from the target's prompt features, d2 on the head's own predicted feature."""
     from transformers import AutoModelForCausalLM
 
-    from engine import drafts, loader
+    from engine.model import drafts, loader
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     head = loader.load(str(head_dir)).model

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.stack import Stack, post_json
 
 openai = pytest.importorskip("openai")

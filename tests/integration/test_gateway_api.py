@@ -301,7 +301,7 @@ REWRITE = ("Rewrite the following paragraph, changing the name Alice to Carol. O
 @pytest.fixture(scope="module")
 def default_gw(tmp_path_factory):
     """The embedded default target (no draft) behind an orchestrator and a gateway."""
-    from engine.loader import resolve
+    from engine.model.loader import resolve
 
     stack = Stack(logs=tmp_path_factory.mktemp("default-gateway-logs"))
     try:

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from client import Client
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.faults import PROMPTS, Throttle, freeze, stream_in_thread, streams_with_fault
 from tests.integration.stack import ENV, Stack
 from tests.integration.stack import wait_http

@@ -11,8 +11,8 @@ import time
 
 import redis
 
-from specdec import procs
-from specdec.store import HEARTBEAT_S
+from specdec.runtime import procs
+from specdec.runtime.store import HEARTBEAT_S
 from tests.integration.faults import alive, children_of
 from tests.integration.stack import REDIS_URL
 
@@ -33,7 +33,7 @@ def test_children_of_specdec_up_die_with_it_on_sigkill(tiny_pair, tmp_path):
     target_dir, draft_dir = tiny_pair
     out = tmp_path / "up.out"
     up = procs.start([
-        "python", "-m", "specdec.cli", "up", "--target-model", str(target_dir),
+        "python", "-m", "launcher.cli", "up", "--target-model", str(target_dir),
         "--draft-model", str(draft_dir), "--port", str(procs.free_port()), "--threads", "1",
         "--redis-url", REDIS_URL, "--default-k", "3", "--logs", str(tmp_path / "logs"),
         "--gateway-port", str(procs.free_port()),
@@ -68,11 +68,11 @@ def test_a_child_started_from_another_thread_outlives_that_thread_and_dies_with_
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import threading, time
-        from specdec import procs
+        from specdec.runtime import procs
 
         def spawn():
             child = procs.start(["python", "-c",
-                "from specdec.procs import watch_parent; import time; watch_parent(); time.sleep(120)"])
+                "from specdec.runtime.procs import watch_parent; import time; watch_parent(); time.sleep(120)"])
             open({str(pid_file)!r}, "w").write(str(child.pid))
 
         t = threading.Thread(target=spawn)

@@ -75,7 +75,7 @@ def test_killing_the_target_mid_stream_fails_over_with_identical_text(replicas):
     import os
     import signal
 
-    from specdec.store import SessionStore, connect
+    from specdec.runtime.store import SessionStore, connect
 
     async def holder(session_id: str) -> str:
         redis = connect(replicas.redis_url)
@@ -137,7 +137,7 @@ def _session_draft(replicas) -> str:
     """The draft replica of the newest session in this test's Redis namespace."""
     import asyncio
 
-    from specdec.store import SessionStore, connect
+    from specdec.runtime.store import SessionStore, connect
 
     async def newest() -> str:
         redis = connect(replicas.redis_url)

@@ -128,7 +128,7 @@ def test_disconnect_mid_stream_keeps_a_kept_session_and_frees_a_single_turn_one(
 
 
 async def _record_exists(stack, session_id: str) -> bool:
-    from specdec.store import SessionStore, connect
+    from specdec.runtime.store import SessionStore, connect
 
     redis = connect(stack.redis_url)
     try:

@@ -23,8 +23,8 @@ import grpc
 import pytest
 
 from client import Client
-from specdec import procs
-from specdec.store import SessionStore, connect
+from specdec.runtime import procs
+from specdec.runtime.store import SessionStore, connect
 from tests.integration.stack import Stack
 
 PROMPT = "The cat sat on the mat and the dog sat on the"

@@ -81,7 +81,7 @@ def test_model_client_times_serialization(stack):
     from specdec.core.fingerprint import EMPTY
     from specdec.core.sampling import SamplingParams
     from specdec.v1 import common_pb2, model_pb2
-    from specdec.wire import sampling_to_proto
+    from specdec.runtime.wire import sampling_to_proto
 
     async def run():
         client = ModelClient(stack.addresses["target"], "target")

@@ -39,8 +39,8 @@ import pytest
 import redis
 
 from client import Client
-from specdec import procs
-from specdec.store import SINGLE_TURN_TTL_S
+from specdec.runtime import procs
+from specdec.runtime.store import SINGLE_TURN_TTL_S
 from tests.integration.faults import PROMPTS
 from tests.integration.stack import Stack
 from tests.integration.test_gateway import scrape

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from specdec.store import (
+from specdec.runtime.store import (
     ServiceEntry, ServiceRegistry, SessionRecord, SessionStore, StoreUnavailable, connect,
 )
-from specdec.procs import free_port
+from specdec.runtime.procs import free_port
 
 URL = "redis://127.0.0.1:6379/0"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.text import IncrementalDecoder, encode_prompt
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 
 TEXTS = ["héllo wörld", "naïve café — ünïcode ✓", "emoji 😀👍🏽 and 中文字符 mixed", "plain ascii"]
 

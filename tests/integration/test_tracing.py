@@ -1,7 +1,7 @@
 """Round-level traces across real processes: tiny target + tiny draft + orchestrator, each with
 --trace-file, one greedy Generate with the draft proposer sent with the caller's traceparent.
 
-Which span equals which Stats.rounds[i] field (all milliseconds; specdec.tracing.timeline):
+Which span equals which Stats.rounds[i] field (all milliseconds; specdec.runtime.tracing.timeline):
   round span duration                                   = total_ms
   the draft service's Propose span (its own process)    = draft_ms
   the target service's Score span                       = target_ms
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.tracing import timeline as tl
+from specdec.runtime.tracing import timeline as tl
 from tests.integration.stack import ENV, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_every_round_matches_stats_within_a_tenth_of_a_millisecond(traced):
 def test_plot_writes_a_png(traced, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "trace.png"
-    run = subprocess.run([sys.executable, "-m", "specdec.cli", "trace", str(traced.dir),
+    run = subprocess.run([sys.executable, "-m", "launcher.cli", "trace", str(traced.dir),
                           "--trace-id", traced.trace_id, "--out", str(out)],
                          env={**os.environ, **ENV}, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.stack import ENV, Stack, wait_http
 from tests.playground import browser as chromium
 

@@ -75,7 +75,7 @@ def test_predict_is_the_models_own_softmax_at_every_position(pg, grpc_client, to
 
 
 def test_predict_distributions_are_p_and_q(grpc_client, tokenizer, models):
-    from specdec.wire import decode_probs
+    from specdec.runtime.wire import decode_probs
 
     prompt = "The cat sat on the"
     ids = tokenizer.encode(prompt, add_special_tokens=False)

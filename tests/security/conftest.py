@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec import procs
-from specdec.launch import orchestrator_argv, service_argv
+from specdec.runtime import procs
+from launcher.launch import orchestrator_argv, service_argv
 from tests.integration.stack import Stack
 
 TENANTS = ("alice", "bob", "carol", "dave", "erin")
@@ -42,7 +42,7 @@ def pki(tmp_path_factory) -> Pki:
     localhost and 127.0.0.1, so every server of the stack presents it), plus a stranger."""
     import trustme
 
-    from specdec.credentials import generate
+    from specdec.runtime.credentials import generate
 
     folder = tmp_path_factory.mktemp("pki")
     generate(folder / "secrets")

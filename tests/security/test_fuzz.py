@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec import procs
+from specdec.runtime import procs
 from specdec.v1 import common_pb2, model_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.integration.stack import Stack

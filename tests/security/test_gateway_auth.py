@@ -6,8 +6,8 @@ import time
 import urllib.error
 import urllib.request
 
-from specdec import procs
-from specdec.launch import child_env
+from specdec.runtime import procs
+from launcher.launch import child_env
 
 
 def _post(url: str, body: dict, token: str | None) -> tuple[int, dict]:

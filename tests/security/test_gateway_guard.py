@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.gateway_attack import huge_body
-from specdec import procs
+from specdec.runtime import procs
 from tests.integration.stack import Stack, wait_http
 
 CHAT = {"model": "specdec", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,

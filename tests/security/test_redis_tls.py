@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from specdec import procs
-from specdec.store import StoreUnavailable, connect, SessionStore
+from specdec.runtime import procs
+from specdec.runtime.store import StoreUnavailable, connect, SessionStore
 
 PASSWORD = "a-redis-password-for-the-test"
 

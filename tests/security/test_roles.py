@@ -23,11 +23,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from specdec import procs
-from specdec.credentials import drop_previous, generate, rotate, rotate_ca
-from specdec.errors import ErrorInterceptor
-from specdec.launch import Processes, child_env, service_argv
-from specdec.security import BearerGuard, TokenTable
+from specdec.runtime import procs
+from specdec.runtime.credentials import drop_previous, generate, rotate, rotate_ca
+from specdec.runtime.errors import ErrorInterceptor
+from launcher.launch import Processes, child_env, service_argv
+from specdec.runtime.security import BearerGuard, TokenTable
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -64,7 +64,7 @@ def orchestrator_caller(secrets: Path) -> Caller:
 def old_layout_caller(secrets: Path, token: str) -> Caller:
     """The single certificate every host had before roles: server and client use, signed by the
     deployment's CA but naming no orchestrator (what a compromised model pod held)."""
-    from specdec.credentials import _cert, _key, _pem_cert, _pem_key, _signing_ca
+    from specdec.runtime.credentials import _cert, _key, _pem_cert, _pem_key, _signing_ca
 
     ca, ca_key = _signing_ca(secrets)
     key = _key()
@@ -81,7 +81,7 @@ def test_each_role_holds_only_its_own_files(tmp_path) -> None:
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     secrets = tmp_path / "secrets"
-    out = subprocess.run([sys.executable, "-m", "specdec.cli", "secrets", str(secrets)],
+    out = subprocess.run([sys.executable, "-m", "launcher.cli", "secrets", str(secrets)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     files = {p.parent.name: set() for p in secrets.glob("*/*")}
@@ -98,7 +98,7 @@ def test_each_role_holds_only_its_own_files(tmp_path) -> None:
     assert oct(secrets.stat().st_mode & 0o777) == "0o700"
     assert oct((secrets / "ca.key").stat().st_mode & 0o777) == "0o600"
     token = _env_file(secrets / "orchestrator" / "orchestrator.env")["SPECDEC_SERVICE_TOKEN"]
-    from specdec.security import token_sha256
+    from specdec.runtime.security import token_sha256
 
     for role in ("target", "draft", "redis", "gateway"):
         for path in (secrets / role).iterdir():
@@ -147,7 +147,7 @@ def test_a_folder_of_the_single_certificate_layout_is_replaced_whole(tmp_path) -
     for name in ("ca.crt", "ca.key", "server.crt", "server.key", "client.crt", "client.key",
                  "tokens", "specdec.env", "redis.conf"):
         (old / name).write_text("old")
-    out = subprocess.run([sys.executable, "-m", "specdec.cli", "secrets", str(old), "--rotate"],
+    out = subprocess.run([sys.executable, "-m", "launcher.cli", "secrets", str(old), "--rotate"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "--force replaces them" in out.stderr
     generate(old, force=True)
@@ -424,7 +424,7 @@ def acl_redis(tmp_path_factory):
 
 async def _as_role(url: str, env: dict[str, str]) -> dict[str, str]:
     """What a role's Redis login may do: register a replica, read the registry, read a session."""
-    from specdec.store import ServiceEntry, ServiceRegistry, SessionStore, StoreUnavailable, connect
+    from specdec.runtime.store import ServiceEntry, ServiceRegistry, SessionStore, StoreUnavailable, connect
 
     saved = {k: os.environ.get(k) for k in ("SPECDEC_REDIS_USERNAME", "SPECDEC_REDIS_PASSWORD")}
     os.environ.update({k: env[k] for k in saved})

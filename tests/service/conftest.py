@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from specdec import procs
+from specdec.runtime import procs
 from specdec.core.fingerprint import fingerprint
-from specdec.launch import child_env, device_under_test, service_argv
+from launcher.launch import child_env, device_under_test, service_argv
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def reference(tiny_pair: tuple[Path, Path]):
     """The tiny target and draft loaded in the test process: full recompute, no cache."""
     import torch
 
-    from engine.loader import load
+    from engine.model.loader import load
 
     torch.set_num_threads(1)
     return load(str(tiny_pair[0])).model, load(str(tiny_pair[1])).model

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from specdec.core.fingerprint import fingerprint
-from specdec.errors import is_cache_miss
+from specdec.runtime.errors import is_cache_miss
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 from tests.service.conftest import LIMITS, MAX_K, propose, score, scrape, temperature
 
 PROBS = common_pb2.OUTPUT_MODE_PROBS

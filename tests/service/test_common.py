@@ -12,8 +12,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from engine.loader import tokenizer_fingerprint
-from specdec.launch import device_under_test
+from engine.model.loader import tokenizer_fingerprint
+from launcher.launch import device_under_test
 from specdec.v1 import common_pb2
 from tests.service.conftest import MAX_K, ROOT
 
@@ -77,7 +77,7 @@ def test_help(role: str) -> None:
 
 
 def test_bad_model_path_fails_fast(services, tmp_path) -> None:
-    from specdec.procs import ServiceDied
+    from specdec.runtime.procs import ServiceDied
 
     with pytest.raises(ServiceDied, match="expected a local Hugging Face folder"):
         services("target", tmp_path / "nothing-here", timeout=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from engine.loader import resolve
+from engine.model.loader import resolve
 from specdec.v1 import common_pb2
 from tests.service.conftest import propose, score
 
@@ -47,7 +47,7 @@ def test_one_pass_equals_one_token_steps_on_the_real_model(default_pair) -> None
     """Greedy identity and probabilities within 1e-5 on SmolLM2 in float32."""
     import torch
 
-    from specdec.wire import decode_probs
+    from specdec.runtime.wire import decode_probs
 
     target, _ = default_pair
     tokenizer = AutoTokenizer.from_pretrained(resolve(None)[0])
@@ -108,7 +108,7 @@ def test_sigterm_finishes_the_call_in_flight(services) -> None:
 
 
 def test_a_gguf_path_uses_the_same_cached_conversion(default_pair) -> None:
-    from engine.loader import embedded_gguf_path
+    from engine.model.loader import embedded_gguf_path
 
     folder, name = resolve(str(embedded_gguf_path()))
     assert folder == resolve(None)[0] and (folder / "model.safetensors").is_file()

@@ -15,7 +15,7 @@ def test_draft_service_default_is_the_committed_distilled_draft(services) -> Non
 
     from distill import data, evaluate, prompts
     from draft_service.role import DEFAULT_DRAFT
-    from engine.loader import load
+    from engine.model.loader import load
 
     assert (DEFAULT_DRAFT / "specdec-draft.json").is_file(), "the default draft is not committed"
     svc = services("draft", None, timeout=600)

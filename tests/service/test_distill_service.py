@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec.v1 import common_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 from tests.service.conftest import ROOT, propose, temperature
 
 PROBS = common_pb2.OUTPUT_MODE_PROBS
@@ -66,7 +66,7 @@ def test_pipeline_writes_data_draft_and_eval(distilled: tuple[Path, Path]) -> No
 def test_draft_service_serves_the_distilled_folder(services, distilled: tuple[Path, Path]) -> None:
     from transformers import AutoTokenizer
 
-    from engine.loader import load
+    from engine.model.loader import load
 
     target, out = distilled
     svc = services("draft", out / "draft", "--max-draft", "8")  # the deprecated alias of --max-k

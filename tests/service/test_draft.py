@@ -8,7 +8,7 @@ import torch
 from specdec.core.rng import Purpose, uniform
 from specdec.core.sampling import SamplingParams, probs_from_logits, sample
 from specdec.v1 import common_pb2, model_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 from tests.service.conftest import propose, temperature
 
 PROBS = common_pb2.OUTPUT_MODE_PROBS

@@ -1,4 +1,4 @@
-"""specdec.errors: one interceptor maps every exception to its gRPC status."""
+"""specdec.runtime.errors: one interceptor maps every exception to its gRPC status."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 import grpc
 import pytest
 
-from specdec.errors import (
+from specdec.runtime.errors import (
     CacheMiss,
     ErrorInterceptor,
     InvalidArgument,

@@ -1,7 +1,7 @@
 """Features on the wire, on real processes (tiny models): Score returns the target's, a feature head reads them.
 
 The target's rows equal its normed final hidden states computed in the test
-process; a head's drafts equal its reference forward (engine.drafts.head_hidden)
+process; a head's drafts equal its reference forward (engine.model.drafts.head_hidden)
 driven by the same features, including the rows it must fill with its own
 predictions; malformed features are INVALID_ARGUMENT, a head without a feature
 for its first token is a cache miss.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec.v1 import common_pb2
-from specdec.wire import decode_features, encode_features
+from specdec.runtime.wire import decode_features, encode_features
 from tests.service.conftest import LIMITS, propose, score
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat"
@@ -31,13 +31,13 @@ def head(services, tiny_pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tiny_pair, head):
-    from engine import loader
+    from engine.model import loader
 
     return loader.load(str(tiny_pair[0])).model, loader.load(str(head[1])).model
 
 
 def _features(model, ids: list[int]) -> torch.Tensor:
-    from engine.drafts import target_features
+    from engine.model.drafts import target_features
 
     with torch.no_grad():
         return target_features(model, torch.tensor([ids]))[0]  # [T, H]
@@ -66,7 +66,7 @@ def test_score_returns_the_target_features_of_every_token_sent(target, tokenizer
 
 def _reference_drafts(head_model, ids: list[int], feats: torch.Tensor, k: int) -> list[int]:
     """Greedy drafts of the head: the prompt with the given features, then its own."""
-    from engine.drafts import head_hidden
+    from engine.model.drafts import head_hidden
 
     ids, feats = list(ids), feats.clone()
     out = []
@@ -108,7 +108,7 @@ def test_the_head_drafts_as_its_reference_forward(head, tokenizer, models):
 
 
 def test_tokens_without_rows_are_read_on_the_heads_own_features(head, tokenizer, models):
-    from engine.drafts import head_hidden
+    from engine.model.drafts import head_hidden
 
     svc, _ = head
     toks = tokenizer(PROMPT)["input_ids"]

@@ -5,7 +5,7 @@ import asyncio
 import time
 import uuid
 
-from specdec import store
+from specdec.runtime import store
 
 
 def _live(prefix: str, role: str) -> list[store.ServiceEntry]:

@@ -15,7 +15,7 @@ import torch
 from specdec.core import masks
 from specdec.core.sampling import SamplingParams, probs_from_logits
 from specdec.v1 import common_pb2
-from specdec.wire import decode_probs
+from specdec.runtime.wire import decode_probs
 from tests.service.conftest import score, temperature
 
 PROBS = common_pb2.OUTPUT_MODE_PROBS

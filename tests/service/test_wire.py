@@ -1,13 +1,13 @@
-"""specdec.wire: exact round trips of sampling parameters and distributions."""
+"""specdec.runtime.wire: exact round trips of sampling parameters and distributions."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from specdec.core.sampling import SamplingParams, probs_from_logits
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 from specdec.v1 import common_pb2
-from specdec.wire import decode_probs, encode_probs, sampling_from_proto, sampling_to_proto
+from specdec.runtime.wire import decode_probs, encode_probs, sampling_from_proto, sampling_to_proto
 
 
 def test_sampling_round_trip_and_defaults() -> None:

@@ -14,9 +14,9 @@ import torch
 from draft_service.drafting import propose
 from specdec.core.fingerprint import fingerprint
 from specdec.core.sampling import SamplingParams
-from specdec.errors import ResourceExhausted, Unavailable
+from specdec.runtime.errors import ResourceExhausted, Unavailable
 from engine.host import HostLimits, ModelHost
-from specdec.hosting.requests import ModelRequest
+from model_service.requests import ModelRequest
 from target_service.scoring import score
 
 GREEDY = SamplingParams()
@@ -25,7 +25,7 @@ LONG = [(i * 37) % 380 + 3 for i in range(400)]
 
 @pytest.fixture()
 def host(tiny_pair):
-    from engine.loader import load
+    from engine.model.loader import load
 
     torch.set_num_threads(1)
     host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16))
@@ -135,7 +135,7 @@ def test_out_of_memory_evicts_idle_sessions_and_retries_once(host) -> None:
 
 
 def test_a_sticky_device_error_is_fatal(tiny_pair) -> None:
-    from engine.loader import load
+    from engine.model.loader import load
 
     reasons: list[str] = []
     host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16), on_fatal=reasons.append)
@@ -152,7 +152,7 @@ def test_a_sticky_device_error_is_fatal(tiny_pair) -> None:
 
 
 def test_a_wedged_forward_is_fatal(tiny_pair) -> None:
-    from engine.loader import load
+    from engine.model.loader import load
 
     reasons: list[str] = []
     host = ModelHost(load(str(tiny_pair[0])), HostLimits(max_batch=16, stall_timeout_s=0.4),

@@ -11,7 +11,7 @@ import torch
 
 from specdec.core.sampling import SamplingParams, probs_from_logits
 from distill import data, evaluate, heldout, prompts, train
-from engine import drafts
+from engine.model import drafts
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def deep_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _load(path: Path):
-    from engine.loader import load
+    from engine.model.loader import load
 
     return load(str(path))
 
@@ -175,7 +175,7 @@ def test_subset_head_gives_q_zero_outside_its_vocabulary(deep_target: Path) -> N
 
 
 def test_draft_folder_round_trips_through_the_loader(deep_target: Path, tmp_path: Path) -> None:
-    from engine.loader import load, tokenizer_fingerprint
+    from engine.model.loader import load, tokenizer_fingerprint
 
     target = _load(deep_target)
     model = target.model

@@ -1,4 +1,4 @@
-"""specdec.drain: the drain of a model service, on its own (no server)."""
+"""specdec.runtime.drain: the drain of a model service, on its own (no server)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from specdec.drain import Drain, Draining
+from specdec.runtime.drain import Drain, Draining
 
 METHOD = "/specdec.v1.TargetService/Score"
 

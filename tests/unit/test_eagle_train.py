@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from distill import data, eagle, prompts
-from engine import drafts
+from engine.model import drafts
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     """A 4-layer tiny target, its greedy responses to a few prompts, and their teacher-forced features."""
-    from engine.loader import load
+    from engine.model.loader import load
     from tests.tiny import build_model
 
     torch.set_num_threads(1)
@@ -30,7 +30,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _head(target_dir: Path, subset: torch.Tensor | None = None):
-    from engine.loader import load
+    from engine.model.loader import load
 
     model = load(str(target_dir)).model
     return drafts.build_feature_head(model, 1, subset)
@@ -116,7 +116,7 @@ def test_unrolled_passes_are_what_drafting_computes(tiny_run) -> None:
 
 
 def test_training_lowers_the_loss_and_the_head_round_trips(tiny_run, tmp_path: Path) -> None:
-    from engine.loader import load, tokenizer_fingerprint
+    from engine.model.loader import load, tokenizer_fingerprint
     from distill.train import column_map
 
     target_dir, target, records, features, _, _ = tiny_run
@@ -151,7 +151,7 @@ def test_cli_trains_and_evaluates_an_eagle_head(tiny_run, tmp_path: Path) -> Non
     import shutil
 
     from distill import cli
-    from engine.loader import load
+    from engine.model.loader import load
 
     target_dir, _, _, _, _, root = tiny_run
     run = tmp_path / "run"

@@ -13,10 +13,10 @@ import random
 import pytest
 import torch
 
-from engine.attention import ONE_QUERY_GROUP_KEYS, key_bucket, one_query_lengths, plan_attention, query_rows
+from engine.model.attention import ONE_QUERY_GROUP_KEYS, key_bucket, one_query_lengths, plan_attention, query_rows
 from engine.host import HostLimits, pick_runner
-from engine.linear import InvariantLinear, calibrate
-from engine.llama import LlamaForward, unsupported
+from engine.model.linear import InvariantLinear, calibrate
+from engine.model.llama import LlamaForward, unsupported
 from engine.plan import RowPlan, StepPlan
 from engine.pool import BLOCK_SIZE, KVPool, PoolExhausted
 from engine.runner import PooledRunner
@@ -26,7 +26,7 @@ from engine.stock import StockRunner, cache_kwarg
 
 @pytest.fixture(scope="module")
 def loaded(tiny_pair):
-    from engine.loader import load
+    from engine.model.loader import load
 
     torch.set_num_threads(1)
     return load(str(tiny_pair[0]))
@@ -266,7 +266,7 @@ def test_embedded_target_is_batch_invariant_on_suite_prompts() -> None:
     import json
     from pathlib import Path
 
-    from engine.loader import load
+    from engine.model.loader import load
 
     torch.set_num_threads(1)
     lm = load(None)
@@ -296,7 +296,7 @@ def test_batch_invariance_can_be_switched_off(loaded) -> None:
 
 def test_the_compiled_forward_gives_the_eager_bits(tiny_pair) -> None:
     """--compile: the norms and the activation through torch.compile, the same logits as eager."""
-    from engine.loader import load
+    from engine.model.loader import load
 
     eager = pick_runner(load(str(tiny_pair[0])), HostLimits())
     compiled = pick_runner(load(str(tiny_pair[0])), HostLimits(compile=True))
@@ -313,7 +313,7 @@ def test_the_stock_runner_emits_the_last_positions_of_a_multi_token_step(tiny_pa
     """The runner for models the engine does not know (and --max-batch 1): a 7-token step
     emitting 3 positions gives the model's own logits there. Its own copy of the model: the
     module's is handed to the packed forward by the tests above."""
-    from engine.loader import load
+    from engine.model.loader import load
 
     loaded = load(str(tiny_pair[0]))
     runner = StockRunner(loaded.model)

@@ -63,7 +63,7 @@ def test_a_failing_draft_replica_moves_the_session_to_another(code) -> None:
 
 
 def test_a_strict_request_fails_on_any_draft_error() -> None:
-    from specdec.errors import Unavailable
+    from specdec.runtime.errors import Unavailable
 
     target, draft = make_models(1)
     stack = Stack(target, draft)

@@ -1,4 +1,4 @@
-"""The feature relay (orchestrator.features) and the features' wire encoding (specdec.wire)."""
+"""The feature relay (orchestrator.features) and the features' wire encoding (specdec.runtime.wire)."""
 from __future__ import annotations
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 from orchestrator.features import FeatureRelay, RelayCache
 from specdec.core.fingerprint import prefix_fingerprints
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 from specdec.v1 import common_pb2
-from specdec.wire import decode_features, encode_features
+from specdec.runtime.wire import decode_features, encode_features
 
 DIM = 8
 F16 = common_pb2.FEATURE_ENCODING_FLOAT16

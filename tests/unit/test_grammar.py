@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.grammar import Constraint, Grammars
 from specdec.core import masks
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4}},
           "required": ["name"], "additionalProperties": False}

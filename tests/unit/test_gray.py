@@ -25,7 +25,7 @@ from orchestrator.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.remote import Call
 from orchestrator.routing import Router
 from orchestrator.spec import COMBINED, DRAFT
-from specdec.errors import ResourceExhausted, Unavailable
+from specdec.runtime.errors import ResourceExhausted, Unavailable
 from tests.unit.test_loop import PROMPTS, Stack, make_models, plain_greedy
 
 FAST = DeadlinePolicy(factor=4.0, floor_ms=60.0, cold_s=0.2)

@@ -1,9 +1,9 @@
-"""specdec.heap: a server's start-up heap frozen, the young generation widened."""
+"""specdec.runtime.heap: a server's start-up heap frozen, the young generation widened."""
 from __future__ import annotations
 
 import gc
 
-from specdec import heap
+from specdec.runtime import heap
 
 
 def test_settle_freezes_what_exists_and_widens_the_young_generation():

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("specdec", "engine", "draft_service", "target_service", "orchestrator", "client", "gateway",
-            "distill", "benchmarks")
+PACKAGES = ("specdec", "engine", "model_service", "draft_service", "target_service", "orchestrator", "client",
+            "gateway", "launcher", "distill", "benchmarks")
 # Everything that serves requests; none of it may reach training (distill).
-SERVING = ("specdec", "engine", "draft_service", "target_service", "orchestrator", "client", "gateway")
+SERVING = ("specdec", "engine", "model_service", "draft_service", "target_service", "orchestrator", "client",
+           "gateway", "launcher")
 # `specdec distill` hands its arguments to distill.cli, loaded only for that subcommand.
-SERVING_EXCEPTIONS = {"specdec.cli"}
+SERVING_EXCEPTIONS = {"launcher.cli"}
 
 
 def _modules() -> dict[str, Path]:
@@ -114,8 +115,8 @@ def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
     assert "orchestrator.loop" in graph and "specdec.core.verify" in graph
     assert "specdec.core.verify" in graph["orchestrator.loop"]
-    # specdec.cli loads distill.cli inside main() only for `specdec distill`.
-    assert "distill.cli" in graph["specdec.cli"]
+    # launcher.cli loads distill.cli inside main() only for `specdec distill`.
+    assert "distill.cli" in graph["launcher.cli"]
 
 
 def test_no_import_cycles_between_project_modules() -> None:
@@ -154,5 +155,5 @@ def test_the_orchestrator_entry_point_does_not_import_torch_or_model_hosting() -
     loaded = _imported_after("import orchestrator.__main__")
     assert "orchestrator.__main__" in loaded  # the check can see what it is looking for
     heavy = [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "engine", "distill")
-             or m.startswith("specdec.hosting")]
+             or m.startswith("model_service")]
     assert heavy == []

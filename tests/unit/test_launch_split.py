@@ -1,7 +1,7 @@
-"""specdec.launch.split_threads: the cores are shared between target and draft, never all to each."""
+"""launcher.launch.split_threads: the cores are shared between target and draft, never all to each."""
 from __future__ import annotations
 
-from specdec.launch import available_cores, split_threads
+from launcher.launch import available_cores, split_threads
 
 
 def test_split_threads() -> None:

@@ -1,10 +1,10 @@
-"""specdec.limits: token bucket, per-tenant slots, the total bound, message caps."""
+"""specdec.runtime.limits: token bucket, per-tenant slots, the total bound, message caps."""
 from __future__ import annotations
 
 import pytest
 
-from specdec.errors import ResourceExhausted
-from specdec.limits import Admission, AdmissionLimits, TokenBucket, model_message_caps
+from specdec.runtime.errors import ResourceExhausted
+from specdec.runtime.limits import Admission, AdmissionLimits, TokenBucket, model_message_caps
 
 
 def test_token_bucket_refills_at_its_rate() -> None:

@@ -37,11 +37,11 @@ from specdec.core import rng
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import Purpose
 from specdec.core.sampling import SamplingParams, coupled_draws, probs_from_logits, sample, sampling_logits
-from specdec.errors import CacheMiss, FailedPrecondition, InvalidArgument, Unavailable
-from specdec.store import SessionRecord, StoreUnavailable
+from specdec.runtime.errors import CacheMiss, FailedPrecondition, InvalidArgument, Unavailable
+from specdec.runtime.store import SessionRecord, StoreUnavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.v1 import orchestrator_pb2 as pb
-from specdec.wire import encode_probs, sampling_from_proto
+from specdec.runtime.wire import encode_probs, sampling_from_proto
 
 torch.set_num_threads(1)
 
@@ -168,7 +168,7 @@ def _coupled(logits: torch.Tensor, params: SamplingParams, seed: int, first: int
 
 
 class MemoryStore:
-    """The session store's interface (specdec.store.SessionStore) over a dict."""
+    """The session store's interface (specdec.runtime.store.SessionStore) over a dict."""
 
     def __init__(self) -> None:
         self.records: dict[str, SessionRecord] = {}

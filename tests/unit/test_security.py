@@ -1,10 +1,10 @@
-"""specdec.security: token files, bearer parsing, URL redaction, which flags mean what."""
+"""specdec.runtime.security: token files, bearer parsing, URL redaction, which flags mean what."""
 from __future__ import annotations
 
 import pytest
 
-from specdec.errors import PermissionDenied, Unauthenticated
-from specdec.security import TENANT, BearerGuard, TokenTable, bearer_token, parse_tokens, redact_url
+from specdec.runtime.errors import PermissionDenied, Unauthenticated
+from specdec.runtime.security import TENANT, BearerGuard, TokenTable, bearer_token, parse_tokens, redact_url
 
 
 def test_token_files_lines_and_json() -> None:
@@ -40,7 +40,7 @@ def test_redact_url() -> None:
 
 def test_the_orchestrators_service_token_is_not_its_own_credential() -> None:
     from orchestrator.__main__ import parse_args
-    from specdec.security import security_from_args
+    from specdec.runtime.security import security_from_args
 
     sec = security_from_args(parse_args(["--service-token", "x" * 20]))
     assert sec.service_token == "" and sec.guard().table is None

@@ -1,4 +1,4 @@
-"""The settings definitions (specdec.settings): environment names by rule, deprecated aliases, the
+"""The settings definitions (specdec.runtime.settings): environment names by rule, deprecated aliases, the
 generated reference page, and every SPECDEC_* name in the code defined once."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.settings import APPEND, ENV_ONLY, ON, SWITCH, Flag, Group, Settings, env_name
+from specdec.runtime.settings import APPEND, ENV_ONLY, ON, SWITCH, Flag, Group, Settings, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("specdec", "engine", "draft_service", "target_service", "orchestrator", "client", "gateway",
@@ -164,7 +164,7 @@ def test_no_environment_name_means_two_things(processes) -> None:
 def test_the_old_names_keep_their_meaning_on_each_process(monkeypatch) -> None:
     from gateway.__main__ import parse_args as gateway_args
     from orchestrator.__main__ import parse_args as orchestrator_args
-    from specdec.hosting.settings import service_settings
+    from model_service.settings import service_settings
     from target_service.role import ROLE
 
     monkeypatch.delenv("SPECDEC_SESSION_TTL", raising=False)

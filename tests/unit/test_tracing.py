@@ -1,4 +1,4 @@
-"""specdec.tracing without processes: off by default (nothing imported, nothing written), and the
+"""specdec.runtime.tracing without processes: off by default (nothing imported, nothing written), and the
 loop's spans on the Tally's clock (the fake services of test_loop; the services' own spans and
 the trace across processes are in tests/integration/test_tracing.py)."""
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from specdec import tracing
-from specdec.tracing import timeline as tl
+from specdec.runtime import tracing
+from specdec.runtime.tracing import timeline as tl
 
 ROOT = Path(__file__).resolve().parents[2]
 
 OFF_SCRIPT = """
 import json, sys
 from orchestrator.__main__ import parse_args
-from specdec import tracing
-from specdec.server import options_from_args
+from specdec.runtime import tracing
+from specdec.runtime.server import options_from_args
 from tests.unit.test_loop import PROMPTS, Stack, make_models
 
 options = options_from_args(parse_args([]))
@@ -31,7 +31,7 @@ print(json.dumps({
     "tokens": len(ids), "rounds": len(tally.rounds),
     # (redis imports opentelemetry.sdk.metrics by itself when the SDK is installed)
     "otel": sorted(m for m in sys.modules if m.startswith(
-        ("opentelemetry.sdk.trace", "opentelemetry.exporter", "specdec.tracing."))),
+        ("opentelemetry.sdk.trace", "opentelemetry.exporter", "specdec.runtime.tracing."))),
 }))
 """
 
@@ -104,7 +104,7 @@ def test_loop_spans_equal_the_tally(traced_loop):
 
 
 OTLP_SCRIPT = """
-from specdec import tracing
+from specdec.runtime import tracing
 from tests.unit.test_loop import PROMPTS, Stack, make_models
 
 assert tracing.configure("", "specdec-orchestrator")

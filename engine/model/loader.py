@@ -1,5 +1,5 @@
 """Load a causal LM for serving: a Hugging Face folder, a GGUF file, a draft
-folder (engine.drafts), or the embedded default.
+folder (engine.model.drafts), or the embedded default.
 
 GGUF files are de-quantised once (slow: ~15 s for the default) into a cached
 safetensors folder under ${SPECDEC_CACHE_DIR:-~/.cache/specdec}/models/, written
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from engine import drafts
-from engine.dtypes import DTYPES
+from engine.model import drafts
+from engine.model.dtypes import DTYPES
 from specdec.core.fingerprint import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class LoadedModel:
     num_layers: int
     device: torch.device
     dtype: torch.dtype
-    # A feature head (engine.drafts, kind "eagle"): the width of the target
+    # A feature head (engine.model.drafts, kind "eagle"): the width of the target
     # features it reads with each token; 0 = a draft of token ids alone.
     feature_dim: int = 0
 

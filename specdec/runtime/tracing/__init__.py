@@ -1,7 +1,7 @@
 """Round-level traces: OpenTelemetry spans per request, round, step and model call. Off by default.
 
 Turned on per process by `--trace-file PATH` (SPECDEC_TRACE_FILE: JSON lines, one
-span per line, specdec.tracing.jsonl) or by the standard variables
+span per line, specdec.runtime.tracing.jsonl) or by the standard variables
 (`OTEL_TRACES_EXPORTER=otlp` with `OTEL_EXPORTER_OTLP_ENDPOINT`, ...; `console`
 works too). Off, nothing here imports the OpenTelemetry SDK or an exporter:
 `request()` returns a no-op recorder and the other hooks return at once.
@@ -27,8 +27,8 @@ orchestrator_ms, as in Stats). The service spans (Score, Propose, with queue
 and forward children) come from the model services' own processes: the step's
 context travels in gRPC metadata (W3C traceparent through the OpenTelemetry
 propagator), so they nest under the orchestrator's propose/score spans.
-specdec.tracing.timeline recomputes these figures from a trace;
-specdec.tracing.plot draws them.
+specdec.runtime.tracing.timeline recomputes these figures from a trace;
+specdec.runtime.tracing.plot draws them.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def configure(trace_file: str | None, service: str) -> bool:
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
     provider = TracerProvider(resource=Resource.create(attributes))
     if trace_file:
-        from specdec.tracing.jsonl import JsonLinesExporter
+        from specdec.runtime.tracing.jsonl import JsonLinesExporter
 
         provider.add_span_processor(BatchSpanProcessor(JsonLinesExporter(trace_file),
                                                        schedule_delay_millis=500))

@@ -14,14 +14,14 @@ from functools import partial
 
 import torch
 
-from engine import loader
-from specdec.hosting import hooks
-from specdec.drain import Drain
+from engine.model import loader
+from model_service import hooks
+from specdec.runtime.drain import Drain
 from engine.host import HostLimits, ModelHost
-from specdec.hosting.role import Role
-from specdec.hosting.settings import service_settings
-from specdec.server import configure_logging, options_from_args, run_server
-from specdec.limits import model_message_caps
+from model_service.role import Role
+from model_service.settings import service_settings
+from specdec.runtime.server import configure_logging, options_from_args, run_server
+from specdec.runtime.limits import model_message_caps
 
 log = logging.getLogger(__name__)
 

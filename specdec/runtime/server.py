@@ -1,6 +1,6 @@
 """The grpc.aio server bootstrap every specdec server shares.
 
-    opts = options_from_args(args)            # flags: specdec.settings.server_group(port)
+    opts = options_from_args(args)            # flags: specdec.runtime.settings.server_group(port)
     exit_code = run_server(
         [partial(model_pb2_grpc.add_TargetServiceServicer_to_server, servicer)],
         ["specdec.v1.TargetService"],
@@ -12,7 +12,7 @@ It adds the error-mapping interceptor, grpc.health.v1 (SERVING once `serve`
 runs, i.e. after the caller loaded its model; NOT_SERVING while draining),
 server reflection, a Prometheus HTTP endpoint (--metrics-port), and a graceful
 SIGTERM/SIGINT: health NOT_SERVING, the on_serving cleanup (deregistration)
-at once, then -- with a `drain` (specdec.drain, the model services) --
+at once, then -- with a `drain` (specdec.runtime.drain, the model services) --
 new calls refused as "draining" while in-flight ones finish and live sessions
 move away, all within the drain deadline (--grace seconds); exit 0.
 """
@@ -33,11 +33,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter
 
-from specdec import heap, tracing
-from specdec.errors import ErrorInterceptor
-from specdec.security import ServerSecurity, security_from_args
-from specdec.drain import Drain
-from specdec.procs import watch_parent
+from specdec.runtime import heap, tracing
+from specdec.runtime.errors import ErrorInterceptor
+from specdec.runtime.security import ServerSecurity, security_from_args
+from specdec.runtime.drain import Drain
+from specdec.runtime.procs import watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ServerOptions:
     redis_prefix: str = "specdec:"
     advertise_address: str = ""  # what others dial; default host:port
     log_level: str = "INFO"
-    trace_file: str = ""  # JSON-lines spans (specdec.tracing); "" = off unless OTEL_TRACES_EXPORTER
+    trace_file: str = ""  # JSON-lines spans (specdec.runtime.tracing); "" = off unless OTEL_TRACES_EXPORTER
     metrics_host: str = "127.0.0.1"  # the metrics endpoint's bind address
     health_port: int = 0  # plaintext grpc.health.v1 alone on 127.0.0.1 (in-pod probes); 0 = off
     security: ServerSecurity = ServerSecurity()  # TLS, tokens, --insecure
@@ -119,14 +119,14 @@ async def serve(
     drain: Drain | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or the death of the launcher that started it), then drain."""
-    watch_parent()  # started by specdec.procs: SIGTERM ourselves when the launcher is gone
+    watch_parent()  # started by specdec.runtime.procs: SIGTERM ourselves when the launcher is gone
     if drain is not None:
         interceptors = [*interceptors, drain.interceptor()]
     options.security.check_bind(options.host)
     # service.name: specdec-target, specdec-draft, specdec-orchestrator
     if tracing.configure(options.trace_file, "specdec-" + service_names[0].rsplit(".", 1)[-1]
                          .removesuffix("Service").lower()):
-        from specdec.tracing.grpc_server import TracingInterceptor  # the OpenTelemetry API: only when on
+        from specdec.runtime.tracing.grpc_server import TracingInterceptor  # the OpenTelemetry API: only when on
 
         interceptors = [*interceptors, TracingInterceptor(options.public_address)]
     server = grpc.aio.server(

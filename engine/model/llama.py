@@ -4,7 +4,7 @@ Why not the model's own forward: transformers runs one batch of equal-length
 rows over its own cache objects; the engine packs rows of different sessions
 (different lengths, 1 to 64 new tokens each) into one token axis over one KV
 pool (engine.pool) with one attention call per group of rows
-(engine.attention). This module is that forward, in the open, for the
+(engine.model.attention). This module is that forward, in the open, for the
 architectures it knows (Llama, and Qwen2 with its q/k/v biases: RMSNorm,
 rotary embeddings, grouped-query attention, a gated MLP), reusing the loaded
 model's own weights, norm modules and rotary embedding, so its numerics are the
@@ -14,7 +14,7 @@ line saying why.
 Per layer, in packed [T, ...] form: norm -> one fused q|k|v product -> rotary ->
 write K/V to the pool -> grouped attention -> o product (+ residual) -> norm ->
 one fused gate|up product -> act(gate) * up -> down product (+ residual).
-The products are engine.linear.InvariantLinear (batch-invariant kernels).
+The products are engine.model.linear.InvariantLinear (batch-invariant kernels).
 
 `compile=True` (--compile) hands the norms and the gated activation to
 torch.compile (dynamic shapes; CUDA graphs through mode "reduce-overhead" on a
@@ -22,7 +22,7 @@ GPU, where the runner's token buckets keep the shapes few). The products stay
 eager: inductor cannot lower the prepacked oneDNN linear with dynamic token
 counts. Off by default: on this project's CPU it measured slower (a lone
 SmolLM2 decode 99 vs 90 ms, after 37 s of compiling); on a GPU,
-engine.gpucheck times it.
+launcher.gpucheck times it.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionPlan, attend
-from engine.linear import InvariantLinear, fused, onednn_available
+from engine.model.attention import AttentionPlan, attend
+from engine.model.linear import InvariantLinear, fused, onednn_available
 from engine.pool import KVPool
 
 SUPPORTED = ("llama", "qwen2", "mistral")
@@ -116,7 +116,7 @@ class LlamaForward:
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens
-        # A feature head (engine.drafts.build_feature_head): its input is fc([embedding; feature]).
+        # A feature head (engine.model.drafts.build_feature_head): its input is fc([embedding; feature]).
         fc = getattr(inner, "fc", None)
         self.fc = InvariantLinear(fc.weight, fc.bias, onednn=onednn) if isinstance(fc, torch.nn.Linear) else None
         self.feature_dim = int(fc.out_features) if self.fc is not None else 0

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field, replace
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from specdec.errors import Unavailable
-from specdec.security import redact_url
+from specdec.runtime.errors import Unavailable
+from specdec.runtime.security import redact_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "specdec:"

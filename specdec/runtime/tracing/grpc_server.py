@@ -6,7 +6,7 @@ own timing (Score, Propose) is given exactly that duration — its span equals
 Stats' target_ms / draft_ms — with `queue` and `forward` children of the
 reported durations (placed from the call's start: the request decode before
 them takes microseconds). Server-streaming calls (Generate) only hand the
-caller's context on: the loop's request span (specdec.tracing.RequestTrace)
+caller's context on: the loop's request span (specdec.runtime.tracing.RequestTrace)
 is timed by the Tally's clock.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from opentelemetry import propagate
 
-from specdec import tracing
+from specdec.runtime import tracing
 
 _PREFIX = "/specdec.v1."
 

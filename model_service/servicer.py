@@ -17,15 +17,15 @@ import torch
 
 from engine.host import ModelHost, SessionWork
 from engine.scheduler import Work
-from specdec.errors import InvalidArgument, new_request_id, status_for
-from specdec.hosting.requests import ModelRequest, decode_request, require_session_id
-from specdec.limits import MAX_SESSION_ID
+from specdec.runtime.errors import InvalidArgument, new_request_id, status_for
+from model_service.requests import ModelRequest, decode_request, require_session_id
+from specdec.runtime.limits import MAX_SESSION_ID
 from specdec.v1 import common_pb2, model_pb2
 
 # The one kind of feature served (ModelInfo.feature_kind): the target's final
-# hidden state after its final norm (engine.drafts).
+# hidden state after its final norm (engine.model.drafts).
 FEATURE_KIND = "last-normed"
-from specdec.wire import encode_probs
+from specdec.runtime.wire import encode_probs
 
 
 class ModelServicerBase:

@@ -1,10 +1,10 @@
 """The engine's device check: what needs a GPU to be known, in one process, in minutes.
 
-    python -m engine.gpucheck OUT_DIR [--device cuda:0] [--quick]
+    python -m launcher.gpucheck OUT_DIR [--device cuda:0] [--quick]
     scripts/gpu-check OUT_DIR                       (the same, from the repository)
 
 No gRPC, no Redis, no model download: the model is SmolLM2-135M-shaped, built on
-the device from the config this package carries (engine/data), with random
+the device from the config this package carries (launcher/data), with random
 weights of a wide spread so that argmaxes are decisive. Each phase appends one
 JSON line to OUT_DIR/phases.jsonl as soon as it ends (so a run cut short still
 says how far it got), then OUT_DIR/report.md sums them up:
@@ -63,7 +63,7 @@ def build_model(device: torch.device, dtype: torch.dtype, layers: int | None, se
 
 
 def loaded_of(model: Any, device: torch.device, dtype: torch.dtype) -> Any:
-    from engine.loader import LoadedModel
+    from engine.model.loader import LoadedModel
 
     config = model.config
     return LoadedModel(model=model, tokenizer=None, name="smollm2-135m-shaped", path=CONFIG.parent,
@@ -356,8 +356,8 @@ def oom_phase(device: torch.device, layers: int | None) -> dict:
     from engine.host import HostLimits, ModelHost
     from specdec.core.fingerprint import fingerprint
     from specdec.core.sampling import SamplingParams
-    from specdec.errors import ResourceExhausted
-    from specdec.hosting.requests import ModelRequest
+    from specdec.runtime.errors import ResourceExhausted
+    from model_service.requests import ModelRequest
     from target_service.scoring import score
 
     model = build_model(device, torch.bfloat16, layers)
@@ -416,7 +416,7 @@ def top_p_phase(device: torch.device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.gpucheck", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.gpucheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for phases.jsonl and report.md")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--quick", action="store_true", help="2 layers and fewer rows (the CI dry run on a CPU)")

@@ -6,8 +6,8 @@ SPECDEC_* environment lookup, and the configuration reference page
 (docs/configuration.md, `make config-docs`; a test fails when the page
 drifts from the definitions). The groups every server shares (server,
 security, calls to the model services, limits) are defined here; each process
-defines its own groups next to its entry point (specdec.hosting.settings,
-orchestrator.settings, gateway.settings, specdec.cli, distill.cli).
+defines its own groups next to its entry point (model_service.settings,
+orchestrator.settings, gateway.settings, launcher.cli, distill.cli).
 
 The rules:
 - a flag `--max-batch-tokens` is read from SPECDEC_MAX_BATCH_TOKENS when not given (flags win);
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specdec.credentials import ORCHESTRATOR_ID
+from specdec.runtime.credentials import ORCHESTRATOR_ID
 
 ENV_PREFIX = "SPECDEC_"
 TRUE = ("1", "true", "yes", "on")
@@ -243,15 +243,15 @@ class EnvOnly:
 # Environment names no flag has; each is read where `read_by` says (and listed on the page).
 ENV_ONLY = (
     EnvOnly("SPECDEC_REDIS_PASSWORD", "password for Redis (kept out of --redis-url, so it is in no "
-            "process listing)", "specdec.store: every server's Redis client"),
+            "process listing)", "specdec.runtime.store: every server's Redis client"),
     EnvOnly("SPECDEC_REDIS_USERNAME", "Redis ACL user (`specdec secrets` makes one per role: the model "
-            "services' may write only the service registry)", "specdec.store: every server's Redis client"),
+            "services' may write only the service registry)", "specdec.runtime.store: every server's Redis client"),
     EnvOnly("SPECDEC_CACHE_DIR", "where converted models are cached (default ~/.cache/specdec)",
-            "engine.loader"),
+            "engine.model.loader"),
     EnvOnly("SPECDEC_PARENT_PID", "set by the launcher for its children: a child stops when that "
-            "process is gone", "specdec.procs"),
+            "process is gone", "specdec.runtime.procs"),
     EnvOnly("SPECDEC_TEST_DEVICE", "tests and benchmarks only: the device their services use",
-            "specdec.launch"),
+            "launcher.launch"),
 )
 
 
@@ -259,7 +259,7 @@ ENV_ONLY = (
 
 
 def server_group(default_port: int) -> Group:
-    """The flags every specdec gRPC server takes (specdec.server.options_from_args reads them)."""
+    """The flags every specdec gRPC server takes (specdec.runtime.server.options_from_args reads them)."""
     return SERVER.with_defaults(port=default_port)
 
 
@@ -309,7 +309,7 @@ TENANT_SECURITY = Group("security", (*_TLS, Flag(
     "auth-tokens", "file of 'tenant:token' lines (or a JSON object tenant -> token(s)); callers must "
     "send 'authorization: Bearer <token>'", ""), _INSECURE))
 
-# How the orchestrator reaches the model services (specdec.security.service_client_from_args).
+# How the orchestrator reaches the model services (specdec.runtime.security.service_client_from_args).
 SERVICE_CLIENT = Group("calls to the model services", (
     Flag("service-tls-ca", "CA that signed the model services' certificates; enables TLS to them", ""),
     Flag("service-tls-cert", "client certificate for mutual TLS with the services", ""),
@@ -326,8 +326,8 @@ CLIENT_TLS = (
 
 
 def limits_group() -> Group:
-    """Admission limits of the orchestrator (specdec.limits.admission_from_args reads them)."""
-    from specdec.limits import AdmissionLimits
+    """Admission limits of the orchestrator (specdec.runtime.limits.admission_from_args reads them)."""
+    from specdec.runtime.limits import AdmissionLimits
 
     d = AdmissionLimits()
     return Group("limits (RESOURCE_EXHAUSTED, counted in specdec_limit_rejections_total)", (
@@ -353,7 +353,7 @@ def reference(processes: Sequence[tuple[str, str, Settings]]) -> str:
     lines = [
         "# Configuration reference",
         "",
-        "<!-- Generated from the settings definitions (specdec.settings and each process's own);",
+        "<!-- Generated from the settings definitions (specdec.runtime.settings and each process's own);",
         "     regenerate with `make config-docs`. tests/unit/test_settings.py fails when it drifts. -->",
         "",
         "Every flag of every specdec process. A flag such as `--max-batch-tokens` can also be set with",

@@ -3,7 +3,7 @@
 `specdec up`/`demo`, the integration and service tests and the benchmarks all
 start the target, draft and orchestrator through `service_argv`,
 `orchestrator_argv` and `child_env`, and keep them in a `Processes` group
-that stops each one by its own pid (specdec.procs), newest first.
+that stops each one by its own pid (specdec.runtime.procs), newest first.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec import procs
+from specdec.runtime import procs
 
 LOCALHOST = "127.0.0.1"
 

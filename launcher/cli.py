@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.launch import (
+from launcher.launch import (
     Processes, available_cores, child_env, orchestrator_argv, service_argv, split_threads,
 )
-from specdec.procs import free_port, wait_healthy
-from specdec.settings import APPEND, CLIENT_TLS, ON, POSITIONAL, SWITCH, Flag, Group, Settings
+from specdec.runtime.procs import free_port, wait_healthy
+from specdec.runtime.settings import APPEND, CLIENT_TLS, ON, POSITIONAL, SWITCH, Flag, Group, Settings
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 REDIS_DEFAULT = ("127.0.0.1", 6379)
@@ -167,7 +167,7 @@ class Launch:
     def _forget_keys(self) -> None:
         import asyncio
 
-        from specdec.store import StoreUnavailable, delete_prefix
+        from specdec.runtime.store import StoreUnavailable, delete_prefix
 
         try:
             asyncio.run(delete_prefix(self.redis_url, self.prefix))
@@ -212,7 +212,7 @@ def _ensure_redis(launch: Launch, url: str | None) -> str:
 
 def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     """Start Redis (if none answers), target, draft, orchestrator; return the orchestrator address."""
-    from engine.loader import resolve
+    from engine.model.loader import resolve
 
     redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
     say(f"redis         {redis_url} (key prefix {launch.prefix})")
@@ -221,7 +221,7 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     if args.threads:
         threads = {"target": args.threads, "draft": args.threads}
         say(f"threads       {args.threads} per service (--threads)")
-    else:  # share the cores instead of giving every process all of them (specdec.launch.split_threads)
+    else:  # share the cores instead of giving every process all of them (launcher.launch.split_threads)
         split = split_threads()
         threads = {"target": split.target, "draft": split.draft}
         say(f"threads       {split.describe(available_cores())}")
@@ -385,7 +385,7 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     weights and its thread count: the plain baseline every configuration must beat."""
     import torch
 
-    from engine.loader import load
+    from engine.model.loader import load
     from orchestrator.text import encode_prompt
 
     stats = result["stats"]
@@ -425,7 +425,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from specdec.security import channel_credentials, sync_channel
+    from specdec.runtime.security import channel_credentials, sync_channel
 
     credentials = channel_credentials(args.tls_ca, args.client_cert, args.client_key)
     with sync_channel(args.address, credentials) as channel:
@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["secrets"]:
-        from specdec.credentials import main as secrets_main
+        from specdec.runtime.credentials import main as secrets_main
 
         return secrets_main(argv[1:])
     if argv[:1] == ["distill"]:  # its own parser: python -m distill (training, not in every install)
@@ -514,8 +514,8 @@ def main(argv: list[str] | None = None) -> int:
                   "source checkout (pip install -e .)", file=sys.stderr)
             return 2
         return distill_main(argv[1:])
-    if argv[:1] == ["trace"]:  # its own parser: python -m specdec.tracing.plot
-        from specdec.tracing.plot import main as trace_main
+    if argv[:1] == ["trace"]:  # its own parser: python -m specdec.runtime.tracing.plot
+        from specdec.runtime.tracing.plot import main as trace_main
 
         return trace_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from engine.host import ModelHost
-from specdec.server import OnServing, ServerOptions
+from specdec.runtime.server import OnServing, ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def registration(host: ModelHost, options: ServerOptions, role: str) -> OnServin
     """Announce this replica in Redis with a heartbeat (--redis-url)."""
 
     async def on_serving(address: str) -> Callable[[], Awaitable[None]]:
-        from specdec import store  # imports redis: only when registration is asked for
+        from specdec.runtime import store  # imports redis: only when registration is asked for
 
         registry = store.ServiceRegistry(
             store.connect(options.redis_url), url=options.redis_url, prefix=options.redis_prefix

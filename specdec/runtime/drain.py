@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from specdec.errors import Unavailable
+from specdec.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ other threads (gRPC's among them) can deadlock the child before it ever
 execs. The kernel sends the signal when the *thread* that forked the child
 ends, so from any other thread it is not set; instead, and always, the child
 gets its parent's pid in SPECDEC_PARENT_PID, and every specdec server watches
-it (`watch_parent`, started by specdec.server.serve): when the parent
+it (`watch_parent`, started by specdec.runtime.server.serve): when the parent
 is gone it SIGTERMs itself. SIGTERM is a graceful drain (deregistration at
 once); a SIGKILLed service's registry entry expires with its heartbeat TTL.
 

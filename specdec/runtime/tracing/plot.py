@@ -1,8 +1,8 @@
 """Draw one request's trace as a timeline PNG: per round, draft / network / target (and the rest).
 
-    python -m specdec.tracing.plot TRACE.jsonl [MORE.jsonl | DIR ...] [--trace-id ID] [--out trace.png]
+    python -m specdec.runtime.tracing.plot TRACE.jsonl [MORE.jsonl | DIR ...] [--trace-id ID] [--out trace.png]
     specdec trace ...                      (the same command)
-    python -m specdec.tracing.plot DIR --list
+    python -m specdec.runtime.tracing.plot DIR --list
 
 Reads the JSON-lines files every process wrote (--trace-file; a folder means
 every *.jsonl in it), picks the request (--trace-id, default the latest
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.tracing.timeline import Timeline, load, ms, requests, table, timeline
+from specdec.runtime.tracing.timeline import Timeline, load, ms, requests, table, timeline
 
 LANES = [  # top to bottom: (lane, label, colour)
     ("draft", "draft service", "#4c72b0"),

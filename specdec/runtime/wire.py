@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from specdec.core.sampling import SamplingParams
-from specdec.errors import InvalidArgument
+from specdec.runtime.errors import InvalidArgument
 from specdec.v1 import common_pb2
 
 _F32 = np.dtype("<f4")

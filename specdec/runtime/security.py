@@ -16,10 +16,10 @@
               spiffe://specdec/orchestrator, what `specdec secrets` issues);
               any other certificate its CA signed is PERMISSION_DENIED.
     Open      grpc.health.v1 and server reflection need no token; every other
-              method does, whatever its shape (specdec.errors fails closed).
+              method does, whatever its shape (specdec.runtime.errors fails closed).
 
 `BearerGuard` is the check the server bootstrap runs before every handler
-(through `specdec.errors.ErrorInterceptor`); it puts the caller's tenant in
+(through `specdec.runtime.errors.ErrorInterceptor`); it puts the caller's tenant in
 `TENANT` for the handler. Token comparison is by SHA-256 digest lookup, so the
 time taken does not depend on how much of a guess matches.
 """
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 
-from specdec.errors import PermissionDenied, Unauthenticated
+from specdec.runtime.errors import PermissionDenied, Unauthenticated
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ port and what an omitted --model serves.
 """
 from __future__ import annotations
 
-from engine.dtypes import DTYPES
+from engine.model.dtypes import DTYPES
 from engine.host import HostLimits
-from specdec.hosting.role import Role
-from specdec.settings import SERVICE_SECURITY, SWITCH, Flag, Group, Settings, server_group
+from model_service.role import Role
+from specdec.runtime.settings import SERVICE_SECURITY, SWITCH, Flag, Group, Settings, server_group
 
 _D = HostLimits()
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.sampling import SamplingParams
-from specdec.errors import InvalidArgument, OutOfRange, ResourceExhausted
-from specdec.limits import MAX_SESSION_ID
+from specdec.runtime.errors import InvalidArgument, OutOfRange, ResourceExhausted
+from specdec.runtime.limits import MAX_SESSION_ID
 from engine.host import HostLimits
-from engine.loader import LoadedModel
+from engine.model.loader import LoadedModel
 from specdec.v1 import common_pb2
-from specdec.wire import sampling_from_proto
+from specdec.runtime.wire import sampling_from_proto
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ Two kinds of distilled draft (Manifest.kind):
     zeros at p = 0). The head's own output after its norm predicts the
     target's feature at p, and drafting feeds it back as the next input
     feature (`head_hidden` is the reference computation; the engine's
-    forward, engine.llama, is the serving one).
+    forward, engine.model.llama, is the serving one).
 
 A draft folder holds only what training changed, plus a manifest:
   specdec-draft.json   format, base target, layers, vocabulary subset size, recipe, eval
   draft.safetensors    model.layers.*, model.norm.weight, and `vocab_subset` (int64 ids) if any
 The frozen embedding/head come from the target at load time, so a draft of a
-135M target is ~14 MB (bf16) instead of 270 MB. engine.loader loads
+135M target is ~14 MB (bf16) instead of 270 MB. engine.model.loader loads
 such a folder like any model (the manifest selects this path).
 
 Reduced vocabulary: the head keeps only the rows of the N most frequent tokens
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from engine.dtypes import DTYPES, fast_on
+from engine.model.dtypes import DTYPES, fast_on
 
 MANIFEST = "specdec-draft.json"  # marks a draft folder; the loader serves any folder holding it
 WEIGHTS = "draft.safetensors"

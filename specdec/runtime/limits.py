@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from specdec.errors import ResourceExhausted
+from specdec.runtime.errors import ResourceExhausted
 
 REJECTIONS = Counter(
     "specdec_limit_rejections_total", "requests refused by an admission limit", ["limit"]
