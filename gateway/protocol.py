@@ -82,7 +82,7 @@ class TextPart(_Strict):
     text: str
 
 
-class Prediction(_Strict):
+class PredictedOutput(_Strict):
     """Predicted Outputs: text most of the answer is expected to be (e.g. the file being edited)."""
 
     type: Literal["content"]
@@ -163,7 +163,7 @@ class _Common(_Strict):
     logit_bias: dict[str, Annotated[int, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
     # Predicted Outputs (an OpenAI chat parameter; on /v1/completions an extension).
-    prediction: Prediction | None = None
+    prediction: PredictedOutput | None = None
     # Extensions.
     speculation: Speculation | None = None
     constraint: GrammarConstraint | None = None
