@@ -6,6 +6,7 @@ A separate process: it holds no model, speaks gRPC to the orchestrator through
 `client.AsyncClient`, and scales on its own. See gateway/protocol.py for which
 OpenAI parameters are mapped, extended, ignored or refused.
 """
-from gateway.app import Settings, create_app
+from gateway.app import create_app
+from gateway.state import Settings
 
 __all__ = ["Settings", "create_app"]

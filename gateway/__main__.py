@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
     import uvicorn
 
-    from gateway.app import Settings, create_app
+    from gateway.app import create_app
     from gateway.guard import parse_hosts, parse_networks
     from gateway.playground import PlaygroundSettings
+    from gateway.state import Settings
     from specdec.runtime.procs import watch_parent
 
     watch_parent()  # started by `specdec up`: go when it goes

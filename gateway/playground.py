@@ -1,37 +1,20 @@
-"""The playground: a page at /playground and the small HTTP API behind it.
+"""The playground's pieces: its settings and state, request bodies, the cache of runs, a
+generation's SSE events and the sampling panel's draws (the routes: gateway.routes.playground).
 
 The page (gateway/static/: hand-written HTML, CSS and JavaScript, no external asset) walks
 through the station in five steps: one token per pass, all at once (Predict), you guess
 (Check), copy and check (a generation's rounds, each drafted / accepted / recovered / bonus
 token and its source), and the real thing (the speed-up model against the session's
-measured alpha, c, v; the sampling panel). Everything it shows comes from the orchestrator
-through these endpoints:
-
-    GET  /playground                 the page
-    GET  /playground/api/info        the visitor's pass quota
-    POST /playground/api/predict     {text, top_k}: every position's predictions, one pass
-    POST /playground/api/check       {prompt, guess}: Check, one pass
-    POST /playground/api/generate    {prompt, proposer, k, max_new_tokens, temperature,
-                                      seed, guess}: SSE events `round` ... `done` (or `error`)
-    POST /playground/api/sample      {prompt, draws, seed, sampler, temperature}: first tokens
-                                      through rejection sampling against p, chi-square
-    GET  /playground/api/speedup     ?alpha&k&c&v: specdec.core.speedup's curves
+measured alpha, c, v; the sampling panel). Everything it shows comes from the orchestrator.
 
 Every endpoint that runs the target charges the visitor's pass quota (gateway.quota) in
 target passes; a visitor is the caller's address, or behind --trusted-proxies the address
 they forwarded (gateway.guard.client_address). A run whose result is a function of its
 request (greedy, or sampling with a seed) is kept in a small LRU cache; repeating it with
 the same credentials replays the recorded result and costs nothing.
-
-The caller's `Authorization` header goes with every call to the orchestrator, as on the
-API routes. /api/info says whether the orchestrator requires one (`credentials`:
-"required", "none" or "unknown"); the page then asks for a token and, without one, says
-so instead of running anything.
 """
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -41,19 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import grpc
-from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sse_starlette import EventSourceResponse
-from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.staticfiles import StaticFiles
+from starlette.requests import Request
 
-from client.api import predict_request
-from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
+from gateway.errors import from_rpc_error, invalid
 from gateway.guard import Network, client_address
-from gateway.quota import PassQuota, QuotaExhausted
+from gateway.quota import PassQuota
 from specdec.core import speedup
-from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import orchestrator_pb2_grpc
 
 log = logging.getLogger("gateway.playground")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -105,7 +82,7 @@ class SampleBody(_Body):
     top_k: int = Field(40, ge=1, le=1000)  # the sampler's truncation of p and q
 
 
-def _parse(model: type[_Body], body: Any) -> _Body:
+def parse_body(model: type[_Body], body: Any) -> _Body:
     """Validate a JSON body; a failure is a 400 naming the field."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_json")
@@ -115,13 +92,6 @@ def _parse(model: type[_Body], body: Any) -> _Body:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise invalid(f"{loc}: {err['msg']}", param=str(err["loc"][0]) if err["loc"] else None)
-
-
-async def _json(request: Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError:
-        raise invalid("the request body is not valid JSON", code="invalid_json") from None
 
 
 # ------------------------------------------------------------------- the cache of runs
@@ -136,8 +106,9 @@ class RunCache:
 
     @staticmethod
     def key(kind: str, body: _Body, credentials: str = "") -> str:
-        """The run's key: what it asked, and with which credentials (`_credential_digest`: a run
-        made with a token is replayed only to callers with the same token)."""
+        """The run's key: what it asked, and with which credentials (a digest of the caller's
+        Authorization header: a run made with a token is replayed only to callers with the same
+        token)."""
         return f"{kind}:{credentials}:" + json.dumps(body.model_dump(), sort_keys=True)
 
     def get(self, key: str) -> Any | None:
@@ -155,175 +126,33 @@ class RunCache:
             self._runs.popitem(last=False)
 
 
-def _credentials(request: Request) -> tuple[tuple[str, str], ...] | None:
-    """The caller's Authorization header as the orchestrator call's metadata."""
-    auth = request.headers.get("authorization")
-    return (("authorization", auth),) if auth else None
+# ------------------------------------------------------------------- one app's playground
 
 
-def _credential_digest(request: Request) -> str:
-    return hashlib.sha256((request.headers.get("authorization") or "").encode()).hexdigest()[:16]
+class Playground:
+    """One app's playground: its settings, the visitors' pass quota and the cache of runs."""
 
+    def __init__(self, settings: PlaygroundSettings) -> None:
+        self.settings = settings
+        self.quota = PassQuota(settings.passes_per_minute)
+        self.cache = RunCache(settings.cache_entries)
 
-def _call_options(request: Request) -> dict:
-    """One orchestrator call's deadline and the caller's credentials."""
-    return {"timeout": request.app.state.client.timeout, "metadata": _credentials(request)}
-
-
-def _orchestrator(request: Request) -> orchestrator_pb2_grpc.OrchestratorStub:
-    # Check and Predict straight on the gateway's channel: AsyncClient's take no metadata.
-    return orchestrator_pb2_grpc.OrchestratorStub(request.app.state.health)
-
-
-def _deterministic(temperature: float, seed: int) -> bool:
-    """Greedy, or sampled with a seed: the same request gives the same tokens."""
-    return temperature == 0 or seed > 0
-
-
-# ------------------------------------------------------------------- the page and its API
-
-
-def install(app: FastAPI, settings: PlaygroundSettings) -> None:
-    """Serve the page and its API on `app` (which holds an AsyncClient in app.state.client)."""
-    quota = PassQuota(settings.passes_per_minute)
-    cache = RunCache(settings.cache_entries)
-    router = APIRouter(prefix=PREFIX)
-
-    def visitor(request: Request) -> str:
+    def visitor(self, request: Request) -> str:
         return client_address(request.client.host if request.client else None,
-                              request.headers.get("x-forwarded-for"), settings.trusted_proxies)
+                              request.headers.get("x-forwarded-for"), self.settings.trusted_proxies)
 
-    def meta(request: Request, *, passes: int, charged: int, cached: bool) -> dict:
+    def quota_status(self, request: Request) -> dict:
+        return self.quota.status(self.visitor(request))
+
+    def meta(self, request: Request, *, passes: int, charged: int, cached: bool) -> dict:
         return {"passes": passes, "charged": charged, "cached": cached,
-                "quota": quota.status(visitor(request))}
-
-    async def one_pass(request: Request, kind: str, body: _Body, call) -> dict:
-        """A one-target-pass call (Predict, Check): from the cache, else charged 1 pass."""
-        key = RunCache.key(kind, body, _credential_digest(request))
-        hit = cache.get(key)
-        if hit is not None:
-            return {**hit, **meta(request, passes=hit["passes"], charged=0, cached=True)}
-        reservation = quota.reserve(visitor(request), 1)
-        try:
-            result = await call()
-        except grpc.RpcError as exc:
-            reservation.settle(0)
-            raise from_rpc_error(exc, "prompt") from None
-        except BaseException:
-            reservation.settle(1)  # cut short while the pass may have run
-            raise
-        reservation.settle(result["passes"])
-        cache.put(key, result)
-        return {**result, **meta(request, passes=result["passes"], charged=result["passes"],
-                                 cached=False)}
-
-    @router.get("", include_in_schema=False)
-    @router.get("/", include_in_schema=False)
-    async def page() -> Response:
-        return FileResponse(STATIC / "index.html", media_type="text/html",
-                            headers={"Cache-Control": "no-cache"})
-
-    @router.get("/api/info")
-    async def info(request: Request) -> dict:
-        required = await request.app.state.credentials.check(request.app.state.health)
-        return {"quota": quota.status(visitor(request)), "max_new_tokens": MAX_NEW_TOKENS,
-                "max_draws": MAX_DRAWS,
-                "credentials": {True: "required", False: "none", None: "unknown"}[required]}
-
-    @router.post("/api/predict")
-    async def predict(request: Request) -> dict:
-        body = _parse(PredictBody, await _json(request))
-
-        async def call() -> dict:
-            reply = await _orchestrator(request).Predict(predict_request(body.text, body.top_k),
-                                                         **_call_options(request))
-            return {"tokens": [_token(t) for t in reply.tokens],
-                    "next": [_candidate(c) for c in reply.next], "passes": reply.target_passes}
-
-        return await one_pass(request, "predict", body, call)
-
-    @router.post("/api/check")
-    async def check(request: Request) -> dict:
-        body = _parse(CheckBody, await _json(request))
-
-        async def call() -> dict:
-            reply = await _orchestrator(request).Check(
-                pb.CheckRequest(prompt=body.prompt, guess=body.guess), **_call_options(request))
-            return _check_result(reply)
-
-        return await one_pass(request, "check", body, call)
-
-    @router.post("/api/sample")
-    async def sample(request: Request) -> dict:
-        body = _parse(SampleBody, await _json(request))
-        # The distributions are the only target work: a new sampler, seed or number of
-        # draws over a prompt already seen costs nothing.
-        dist_key = f"dist:{_credential_digest(request)}:" + json.dumps(
-            [body.prompt, body.temperature, body.top_k])
-        dist = cache.get(dist_key)
-        charged = 0
-        if dist is None:
-            reservation = quota.reserve(visitor(request), 1)
-            try:
-                dist = await _orchestrator(request).Predict(
-                    predict_request(body.prompt, 20, body.temperature, True, body.top_k),
-                    **_call_options(request))
-            except grpc.RpcError as exc:
-                reservation.settle(0)
-                raise from_rpc_error(exc, "prompt") from None
-            reservation.settle(1)
-            charged = 1
-            cache.put(dist_key, dist)
-        result = await asyncio.get_running_loop().run_in_executor(None, _draw, dist, body)
-        return {**result, **meta(request, passes=1, charged=charged, cached=not charged)}
-
-    @router.get("/api/speedup")
-    async def speedup_curves(alpha: float = 0.6, k: int = 4, c: float = 0.1,
-                             v: float = 1.0) -> dict:
-        return speedup_table(alpha, k, c, v)
-
-    @router.post("/api/generate")
-    async def generate(request: Request) -> Response:
-        body = _parse(GenerateBody, await _json(request))
-        if body.proposer == "guess" and not body.guess:
-            raise invalid("guess: required when proposer is guess", param="guess")
-        key = (RunCache.key("generate", body, _credential_digest(request))
-               if _deterministic(body.temperature, body.seed) else None)
-        recorded = cache.get(key) if key else None
-        if recorded is not None:
-            return EventSourceResponse(_replay(recorded, lambda: quota.status(visitor(request))),
-                                       sep="\n")
-        reservation = quota.reserve(visitor(request), body.max_new_tokens)
-        stream = request.app.state.client.generate(
-            body.prompt, max_new_tokens=body.max_new_tokens, temperature=body.temperature,
-            seed=body.seed, proposer=body.proposer, k=body.k, guess=body.guess,
-            round_tokens=True, max_target_passes=reservation.granted, metadata=_credentials(request))
-        try:
-            first, events = await first_chunk(stream, "prompt")
-        except APIError:
-            reservation.settle(0)  # refused before any pass
-            raise
-        except BaseException:
-            reservation.settle(1)
-            raise
-        run = _Run(first, events, stream, reservation, key, cache,
-                   lambda: quota.status(visitor(request)), body.max_new_tokens)
-        return EventSourceResponse(run.events(), sep="\n")
-
-    app.include_router(router)
-    app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC), name="playground-static")
-
-    @app.exception_handler(QuotaExhausted)
-    async def _quota_error(request: Request, exc: QuotaExhausted) -> Response:
-        body = APIError(429, str(exc), code="pass_quota_exhausted").body()
-        body["quota"] = quota.status(visitor(request))
-        return JSONResponse(body, status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
+                "quota": self.quota_status(request)}
 
 
 # ------------------------------------------------------------------- generation events
 
 
-class _Run:
+class Run:
     """One live generation as SSE events; books its passes and records it for replays."""
 
     def __init__(self, first, events: AsyncIterator, stream, reservation, key: str | None,
@@ -374,7 +203,7 @@ class _Run:
             self.stream.cancel()
 
 
-async def _replay(recorded: dict, quota_status) -> AsyncIterator[dict]:
+async def replay(recorded: dict, quota_status) -> AsyncIterator[dict]:
     for event in recorded["rounds"]:
         yield {"event": "round", "data": json.dumps(event)}
     yield {"event": "done", "data": json.dumps(
@@ -411,6 +240,12 @@ def _done_event(stats, rounds: list[dict]) -> dict:
 # ------------------------------------------------------------------- JSON forms
 
 
+def predict_result(reply) -> dict:
+    """A Predict reply's JSON: every position's token and predictions, and the next token's."""
+    return {"tokens": [_token(t) for t in reply.tokens], "next": [_candidate(c) for c in reply.next],
+            "passes": reply.target_passes}
+
+
 def _candidate(c) -> dict:
     return {"id": c.id, "text": c.text, "prob": c.prob}
 
@@ -420,7 +255,8 @@ def _token(t) -> dict:
             "predicted": [_candidate(c) for c in t.predicted]}
 
 
-def _check_result(reply) -> dict:
+def check_result(reply) -> dict:
+    """A Check reply's JSON, with what the round commits."""
     positions = [{"position": p.position, "guess": {"id": p.guess_id, "text": p.guess_text,
                                                     "prob": p.guess_prob},
                   "predicted": {"id": p.predicted_id, "text": p.predicted_text,
@@ -434,7 +270,7 @@ def _check_result(reply) -> dict:
             "extra_kind": "recovered" if reply.first_mismatch >= 0 else "bonus", "passes": 1}
 
 
-def _draw(dist, body: SampleBody) -> dict:
+def draw(dist, body: SampleBody) -> dict:
     """The sampling panel's draws and test (CPU work: run off the event loop)."""
     from gateway import sampling_panel as panel
     from specdec.runtime.wire import decode_probs

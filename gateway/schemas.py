@@ -131,13 +131,22 @@ class TextCompletion(_Completion):
     usage: Usage | None = None
 
 
+REF = "#/components/schemas/{model}"  # where /openapi.json keeps each named schema
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """FastAPI `openapi_extra=` for a route whose body gateway.protocol parses: `model`'s schema."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": REF.format(model=model.__name__)}}}}}
+
+
 def responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
     """FastAPI `responses=` for a generation route: the body, the stream's events, errors."""
     error = {"model": ErrorResponse}
     return {
         200: {"model": whole, "description": "The completion; with `stream: true`, server-sent "
               f"events whose data are {chunk.__name__} objects, then `[DONE]`",
-              "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk.__name__}"}}}},
+              "content": {"text/event-stream": {"schema": {"$ref": REF.format(model=chunk.__name__)}}}},
         400: {**error, "description": "A parameter out of its range or not supported (`param` names it)"},
         404: {**error, "description": "Unknown model or session"},
         429: {**error, "description": "An admission limit (Retry-After says when to retry)"},

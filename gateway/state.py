@@ -1,0 +1,58 @@
+"""What the routes share, once per app: the settings and the orchestrator's client and channel.
+
+`create_app` puts one `Gateway` on `app.state.gateway`; a route reaches it with `of(request)`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+from starlette.requests import Request
+
+from client import AsyncClient
+from gateway.guard import LOCAL_HOSTS, Credentials
+from gateway.playground import Playground, PlaygroundSettings
+from specdec.runtime.security import aio_channel, channel_credentials
+
+
+@dataclass(frozen=True)
+class Settings:
+    orchestrator: str = "127.0.0.1:50050"
+    model_name: str = "specdec"          # the id /v1/models lists and requests must name
+    default_max_tokens: int = 256        # when a request gives neither max_tokens form
+    timeout_s: float = 600.0             # deadline of one Generate call
+    grace_s: float = 10.0                # streams get this long to finish on SIGTERM
+    tls_ca: str | None = None            # CA of the orchestrator's certificate (TLS to it)
+    tls_cert: str | None = None          # client certificate for mutual TLS
+    tls_key: str | None = None
+    playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
+    max_body_bytes: int = 4 << 20        # a larger request body is a 413, refused as it is read
+    allowed_hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS)  # None: any (see gateway.guard)
+
+
+class Gateway:
+    """One app's shared state; `client` and `channel` exist while the app runs (its lifespan)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.created = int(time.time())  # the model card's `created`
+        self.credentials = Credentials()  # whether the orchestrator requires a token
+        self.playground = Playground(settings.playground) if settings.playground is not None else None
+        self.client: AsyncClient | None = None  # Generate streams
+        self.channel: grpc.aio.Channel | None = None  # health, Check, Predict, EndSession
+
+    def open(self) -> None:
+        s = self.settings
+        tls = dict(ca=s.tls_ca, cert=s.tls_cert, key=s.tls_key)
+        self.client = AsyncClient(s.orchestrator, timeout=s.timeout_s, **tls)
+        self.channel = aio_channel(s.orchestrator, channel_credentials(**tls))
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self.channel.close()
+
+
+def of(request: Request) -> Gateway:
+    """The app's Gateway, from inside a route."""
+    return request.app.state.gateway
