@@ -386,7 +386,7 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     import torch
 
     from engine.model.loader import load
-    from orchestrator.text import encode_prompt
+    from orchestrator.round.text import encode_prompt
 
     stats = result["stats"]
     greedy = not options.get("temperature")

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 
 # The bootstrap imports no torch and no model hosting: the loop's modules (torch, through
 # the core's sampling) load in build_config, after the flags are parsed.
-from orchestrator.capacity import CapacityPolicy, TargetAdmission
-from orchestrator.costs import CostBook
-from orchestrator.deadlines import DeadlinePolicy
-from orchestrator.outliers import OutlierPolicy, ReplicaHealth
-from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
-from orchestrator.routing import Router
-from orchestrator.settings import orchestrator_settings
-from orchestrator.text import load_tokenizer
+from orchestrator.policy.capacity import CapacityPolicy, TargetAdmission
+from orchestrator.policy.costs import CostBook
+from orchestrator.fleet.deadlines import DeadlinePolicy
+from orchestrator.fleet.outliers import OutlierPolicy, ReplicaHealth
+from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
+from orchestrator.fleet.routing import Router
+from orchestrator.api.settings import orchestrator_settings
+from orchestrator.round.text import load_tokenizer
 from specdec.core.fingerprint import tokenizer_fingerprint
 from specdec.runtime.limits import admission_from_args
 from specdec.runtime.security import service_client_from_args
@@ -38,7 +38,7 @@ from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, conne
 from specdec.v1 import orchestrator_pb2_grpc
 
 if TYPE_CHECKING:
-    from orchestrator.spec import LoopConfig
+    from orchestrator.config import LoopConfig
 
 log = logging.getLogger("orchestrator")
 
@@ -71,7 +71,7 @@ def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHe
 
 async def build_config(args: argparse.Namespace) -> LoopConfig:
     """Load the tokenizer, reach Redis and the services, check they all agree."""
-    from orchestrator.spec import LoopConfig
+    from orchestrator.config import LoopConfig
 
     tokenizer, folder = load_tokenizer(args.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
@@ -173,7 +173,7 @@ async def _first_info(router: Router, role: str, timeout_s: float):
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    from orchestrator.servicer import OrchestratorServicer
+    from orchestrator.api.servicer import OrchestratorServicer
 
     config = await build_config(args)
     limits = admission_from_args(args)

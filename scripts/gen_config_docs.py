@@ -21,7 +21,7 @@ def processes() -> list[tuple[str, str, object]]:
     import orchestrator.__main__ as orchestrator_main
     from draft_service.role import ROLE as DRAFT
     from gateway.settings import gateway_settings
-    from orchestrator.settings import orchestrator_settings
+    from orchestrator.api.settings import orchestrator_settings
     from launcher import cli
     from model_service.settings import service_settings
     from target_service.role import ROLE as TARGET

@@ -7,7 +7,7 @@ SPECDEC_* environment lookup, and the configuration reference page
 drifts from the definitions). The groups every server shares (server,
 security, calls to the model services, limits) are defined here; each process
 defines its own groups next to its entry point (model_service.settings,
-orchestrator.settings, gateway.settings, launcher.cli, distill.cli).
+orchestrator.api.settings, gateway.settings, launcher.cli, distill.cli).
 
 The rules:
 - a flag `--max-batch-tokens` is read from SPECDEC_MAX_BATCH_TOKENS when not given (flags win);

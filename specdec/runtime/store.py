@@ -145,7 +145,7 @@ class SessionStore:
     Saves made in the same turn of the event loop share one MULTI/EXEC (each
     record's HSET and EXPIRE inside it), so many sessions' rounds cost one round
     trip to Redis, not one each; a failure fails every save of that batch, and
-    each session's writer retries its own (orchestrator.sessions)."""
+    each session's writer retries its own (orchestrator.round.sessions)."""
 
     def __init__(
         self,

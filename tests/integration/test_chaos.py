@@ -60,7 +60,7 @@ def _seed(prompt: str) -> int:
 
 
 def _redis_survives_outages() -> bool:
-    from orchestrator.spec import LoopConfig
+    from orchestrator.config import LoopConfig
 
     return "redis_outage_s" in {f.name for f in dataclasses.fields(LoopConfig)}
 

@@ -67,17 +67,19 @@ def test_rounds_target_only(client):
 
 
 def test_sampling_rounds_carry_probabilities(client):
-    """Sampling ships distributions back, greedy only ids: bytes per round show it."""
+    """Rejection sampling (a request without a seed) ships distributions back; greedy and the coupled
+    sampler (a seeded request) only ids: bytes per round show it."""
     greedy = client.complete(PROMPT, max_new_tokens=8, proposer="draft", k=3).stats
-    sampled = client.complete(PROMPT, max_new_tokens=8, proposer="draft", k=3,
-                              temperature=0.8, seed=3).stats
+    rejection = client.complete(PROMPT, max_new_tokens=8, proposer="draft", k=3, temperature=0.8).stats
+    coupled = client.complete(PROMPT, max_new_tokens=8, proposer="draft", k=3, temperature=0.8, seed=3).stats
     g = max(r.bytes_received for r in greedy.rounds)
-    assert min(r.bytes_received for r in sampled.rounds) > 4 * g
+    assert min(r.bytes_received for r in rejection.rounds) > 4 * g
+    assert max(r.bytes_received for r in coupled.rounds) < 2 * g
 
 
 def test_model_client_times_serialization(stack):
     """A Call's bytes are the messages' sizes; its parts fit inside the RPC time."""
-    from orchestrator.remote import ModelClient
+    from orchestrator.fleet.remote import ModelClient
     from specdec.core.fingerprint import EMPTY
     from specdec.core.sampling import SamplingParams
     from specdec.v1 import common_pb2, model_pb2

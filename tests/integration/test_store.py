@@ -90,8 +90,8 @@ def test_a_new_session_waits_for_a_replica_to_beat_into_an_empty_registry(prefix
     """Redis back empty (or every target restarting): placement waits up to its bound, not fails."""
     from types import SimpleNamespace
 
-    from orchestrator.remote import place
-    from orchestrator.routing import Router
+    from orchestrator.fleet.remote import place
+    from orchestrator.fleet.routing import Router
 
     async def body():
         client = connect(URL)

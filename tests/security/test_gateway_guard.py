@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.gateway_attack import huge_body
+from benchmarks.faults.gateway_attack import huge_body
 from specdec.runtime import procs
 from tests.integration.stack import Stack, wait_http
 

@@ -1,4 +1,4 @@
-"""orchestrator.batching: the wire framing and the gathering policy, with a recording sender."""
+"""orchestrator.fleet.batching: the wire framing and the gathering policy, with a recording sender."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestrator.batching import CallBatcher, frame
+from orchestrator.fleet.batching import CallBatcher, frame
 from specdec.v1 import model_pb2
 
 

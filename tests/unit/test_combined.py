@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from orchestrator.combined import LOOKUP_POOL, CombinedProposer
-from orchestrator.costs import CostBook
-from orchestrator.proposers import DraftServiceProposer, PromptLookupProposer
-from orchestrator.remote import Call
-from orchestrator.spec import DRAFT, LOOKUP
+from orchestrator.proposers.combined import LOOKUP_POOL, CombinedProposer
+from orchestrator.policy.costs import CostBook
+from orchestrator.proposers.draft import DraftServiceProposer
+from orchestrator.proposers.local import PromptLookupProposer
+from orchestrator.fleet.remote import Call
+from orchestrator.proposers.kinds import DRAFT, LOOKUP
 
 GUESS = [5, 6, 7, 8]
 

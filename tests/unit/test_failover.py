@@ -13,8 +13,8 @@ import logging
 import grpc
 import pytest
 
-from orchestrator.remote import UpstreamError
-from orchestrator.spec import DRAFT, NONE
+from orchestrator.fleet.remote import UpstreamError
+from orchestrator.proposers.kinds import DRAFT, NONE
 from tests.unit.test_loop import PROMPTS, Stack, make_models, plain_greedy
 
 
@@ -85,7 +85,7 @@ def test_statuses_that_mean_the_replica_is_gone(code, details, down, batched) ->
 
     from grpc.aio import AioRpcError, Metadata
 
-    from orchestrator.remote import BatchCalls, ModelClient, ServiceDown
+    from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
     from specdec.v1 import model_pb2
 
     async def run():

@@ -1,10 +1,10 @@
-"""The feature relay (orchestrator.features) and the features' wire encoding (specdec.runtime.wire)."""
+"""The feature relay (orchestrator.proposers.features) and the features' wire encoding (specdec.runtime.wire)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from orchestrator.features import FeatureRelay, RelayCache
+from orchestrator.proposers.features import FeatureRelay, RelayCache
 from specdec.core.fingerprint import prefix_fingerprints
 from specdec.runtime.errors import InvalidArgument
 from specdec.v1 import common_pb2

@@ -1,7 +1,7 @@
-"""orchestrator.gate: drafting allowed only where it measured faster, per load level."""
+"""orchestrator.policy.gate: drafting allowed only where it measured faster, per load level."""
 from __future__ import annotations
 
-from orchestrator.gate import SpeculationGate, load_level
+from orchestrator.policy.gate import SpeculationGate, load_level
 
 
 def _run(gate: SpeculationGate, epochs: int, rate: dict[bool, float], t0: float = 100.0) -> list[bool]:
@@ -68,7 +68,7 @@ def test_a_changed_verdict_is_logged_once_with_its_rates(caplog) -> None:
     gate = SpeculationGate(name="10.0.0.7:50061")
     for _ in range(6):
         gate.enter()  # six live sessions: the 5-8 level
-    with caplog.at_level(logging.INFO, logger="orchestrator.gate"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.policy.gate"):
         _run(gate, 20, {True: 80.0, False: 100.0})
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["target 10.0.0.7:50061, 5-8 live session(s): no drafting (k = 0) "

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.costs import CostBook
-from orchestrator.remote import Call
+from orchestrator.policy.costs import CostBook
+from orchestrator.fleet.remote import Call
 from tests.unit.test_loop import PROMPTS, Stack, make_models, plain_greedy
 
 
@@ -120,7 +120,7 @@ def test_load_counts_sessions_away_drafting_on_a_batching_replica() -> None:
 
 
 def test_a_draft_cost_measured_under_past_load_ages_away() -> None:
-    from orchestrator.costs import STALE_HALFLIFE_S, ReplicaCosts
+    from orchestrator.policy.costs import STALE_HALFLIFE_S, ReplicaCosts
 
     costs = ReplicaCosts()
     busy = Call(rpc_ms=42, server_ms=40, bytes_sent=0, bytes_received=0, tokens=1)
@@ -136,7 +136,7 @@ def test_a_draft_cost_measured_under_past_load_ages_away() -> None:
 
 
 def test_a_catch_up_feed_is_not_drafting_cost() -> None:
-    from orchestrator.costs import ReplicaCosts
+    from orchestrator.policy.costs import ReplicaCosts
 
     costs = ReplicaCosts()
     # A probe after many k = 0 rounds: 40 committed tokens fed, then 2 drafted, in 9 ms: the feed

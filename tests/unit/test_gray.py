@@ -18,13 +18,13 @@ import time
 import grpc
 import pytest
 
-from orchestrator.capacity import CapacityPolicy, TargetAdmission
-from orchestrator.costs import CostBook
-from orchestrator.deadlines import DeadlinePolicy, LatencyBook
-from orchestrator.outliers import OutlierPolicy, ReplicaHealth
-from orchestrator.remote import Call
-from orchestrator.routing import Router
-from orchestrator.spec import COMBINED, DRAFT
+from orchestrator.policy.capacity import CapacityPolicy, TargetAdmission
+from orchestrator.policy.costs import CostBook
+from orchestrator.fleet.deadlines import DeadlinePolicy, LatencyBook
+from orchestrator.fleet.outliers import OutlierPolicy, ReplicaHealth
+from orchestrator.fleet.remote import Call
+from orchestrator.fleet.routing import Router
+from orchestrator.proposers.kinds import COMBINED, DRAFT
 from specdec.runtime.errors import ResourceExhausted, Unavailable
 from tests.unit.test_loop import PROMPTS, Stack, make_models, plain_greedy
 
@@ -211,7 +211,7 @@ def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(k
 def test_a_strict_request_waits_on_a_late_draft_and_fails_only_on_a_silent_one(monkeypatch) -> None:
     """Strict means never without the draft: a call past its deadline that still answers is waited
     on (a busy draft), and one silent for STRICT_WAIT_S fails the request with UNAVAILABLE."""
-    import orchestrator.proposers as proposers
+    import orchestrator.proposers.draft as proposers
 
     monkeypatch.setattr(proposers, "STRICT_WAIT_S", 1.0)
     target, draft = make_models(1)
@@ -382,7 +382,7 @@ def test_the_admitted_streams_pace_feeds_the_limit_back() -> None:
     """On the measured pace: a slow start doubling the limit while rounds keep the pace, then
     rounds slower than pace x the lone ones cut it in proportion, below the load they ran at;
     after that, rounds well within the pace at the limit raise it by one."""
-    from orchestrator.capacity import _Pace
+    from orchestrator.policy.capacity import _Pace
 
     pace = _Pace()
 

@@ -27,12 +27,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from orchestrator.loop import ChunkEvent, generate
-from orchestrator import sessions
-from orchestrator.remote import Call, ServiceDown
-from orchestrator.routing import Router
-from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec, LoopConfig
-from orchestrator.stats import Tally, stats_to_proto
+from orchestrator.round.loop import ChunkEvent, generate
+from orchestrator.round import sessions
+from orchestrator.fleet.remote import Call, ServiceDown
+from orchestrator.fleet.routing import Router
+from orchestrator.proposers.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
+from orchestrator.config import LoopConfig
+from orchestrator.request import TurnRequest
+from orchestrator.round.stats import Tally, stats_to_proto
 from specdec.core import rng
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import Purpose
@@ -215,7 +217,7 @@ class Stack:
                                      max_new=max_new, **spec))
 
     async def arun(self, prompt, *, k, proposer, sampling, seed, max_new, **spec):
-        spec = GenerateSpec(prompt_ids=tuple(prompt), max_new_tokens=max_new, sampling=sampling, seed=seed,
+        spec = TurnRequest(prompt_ids=tuple(prompt), max_new_tokens=max_new, sampling=sampling, seed=seed,
                             proposer=proposer, k=k, **spec)
         ids, text, tally = [], "", None
         async for event in generate(spec, self.config):
@@ -381,7 +383,7 @@ def test_a_first_round_streams_without_waiting_for_the_drafts_feed() -> None:
     prompt = tuple(PROMPTS[1] * 3)  # 30 tokens: a prompt the draft lags by at least PREFETCH_MIN
 
     async def first_chunk_and_all():
-        spec = GenerateSpec(prompt_ids=prompt, max_new_tokens=8, sampling=GREEDY, seed=7,
+        spec = TurnRequest(prompt_ids=prompt, max_new_tokens=8, sampling=GREEDY, seed=7,
                             proposer=DRAFT, k=0)
         started, first, ids, tally = time.perf_counter(), None, [], None
         async for event in generate(spec, stack.config):
@@ -668,7 +670,7 @@ def flaky_stack(outage_s: float, **config) -> Stack:
 
 async def _collect(stack: Stack, prompt, *, stop_after: int | None = None, **spec):
     """(chunks, tally or None, error or None) of one stream; stop_after chunks = a cancellation."""
-    spec = GenerateSpec(prompt_ids=tuple(prompt), max_new_tokens=spec.pop("max_new", MAX_NEW),
+    spec = TurnRequest(prompt_ids=tuple(prompt), max_new_tokens=spec.pop("max_new", MAX_NEW),
                         sampling=spec.pop("sampling", GREEDY), seed=spec.pop("seed", 7),
                         k=spec.pop("k", 4), **spec)
     chunks, tally, error = [], None, None

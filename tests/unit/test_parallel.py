@@ -1,4 +1,4 @@
-"""Parallel speculation (orchestrator.parallel) through the real loop with fake services.
+"""Parallel speculation (orchestrator.proposers.parallel) through the real loop with fake services.
 
 The fakes and helpers are tests/unit/test_loop.py's. Covered: greedy output equals
 plain greedy for every k; a seeded sampled request gives the same text (and the
@@ -15,11 +15,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from orchestrator.parallel import ParallelDraftProposer
-from orchestrator.proposer_factory import open_proposer
-from orchestrator.proposers import DraftServiceProposer
-from orchestrator.spec import DRAFT, NONE, GenerateSpec
-from orchestrator.stats import stats_to_proto
+from orchestrator.proposers.parallel import ParallelDraftProposer
+from orchestrator.proposers.factory import open_proposer
+from orchestrator.proposers.draft import DraftServiceProposer
+from orchestrator.proposers.kinds import DRAFT, NONE
+from orchestrator.request import TurnRequest
+from orchestrator.round.stats import stats_to_proto
 from specdec.core.sampling import SamplingParams, probs_from_logits
 from tests.unit.test_loop import (
     EOS, GREEDY, P_THRESHOLD, PROMPTS, S_VOCAB, Stack, assert_only_uncached_tokens_sent, make_models,
@@ -78,7 +79,7 @@ def test_the_request_overrides_the_orchestrators_default() -> None:
         for default in (False, True):
             stack = Stack(target, draft, parallel=default)
             for asked in (None, False, True):
-                spec = GenerateSpec(prompt_ids=PROMPTS[0], max_new_tokens=4, sampling=GREEDY, seed=1,
+                spec = TurnRequest(prompt_ids=PROMPTS[0], max_new_tokens=4, sampling=GREEDY, seed=1,
                                     proposer=DRAFT, parallel=asked)
                 proposer = await open_proposer(spec, stack.config, "s", ("", 0))
                 out.append(type(proposer))

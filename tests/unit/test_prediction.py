@@ -78,13 +78,13 @@ def test_choice_seeds():
 def test_choice_specs_and_the_merged_stream():
     import asyncio
 
-    from orchestrator.choices import choice_specs, merged as _merged
-    from orchestrator.spec import GenerateSpec
+    from orchestrator.api.choices import choice_requests, merged as _merged
+    from orchestrator.request import TurnRequest
     from specdec.core.sampling import SamplingParams
 
-    spec = GenerateSpec(prompt_ids=(1, 2), max_new_tokens=4, sampling=SamplingParams(), seed=0)
-    assert choice_specs(spec, 1) == [spec]
-    specs = choice_specs(spec, 3)
+    spec = TurnRequest(prompt_ids=(1, 2), max_new_tokens=4, sampling=SamplingParams(), seed=0)
+    assert choice_requests(spec, 1) == [spec]
+    specs = choice_requests(spec, 3)
     assert [s.index for s in specs] == [0, 1, 2] and specs[0].seed  # one random seed, drawn once
     assert [s.seed for s in specs[1:]] == [choice_seed(specs[0].seed, i) for i in (1, 2)]
 

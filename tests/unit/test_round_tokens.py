@@ -1,4 +1,4 @@
-"""The loop's per-round details (GenerateSpec.round_tokens) and its pass bound (max_target_passes),
+"""The loop's per-round details (TurnRequest.round_tokens) and its pass bound (max_target_passes),
 on the in-process fakes of test_loop."""
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from orchestrator.loop import PASSES, ChunkEvent, generate
-from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, GenerateSpec
+from orchestrator.round.loop import PASSES, ChunkEvent, generate
+from orchestrator.proposers.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
+from orchestrator.request import TurnRequest
 from specdec.core.verify import BONUS, RECOVERED
 from tests.unit.test_loop import GREEDY, PROMPTS, Stack, make_models, plain_greedy
 
@@ -15,7 +16,7 @@ from tests.unit.test_loop import GREEDY, PROMPTS, Stack, make_models, plain_gree
 def _run(stack: Stack, prompt, **spec) -> tuple[list[ChunkEvent], object]:
     async def body():
         chunks, tally = [], None
-        full = GenerateSpec(prompt_ids=tuple(prompt), sampling=GREEDY, seed=7,
+        full = TurnRequest(prompt_ids=tuple(prompt), sampling=GREEDY, seed=7,
                             **{"max_new_tokens": 48, "k": 4, **spec})
         async for event in generate(full, stack.config):
             if isinstance(event, ChunkEvent):

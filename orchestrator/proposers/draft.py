@@ -1,38 +1,25 @@
-"""Proposers: where a round's drafted tokens come from.
+"""The draft service's proposer: one Propose RPC per round, and everything about the draft replica.
 
-One protocol, one input dataclass (the one factory: orchestrator.proposer_factory).
-The loop sees only `Proposer.propose(DraftContext) -> Proposal` and
-`Proposer.crop(length)`. A
-deterministic proposer (prompt lookup, the caller's guess, none) returns
-`probs=None`; the verifier then treats its q as one-hot, which keeps sampling
-exact. The draft-service proposer owns everything about the draft replica: its
-client, the length of the session's KV there, and what to do when it dies
-(another live replica, else proposing nothing with a `fallback_reason`, or
-UNAVAILABLE when the request is strict) or hangs (a call past its learned
-deadline, or a replica ejected from routing with no other to move to: that
-round proposes nothing and the next rounds use the draft again once it is
-back). In parallel mode
-(orchestrator.parallel) it also drafts the next round while the target
-verifies this one.
+It owns the replica's client, the length of the session's KV there, and what
+to do when it dies (another live replica, else proposing nothing with a
+`fallback_reason`, or UNAVAILABLE when the request is strict) or hangs (a call
+past its learned deadline, or a replica ejected from routing with no other to
+move to: that round proposes nothing and the next rounds use the draft again
+once it is back). Parallel mode (orchestrator.proposers.parallel) also drafts
+the next round while the target verifies this one.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
 
 import grpc
-import torch
 
-from orchestrator.features import FeatureRelay
-from orchestrator.remote import (
-    Call, DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError,
-)
-from orchestrator.spec import DRAFT, GUESS, LOOKUP, NONE, PREDICTION, WireSampling
-from specdec.core.lookup import PromptLookup
-from specdec.core.prediction import PredictionCursor
+from orchestrator.fleet.remote import DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError
+from orchestrator.proposers.base import DraftContext, Proposal
+from orchestrator.proposers.features import FeatureRelay
+from orchestrator.proposers.kinds import DRAFT, NONE
 from specdec.runtime.errors import SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.runtime.wire import decode_probs
@@ -42,149 +29,6 @@ log = logging.getLogger(__name__)
 # target's Score instead of drafting before it (DraftServiceProposer.prefetch).
 PREFETCH_MIN = 16
 STRICT_WAIT_S = 10.0  # how long a strict request waits on a late draft call before UNAVAILABLE
-
-
-@dataclass(frozen=True)
-class DraftContext:
-    """What a proposer may look at for one round. Read-only by contract."""
-
-    session_id: str
-    tokens: Sequence[int]  # committed ids: prompt + generated (do not mutate)
-    prefix_fps: Sequence[int]  # prefix_fps[i] = fingerprint(tokens[:i])
-    prompt_len: int
-    k: int  # draft at most this many tokens
-    sampling: WireSampling
-    seed: int
-    # This round goes without the draft model: it is being fed the prompt alongside the target's
-    # Score (DraftServiceProposer.prefetch), or the speculation gate runs a plain epoch
-    # (orchestrator.gate). A free guess (prompt lookup, in the combined proposer) still may propose.
-    draft_off: bool = False
-    # Called just before the round waits on a draft call: the target's batch calls then stop
-    # waiting for this session (it rejoins them with its Score; orchestrator.batching).
-    away: Callable[[], None] | None = None
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """Drafted tokens d_1..d_n (n <= k) and, for a model draft when sampling, q."""
-
-    tokens: list[int]
-    probs: torch.Tensor | None = None  # [n, vocab] q; None = one-hot (deterministic)
-    cache_length: int = 0  # tokens the draft replica holds after the call (0: no draft cache)
-    call: Call | None = None  # the RPC, when there was one
-    cache_misses: int = 0
-    pre_draft: PreDraft | None = None  # parallel mode: what became of this round's pre-draft
-    source: str = ""  # the combined proposer: what proposed this round ("lookup" or "draft")
-    deadline_misses: int = 0  # draft calls of this round that missed their deadline
-
-
-@dataclass(frozen=True)
-class PreDraft:
-    """Parallel mode: a pre-draft made for this round while the target verified the last one.
-
-    hit: its drafts are this round's proposal (no draft call on the critical path);
-    else it was discarded and the round drafted anew. `call` is the pre-draft's RPC
-    and `waited_ms` how long this round still waited for it (hits only).
-    """
-
-    hit: bool
-    call: Call | None = None
-    waited_ms: float = 0.0
-
-
-class Proposer(Protocol):
-    name: str  # the kind proposing now (Stats.proposer): "none" once a draft has fallen back
-    fallback_reason: str  # why it proposes nothing although asked to; "" otherwise
-    replica: SessionReplica | None  # the draft replica holding the session's KV, if any
-    adaptive: bool  # k may be chosen per round from measured acceptance and costs
-    proposes: bool  # False: target-only, the loop asks for nothing
-    # A feature draft's relay (orchestrator.features): the loop asks Score for features and
-    # hands them over; None for every other proposer.
-    features: FeatureRelay | None
-
-    async def propose(self, ctx: DraftContext) -> Proposal: ...
-
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        """After a verdict: how many of the round's drafted tokens the target accepted."""
-
-    def crop(self, length: int) -> None:
-        """After a verdict: the proposer's cache keeps its first `length` tokens."""
-
-    def close(self) -> None:
-        """The request is over: stop any work started ahead of time (parallel mode)."""
-
-
-class _Local:
-    """A proposer without a cache of its own: nothing to place, crop or fall back from."""
-
-    fallback_reason = ""
-    replica: SessionReplica | None = None
-    features: FeatureRelay | None = None
-    adaptive = False
-    proposes = True
-
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        pass
-
-    def crop(self, length: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class NoProposer(_Local):
-    """Target-only decoding through the same path: nothing drafted, one token per pass."""
-
-    name = NONE
-    proposes = False
-
-    async def propose(self, ctx: DraftContext) -> Proposal:
-        return Proposal(tokens=[])
-
-
-class PromptLookupProposer(_Local):
-    """Copy what followed the most recent earlier occurrence of the last n-gram."""
-
-    name = LOOKUP
-
-    def __init__(self, max_ngram: int = 2, min_ngram: int = 1, max_k: int = 8) -> None:
-        self._lookup = PromptLookup(max_ngram=max_ngram, min_ngram=min_ngram, num_tokens=max_k)
-
-    async def propose(self, ctx: DraftContext) -> Proposal:
-        fed = len(self._lookup)
-        self._lookup.extend(ctx.tokens[fed:])
-        return Proposal(tokens=self._lookup.propose(ctx.k))
-
-
-class GuessProposer(_Local):
-    """The caller's expected continuation, for as long as the output follows it."""
-
-    name = GUESS
-
-    def __init__(self, guess_ids: Sequence[int]) -> None:
-        self.guess = list(guess_ids)
-
-    async def propose(self, ctx: DraftContext) -> Proposal:
-        generated = ctx.tokens[ctx.prompt_len :]
-        n = len(generated)
-        if list(generated) != self.guess[:n]:
-            return Proposal(tokens=[])  # diverged: the guess is spent
-        return Proposal(tokens=self.guess[n : n + ctx.k])
-
-
-class PredictionProposer(_Local):
-    """Predicted Outputs: the caller's prediction, re-aligned after each rejection
-    (specdec.core.prediction). Deterministic, so q is one-hot and the text is exact."""
-
-    name = PREDICTION
-
-    def __init__(self, prediction_ids: Sequence[int]) -> None:
-        self._cursor = PredictionCursor(prediction_ids)
-
-    async def propose(self, ctx: DraftContext) -> Proposal:
-        self._cursor.extend(ctx.tokens[ctx.prompt_len + len(self._cursor):])
-        return Proposal(tokens=self._cursor.propose(ctx.k))
 
 
 class DraftServiceProposer:

@@ -15,8 +15,8 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
-from orchestrator.costs import Costs
-from orchestrator.remote import Call
+from orchestrator.policy.costs import Costs
+from orchestrator.fleet.remote import Call
 from specdec.runtime import tracing
 from specdec.core.verify import Verdict
 from specdec.v1 import orchestrator_pb2 as pb

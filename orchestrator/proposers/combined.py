@@ -15,14 +15,14 @@ with E(n) = 1 + p_1 + p_1 p_2 + ... from each option's own acceptance by
 position (this session's, shrunk towards the orchestrator's pooled rates:
 the draft replica's sessions for the draft, every combined session's lookup
 rounds for lookup), and the costs the orchestrator measured on the session's
-replicas (orchestrator.costs). The draft's k, including k = 0 and its
+replicas (orchestrator.policy.costs). The draft's k, including k = 0 and its
 periodic probes, is GoodputPolicy's choice; lookup wins the round when its
 best n beats that choice. A lookup round leaves the draft's cache as it was:
 the next draft call sends the tokens it missed (its catch-up), as after any
 round.
 
 A draft that is ejected from routing (hung or far slower than its peers,
-orchestrator.outliers) is left out of the choice for the round; one whose
+orchestrator.fleet.outliers) is left out of the choice for the round; one whose
 call misses its deadline leaves the round to the lookup guess, if there is
 one, else to the target alone.
 
@@ -38,10 +38,12 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.costs import CostBook
-from orchestrator.proposers import DraftContext, DraftServiceProposer, PromptLookupProposer, Proposal
-from orchestrator.remote import SessionReplica
-from orchestrator.spec import COMBINED, DRAFT, LOOKUP
+from orchestrator.policy.costs import CostBook
+from orchestrator.proposers.base import DraftContext, Proposal
+from orchestrator.proposers.draft import DraftServiceProposer
+from orchestrator.proposers.local import PromptLookupProposer
+from orchestrator.fleet.remote import SessionReplica
+from orchestrator.proposers.kinds import COMBINED, DRAFT, LOOKUP
 from specdec.core.speedup import GoodputPolicy, RoundCosts, goodput
 
 LOOKUP_POOL = "lookup"  # CostBook.acceptance key of the lookup rounds' pooled acceptance

@@ -20,9 +20,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from orchestrator.loop import ChunkEvent
-from orchestrator.sessions import forget_session
-from orchestrator.spec import GenerateSpec, LoopConfig
+from orchestrator.round.loop import ChunkEvent
+from orchestrator.round.sessions import forget_session
+from orchestrator.config import LoopConfig
+from orchestrator.request import TurnRequest
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import choice_seed
 from specdec.runtime.store import SessionRecord
@@ -30,28 +31,28 @@ from specdec.runtime.store import SessionRecord
 log = logging.getLogger(__name__)
 
 
-def choice_specs(spec: GenerateSpec, n: int) -> list[GenerateSpec]:
+def choice_requests(req: TurnRequest, n: int) -> list[TurnRequest]:
     """The n choices of one request: the same prompt, each its own counter-based seed
     (choice 0 keeps the request's, so it is the n = 1 answer). A random seed (0) is
     drawn once here so that every choice derives from the one reported."""
     if n <= 1:
-        return [spec]
-    seed = spec.seed or secrets.randbits(63) + 1
-    return [dataclasses.replace(spec, seed=choice_seed(seed, i), index=i) for i in range(n)]
+        return [req]
+    seed = req.seed or secrets.randbits(63) + 1
+    return [dataclasses.replace(req, seed=choice_seed(seed, i), index=i) for i in range(n)]
 
 
-def resumed_choices(specs: list[GenerateSpec], delivered) -> list[GenerateSpec]:
+def resumed_choices(reqs: list[TurnRequest], delivered) -> list[TurnRequest]:
     """A resume of n > 1 (GenerateRequest.delivered): the choices not finished, each continuing
     from its own delivered tokens (with its own seed, as before; each prefills on its own)."""
     by_index = {int(e.index): e for e in delivered}
     out = []
-    for spec in specs:
-        entry = by_index.get(spec.index)
+    for req in reqs:
+        entry = by_index.get(req.index)
         if entry is not None and entry.finished:
             continue
         tokens = tuple(entry.token_ids) if entry is not None else ()
-        out.append(dataclasses.replace(spec, delivered=tokens,
-                                       resume_from=len(spec.prompt_ids) + len(tokens) if tokens else 0))
+        out.append(dataclasses.replace(req, delivered=tokens,
+                                       resume_from=len(req.prompt_ids) + len(tokens) if tokens else 0))
     return out
 
 
@@ -93,8 +94,8 @@ async def merged(streams: list[AsyncIterator]) -> AsyncIterator:
 class SharedPrefill:
     """Choices 1..n-1 start from choice 0's prefilled prompt (see the module docstring)."""
 
-    def __init__(self, config: LoopConfig, specs: list[GenerateSpec]):
-        self.config, self.specs = config, specs
+    def __init__(self, config: LoopConfig, reqs: list[TurnRequest]):
+        self.config, self.reqs = config, reqs
         self.ready = asyncio.Event()
         self.forked: dict[int, str] = {}  # choice index -> the session forked for it
         self.reused = 0  # prompt tokens each forked choice starts with
@@ -106,7 +107,7 @@ class SharedPrefill:
         try:
             await self._fork(event)
         except Exception as exc:  # noqa: BLE001 - the choices then prefill on their own
-            log.info("n = %d: the choices prefill on their own (%s)", len(self.specs), exc)
+            log.info("n = %d: the choices prefill on their own (%s)", len(self.reqs), exc)
         finally:
             self.ready.set()
 
@@ -114,11 +115,11 @@ class SharedPrefill:
         """Choice 0 ended before its first chunk: the others go on their own."""
         self.ready.set()
 
-    async def spec_for(self, spec: GenerateSpec) -> GenerateSpec:
-        """Choice i's spec once choice 0 has prefilled: its forked session, if one was made."""
+    async def spec_for(self, req: TurnRequest) -> TurnRequest:
+        """Choice i's req once choice 0 has prefilled: its forked session, if one was made."""
         await self.ready.wait()
-        session = self.forked.get(spec.index)
-        return dataclasses.replace(spec, session_id=session) if session else spec
+        session = self.forked.get(req.index)
+        return dataclasses.replace(req, session_id=session) if session else req
 
     async def discard(self, index: int) -> None:
         """A choice cancelled before it started: its forked KV and record go."""
@@ -131,7 +132,7 @@ class SharedPrefill:
             await forget_session(session, self.config.store, clients)
 
     async def _fork(self, event: ChunkEvent) -> None:
-        prompt = self.specs[0].prompt_ids
+        prompt = self.reqs[0].prompt_ids
         length = len(prompt) - 1  # every choice's first round feeds the prompt's last token itself
         target, draft = event.replicas
         if length < 1 or not target or not event.session_id:
@@ -139,7 +140,7 @@ class SharedPrefill:
         prefix = fingerprint(list(prompt[:length]))
         router = self.config.router
 
-        async def fork(spec: GenerateSpec) -> None:
+        async def fork(req: TurnRequest) -> None:
             new = uuid.uuid4().hex
             await router.client(target, "target").fork(event.session_id, new, length, prefix)
             draft_len = 0
@@ -147,15 +148,15 @@ class SharedPrefill:
                 try:
                     draft_len = await router.client(draft, "draft").fork(event.session_id, new, length, prefix)
                 except Exception as exc:  # noqa: BLE001 - the choice's draft prefills itself
-                    log.info("draft fork for choice %d: %s", spec.index, exc)
+                    log.info("draft fork for choice %d: %s", req.index, exc)
             await self.config.store.save(SessionRecord(
                 session_id=new, tokens=tuple(prompt[:length]), target=target, target_len=length,
                 draft=draft if draft_len else "", draft_len=draft_len, created=time.time(),
-                tenant=spec.tenant))
-            self.forked[spec.index] = new
+                tenant=req.tenant))
+            self.forked[req.index] = new
 
-        results = await asyncio.gather(*(fork(s) for s in self.specs[1:]), return_exceptions=True)
-        for spec, result in zip(self.specs[1:], results):
+        results = await asyncio.gather(*(fork(s) for s in self.reqs[1:]), return_exceptions=True)
+        for req, result in zip(self.reqs[1:], results):
             if isinstance(result, BaseException):
-                log.info("fork for choice %d: %s (it prefills on its own)", spec.index, result)
+                log.info("fork for choice %d: %s (it prefills on its own)", req.index, result)
         self.reused = length

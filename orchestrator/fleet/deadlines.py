@@ -28,7 +28,7 @@ that missed its deadline teaches nothing (its time is unknown), so a hang
 never raises the deadline.
 
 The same table answers "is this replica far slower than its peers for the
-same work?" (orchestrator.outliers): `recent` is each bucket's EWMA from
+same work?" (orchestrator.fleet.outliers): `recent` is each bucket's EWMA from
 calls within a window.
 """
 from __future__ import annotations

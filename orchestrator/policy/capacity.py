@@ -19,7 +19,7 @@ each admitted stream's pace) also
 
   * at most the sessions whose round (the RPC plus their shared forward) costs
     `pace` x a lone session's round, from the replica's measured cost table
-    v(T) (orchestrator.costs) and its calls' RPC time;
+    v(T) (orchestrator.policy.costs) and its calls' RPC time;
   * at most a limit fed back from the pace its admitted streams actually get:
     round times against rounds run alone (EWMAs per replica); slower than
     `pace` x the lone ones cuts the limit in proportion, well within it raises
@@ -44,17 +44,17 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
-from orchestrator.costs import CostBook
-from orchestrator.remote import SessionReplica
+from orchestrator.policy.costs import CostBook
+from orchestrator.fleet.remote import SessionReplica
 from specdec.runtime.limits import reject
 
 if TYPE_CHECKING:
-    from orchestrator.routing import Router
+    from orchestrator.fleet.routing import Router
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH = 64  # a service that does not report its batch size (the services' default)
 CAPACITY = Gauge("specdec_target_capacity_sessions",
-                 "Streams a target replica can serve at pace (orchestrator.capacity; 0: saturated)",
+                 "Streams a target replica can serve at pace (orchestrator.policy.capacity; 0: saturated)",
                  ["address"])
 STREAMS = Gauge("specdec_target_streams", "Streams this orchestrator has admitted onto a target replica",
                 ["address"])

@@ -32,9 +32,10 @@ from dataclasses import replace
 from typing import TypeVar
 
 
-from orchestrator.remote import ModelClient, SessionReplica, in_background, release_kv
-from orchestrator.spec import GenerateSpec, LoopConfig, RecordStore
-from orchestrator.stats import RoundTally, Tally, Timer
+from orchestrator.fleet.remote import ModelClient, SessionReplica, in_background, release_kv
+from orchestrator.config import LoopConfig, RecordStore
+from orchestrator.request import TurnRequest
+from orchestrator.round.stats import RoundTally, Tally, Timer
 from specdec.runtime import tracing
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from specdec.runtime.store import SessionRecord, StoreUnavailable
@@ -289,43 +290,43 @@ async def retry_redis(fetch: Callable[[], Awaitable[T]], bound_s: float, what: s
             delay = min(2 * delay, RETRY_MAX_S)
 
 
-def _turn_seed(spec: GenerateSpec, record: SessionRecord | None) -> int:
+def _turn_seed(req: TurnRequest, record: SessionRecord | None) -> int:
     """The request's seed; for a resume with seed 0, the one the record kept for this turn, else a
     new one: the rounds continue from the delivered tokens, so any seed samples them exactly."""
-    if spec.seed:
-        return spec.seed
-    if spec.resume_from and record is not None and record.turn_start == len(spec.prompt_ids) and record.turn_seed:
+    if req.seed:
+        return req.seed
+    if req.resume_from and record is not None and record.turn_start == len(req.prompt_ids) and record.turn_seed:
         return record.turn_seed
     return secrets.randbits(63) + 1
 
 
-def _delivered(spec: GenerateSpec, record: SessionRecord | None) -> tuple[int, ...]:
+def _delivered(req: TurnRequest, record: SessionRecord | None) -> tuple[int, ...]:
     """A resume's delivered tokens, checked against the session record of the same turn.
 
     An older client sends none: the record's committed tokens stand for them,
     since each is saved before its chunk is streamed; the record may lag the
     stream by a round (`record_interval_s`), and then the client must send them.
     """
-    if not spec.resume_from:
-        return spec.delivered or ()
-    turn = record is not None and record.turn_start == len(spec.prompt_ids) and \
-        tuple(record.tokens[:len(spec.prompt_ids)]) == spec.prompt_ids
-    kept = tuple(record.tokens[len(spec.prompt_ids):]) if turn else ()
-    if spec.delivered is None:
-        wanted = spec.resume_from - len(spec.prompt_ids)
+    if not req.resume_from:
+        return req.delivered or ()
+    turn = record is not None and record.turn_start == len(req.prompt_ids) and \
+        tuple(record.tokens[:len(req.prompt_ids)]) == req.prompt_ids
+    kept = tuple(record.tokens[len(req.prompt_ids):]) if turn else ()
+    if req.delivered is None:
+        wanted = req.resume_from - len(req.prompt_ids)
         if len(kept) < wanted:
             raise FailedPrecondition(
                 f"delivered: the session record holds {len(kept)} of the {wanted} tokens this stream "
                 "delivered; resend the request with GenerateRequest.delivered (the client library does)")
         return kept[:wanted]
-    n = min(len(kept), len(spec.delivered))
-    if kept[:n] != spec.delivered[:n]:
+    n = min(len(kept), len(req.delivered))
+    if kept[:n] != req.delivered[:n]:
         raise FailedPrecondition("delivered: the tokens differ from the ones this turn committed (session "
                                  "record); resume with the tokens the stream delivered")
-    return spec.delivered
+    return req.delivered
 
 
-async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> Session:
+async def open_session(req: TurnRequest, config: LoopConfig, tally: Tally) -> Session:
     """Resume the Redis record (or start one) and route the target to the replica holding its KV.
 
     The stream holds a slot on that replica (config.admission) until the
@@ -336,26 +337,26 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     orchestrator dies draws with the same seed. A resume starts from the
     prompt and the delivered tokens (`Session.prefix`).
     """
-    if spec.resume_from and spec.resume_from < len(spec.prompt_ids):
-        raise InvalidArgument(f"resume_from: {spec.resume_from} is before the turn's first generated "
-                              f"token (index {len(spec.prompt_ids)})")
+    if req.resume_from and req.resume_from < len(req.prompt_ids):
+        raise InvalidArgument(f"resume_from: {req.resume_from} is before the turn's first generated "
+                              f"token (index {len(req.prompt_ids)})")
     record = None
-    if spec.session_id:
+    if req.session_id:
         with Timer(tally, "redis_ms"):
-            record = await retry_redis(lambda: config.store.load(spec.session_id),
+            record = await retry_redis(lambda: config.store.load(req.session_id),
                                        config.redis_outage_s, "session load")
-    foreign = record is not None and record.tenant != spec.tenant
+    foreign = record is not None and record.tenant != req.tenant
     if foreign:
         record = None  # another tenant's session: as if the id were unknown, and never overwritten
-    if spec.session_id and record is None and (foreign or not spec.resume_from):
-        raise NotFound(f"session_id: unknown or expired session {spec.session_id!r}")
-    seed = tally.seed = _turn_seed(spec, record)
-    prefix = spec.prompt_ids + _delivered(spec, record)
+    if req.session_id and record is None and (foreign or not req.resume_from):
+        raise NotFound(f"session_id: unknown or expired session {req.session_id!r}")
+    seed = tally.seed = _turn_seed(req, record)
+    prefix = req.prompt_ids + _delivered(req, record)
     # A resume whose record is gone (a single-turn stream that had finished) continues without it.
-    record = record or SessionRecord(session_id=spec.session_id or uuid.uuid4().hex,
-                                     created=time.time(), tenant=spec.tenant)
-    record = replace(record, turn_start=len(spec.prompt_ids), turn_seed=seed,
-                     multi_turn=record.multi_turn or spec.keep_session)
+    record = record or SessionRecord(session_id=req.session_id or uuid.uuid4().hex,
+                                     created=time.time(), tenant=req.tenant)
+    record = replace(record, turn_start=len(req.prompt_ids), turn_seed=seed,
+                     multi_turn=record.multi_turn or req.keep_session)
     tally.session_id = record.session_id
     reuse = common_prefix(record.tokens, prefix)
     with Timer(tally, "redis_ms"):  # admission: a replica with room, else RESOURCE_EXHAUSTED
@@ -364,7 +365,7 @@ async def open_session(spec: GenerateSpec, config: LoopConfig, tally: Tally) -> 
     if target is None:
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address
-    tally.reused_prompt_tokens = min(target.held, len(spec.prompt_ids) - 1)
+    tally.reused_prompt_tokens = min(target.held, len(req.prompt_ids) - 1)
     session = Session(config, record, target, reuse, tally, prefix)
     session.writer.submit(record)
     return session

@@ -4,7 +4,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from orchestrator.routing import Router
+from orchestrator.fleet.routing import Router
 from specdec.core.fingerprint import EMPTY
 from specdec.core.sampling import SamplingParams
 from specdec.core.verify import verify_greedy

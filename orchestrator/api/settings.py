@@ -1,10 +1,10 @@
 """The orchestrator's settings (python -m orchestrator), defined once; no torch, no model hosting."""
 from __future__ import annotations
 
-from orchestrator.capacity import CapacityPolicy
-from orchestrator.deadlines import DeadlinePolicy
-from orchestrator.kinds import GUESS, KINDS
-from orchestrator.outliers import OutlierPolicy
+from orchestrator.policy.capacity import CapacityPolicy
+from orchestrator.fleet.deadlines import DeadlinePolicy
+from orchestrator.proposers.kinds import GUESS, KINDS
+from orchestrator.fleet.outliers import OutlierPolicy
 from specdec.runtime.settings import (
     APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,
 )
@@ -32,10 +32,10 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("default-k", "drafted tokens per round when a request sends k = 0, or 'auto': pick k each round "
          "from the observed acceptance and draft/target costs", "5"),
     Flag("parallel", "parallel speculation by default: the draft drafts the next round while the target "
-         "verifies this one (requests may choose either; orchestrator.parallel)", False, kind=SWITCH),
+         "verifies this one (requests may choose either; orchestrator.proposers.parallel)", False, kind=SWITCH),
     Flag("speculation-gate", "for requests that give no k: measure each target replica's tokens/s with "
          "and without drafting, in alternating epochs per load level, and draft only where it measured "
-         "faster (orchestrator.gate)", True, kind=SWITCH),
+         "faster (orchestrator.policy.gate)", True, kind=SWITCH),
     Flag("sampler", "how sampled requests are verified: 'auto' = the coupled sampler for requests with a "
          "seed (one seed, one text at any k, proposer, load or replica) and rejection sampling for those "
          "without (it accepts more drafts); 'coupled' or 'rejection' for every request (docs/api.md)",
@@ -47,7 +47,7 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("text-threads", "threads tokenising, templating and decoding off the event loop", 2, int),
 ))
 
-BATCH_CALLS = Group("batch calls (orchestrator.batching): many sessions' calls to one replica in one RPC", (
+BATCH_CALLS = Group("batch calls (orchestrator.fleet.batching): many sessions' calls to one replica in one RPC", (
     Flag("batch-calls", "gather this orchestrator's Score/Propose calls to a replica into ScoreBatch/"
          "ProposeBatch RPCs; off (or with tracing on) every call is its own RPC", True, kind=SWITCH),
     Flag("batch-max-wait-ms", "longest a gathered call waits for this orchestrator's other live sessions "
@@ -58,7 +58,7 @@ BATCH_CALLS = Group("batch calls (orchestrator.batching): many sessions' calls t
 
 
 def _gray() -> Group:
-    """Deadlines, outlier routing and overload shedding (orchestrator.deadlines, .outliers, .capacity)."""
+    """Deadlines, outlier routing and overload shedding (orchestrator.fleet.deadlines, .outliers, .capacity)."""
     d, o, c = DeadlinePolicy(), OutlierPolicy(), CapacityPolicy()
     return Group("gray failures and overload", (
         Flag("deadline-factor", "a model-service call's deadline, x that replica's usual wall time for the "
@@ -73,7 +73,7 @@ def _gray() -> Group:
         Flag("target-wait-s", "how long a round (or a new session) waits for some target replica to answer "
              "when none other is usable; then UNAVAILABLE", 10.0, float),
         Flag("target-capacity", "streams per target replica (0 = measured from its batches and queues: "
-             "orchestrator.capacity)", c.sessions, int),
+             "orchestrator.policy.capacity)", c.sessions, int),
         Flag("capacity-pace", "measured capacity also caps a replica at the sessions whose shared forward "
              "costs at most this x a lone session's, fed back from the admitted streams' measured pace "
              "(0 = off: the batch size and queue saturation only)", c.pace, float),

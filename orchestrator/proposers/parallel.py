@@ -39,8 +39,10 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 
-from orchestrator.proposers import DraftContext, DraftServiceProposer, PreDraft, Proposal
-from orchestrator.remote import Call, DeadlineMissed, ModelClient, SessionReplica
+from orchestrator.proposers.base import DraftContext, PreDraft, Proposal
+
+from orchestrator.proposers.draft import DraftServiceProposer
+from orchestrator.fleet.remote import Call, DeadlineMissed, ModelClient, SessionReplica
 from specdec.core.fingerprint import extend
 from specdec.v1 import common_pb2, model_pb2
 from specdec.runtime.wire import decode_probs

@@ -29,7 +29,7 @@ allowed and in epochs with every such session at k = 0.
 The gate only takes the draft model away; the k of a drafting round stays the
 goodput model's. A plain epoch is k = 0 for every proposer, except that a lone
 session's proposer with free guesses (combined) keeps the lookup guesses that
-pay (orchestrator.loop). Why each rule exists, with the measurements behind it:
+pay (orchestrator.round.loop). Why each rule exists, with the measurements behind it:
 docs/benchmark-history.md, "The speculation gate's design notes", and
 docs/architecture.md, "Choosing k".
 """

@@ -9,7 +9,7 @@ replica's last heartbeat (so a burst does not pile onto one replica). While
 Redis is unreachable, the replicas it listed last are used (a dead one is
 then found by the call itself, which moves the session).
 
-Replicas that `health` (orchestrator.outliers) has ejected, hung or far slower
+Replicas that `health` (orchestrator.fleet.outliers) has ejected, hung or far slower
 than their peers, get no new sessions and lose the sessions on them, unless
 every replica of the role is ejected: then they are used anyway.
 """
@@ -20,8 +20,8 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 
-from orchestrator.outliers import ReplicaHealth
-from orchestrator.remote import ModelClient, release_in_background
+from orchestrator.fleet.outliers import ReplicaHealth
+from orchestrator.fleet.remote import ModelClient, release_in_background
 from specdec.core.fingerprint import EMPTY
 from specdec.runtime.store import ServiceRegistry, StoreUnavailable
 from specdec.v1 import model_pb2

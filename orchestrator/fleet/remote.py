@@ -22,13 +22,13 @@ KV, and how many committed tokens that KV holds); its `call` is the one place
 that recovers from a cache miss and moves to another replica, for both roles.
 
 Gray failures: every attempt gets a deadline learned from that replica's
-usual wall time for the same size of work (orchestrator.deadlines, through
+usual wall time for the same size of work (orchestrator.fleet.deadlines, through
 the Router's ReplicaHealth). A draft attempt that misses it raises
 `DeadlineMissed`: the round goes on without the draft. A target attempt that
 misses it moves the session to another usable replica (resent from 0, the
 same text); with none, it keeps waiting on the same call up to the call's
 bound, then ServiceDown. Either way the replica is ejected from routing until
-its probes answer (orchestrator.outliers), and a session on an ejected
+its probes answer (orchestrator.fleet.outliers), and a session on an ejected
 replica moves before its next call (`ready`).
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from orchestrator.batching import CallBatcher, frame
-from orchestrator.outliers import SESSION_MOVES, ReplicaHealth
+from orchestrator.fleet.batching import CallBatcher, frame
+from orchestrator.fleet.outliers import SESSION_MOVES, ReplicaHealth
 from specdec.runtime import tracing
 from specdec.core.fingerprint import EMPTY, extend
 from specdec.runtime.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
@@ -127,7 +127,7 @@ def _method_path(service: str, method: str) -> str:
 
 @dataclass(frozen=True)
 class BatchCalls:
-    """How a client gathers its sessions' Score/Propose calls into batch RPCs (orchestrator.batching)."""
+    """How a client gathers its sessions' Score/Propose calls into batch RPCs (orchestrator.fleet.batching)."""
 
     enabled: bool = True
     max_items: int = 64
@@ -281,7 +281,7 @@ class ModelClient:
 
     async def request_limit(self) -> int:
         """The replica's max_request_tokens (GetInfo, asked once); 0 when it reports none.
-        Also keeps its max_batch (0: not reported), for admission (orchestrator.capacity)."""
+        Also keeps its max_batch (0: not reported), for admission (orchestrator.policy.capacity)."""
         if self._request_limit is None:
             info = await self.get_info()
             self._request_limit = int(info.max_request_tokens)

@@ -1,6 +1,6 @@
 """Batch calls: one replica's Score (or Propose) calls of many sessions in one RPC.
 
-Each session's loop still makes its own call (orchestrator.remote); a
+Each session's loop still makes its own call (orchestrator.fleet.remote); a
 `CallBatcher` per replica and method gathers the calls that arrive together
 and sends them as one ScoreBatch / ProposeBatch, whose items the service queues
 at once, so they share its next forward pass. This cuts the orchestrator's RPCs

@@ -2,7 +2,7 @@
 
 Envoy's outlier detection, for gray failures: a replica that is alive but
 hung or slow. `ReplicaHealth` (one per orchestrator process, on the Router)
-holds the learned latency tables (orchestrator.deadlines) and, per replica:
+holds the learned latency tables (orchestrator.fleet.deadlines) and, per replica:
 
   ejected    after a call missed its deadline (reason "deadline"), or once its
              recent wall times for the same sizes of work are `slow_ratio` x
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from orchestrator.deadlines import DeadlinePolicy, LatencyBook
+from orchestrator.fleet.deadlines import DeadlinePolicy, LatencyBook
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ reply carries the service's forward_ms and the batch that served it
               round waits for) / tokens drafted
   call_ms     an EWMA of rpc_ms - forward_ms: queueing, the RPC, (de)serializing
   queue_ms    an EWMA of a Score's server time beyond its forwards: the
-              admission's saturation signal (orchestrator.capacity)
+              admission's saturation signal (orchestrator.policy.capacity)
 
 and per draft replica the acceptance by position pooled over its sessions,
 a new session's prior (speedup.PooledAcceptance).
@@ -30,15 +30,15 @@ session's acceptance by position (only the orchestrator verifies) and both
 services' costs (each service sees only its own batch).
 
 `Costs` is the other side: where a round's (and a whole generation's) time
-and bytes went, as measured; orchestrator.stats builds the Stats message on it.
+and bytes went, as measured; orchestrator.round.stats builds the Stats message on it.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from orchestrator.gate import SpeculationGate
-from orchestrator.remote import Call
+from orchestrator.policy.gate import SpeculationGate
+from orchestrator.fleet.remote import Call
 from specdec.core.speedup import PooledAcceptance, RoundCosts, interpolate_cost
 
 

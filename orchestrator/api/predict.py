@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.check import score_once
-from orchestrator.routing import Router
+from orchestrator.api.check import score_once
+from orchestrator.fleet.routing import Router
 from specdec.core.fingerprint import EMPTY
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.errors import InvalidArgument, Unavailable

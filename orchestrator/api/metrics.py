@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from orchestrator.stats import Tally
+from orchestrator.round.stats import Tally
 
 GENERATIONS = Counter("specdec_generations_total", "Finished generations",
                       ["proposer", "finish_reason"])

@@ -7,7 +7,7 @@ expressions and Lark grammars. It is what the orchestrator needs in a
 speculative round: masks for every drafted position (advance along the draft,
 then roll back) before the target scores them.
 
-A round (orchestrator.loop):
+A round (orchestrator.round.loop):
   1. `round_masks(drafted)`: the allowed tokens at each of the k + 1 scored
      positions, advancing along the drafted tokens and rolling back; where a
      drafted token is disallowed the draft is cut (see `RoundMasks.sent`);

@@ -1,6 +1,6 @@
 """The speculative decoding loop: propose, score, verify, commit — one round at a time.
 
-`generate(spec, config)` is an async generator of `ChunkEvent`s and a final
+`generate(req, config)` is an async generator of `ChunkEvent`s and a final
 `Tally`. Each round:
 
   1. propose  the proposer drafts d_1..d_k (and q): one RPC for a draft model
@@ -13,12 +13,12 @@
 A cache miss from either service resends every committed token from position 0
 (the text cannot change: the tokens are the same); a dead replica is replaced
 (orchestrator.remote.SessionReplica). The proposer handles its own failures
-(orchestrator.proposers), statistics live in orchestrator.stats and the
+(orchestrator.proposers.base), statistics live in orchestrator.round.stats and the
 session's lifecycle in orchestrator.sessions.
 
 A resume (`resume_from`, after the stream's orchestrator died) continues the
-turn from the tokens the client received (GenerateSpec.delivered, or the
-record's where an older client sends none: orchestrator.sessions): they are
+turn from the tokens the client received (TurnRequest.delivered, or the
+record's where an older client sends none: orchestrator.round.sessions): they are
 committed first, through the decoder, the stop-string hold-back and the
 grammar, whose text was streamed already; the rounds then draft after them.
 Each chunk carries the absolute index of its first token.
@@ -40,14 +40,16 @@ import time
 
 import torch
 
-from orchestrator.grammar import RoundMasks
-from orchestrator.proposer_factory import open_proposer
-from orchestrator.proposers import DraftContext, Proposal, Proposer
-from orchestrator.remote import ModelClient, Reply, SessionReplica
-from orchestrator.sessions import Session, open_session
-from orchestrator.spec import PREDICTION, GenerateSpec, LoopConfig, WireSampling
-from orchestrator.stats import RoundTally, Tally, Timer
-from orchestrator.text import IncrementalDecoder
+from orchestrator.round.grammar import RoundMasks
+from orchestrator.proposers.factory import open_proposer
+from orchestrator.proposers.base import DraftContext, Proposal, Proposer
+from orchestrator.fleet.remote import ModelClient, Reply, SessionReplica
+from orchestrator.round.sessions import Session, open_session
+from orchestrator.proposers.kinds import PREDICTION
+from orchestrator.config import LoopConfig
+from orchestrator.request import TurnRequest, WireSampling
+from orchestrator.round.stats import RoundTally, Tally, Timer
+from orchestrator.round.text import IncrementalDecoder
 from specdec.runtime import tracing
 from specdec.core.fingerprint import extend, prefix_fingerprints
 from specdec.core.kv import crop_lengths
@@ -59,15 +61,15 @@ from specdec.v1 import common_pb2, model_pb2
 from specdec.runtime.wire import decode_probs
 
 
-# finish_reason of a turn stopped by GenerateSpec.max_target_passes.
+# finish_reason of a turn stopped by TurnRequest.max_target_passes.
 PASSES = "passes"
-# RoundTokens.source of a round whose drafts are all grammar-forced (orchestrator.grammar).
+# RoundTokens.source of a round whose drafts are all grammar-forced (orchestrator.round.grammar).
 GRAMMAR = "grammar"
 
 
 @dataclass(frozen=True)
 class RoundDetail:
-    """What one round proposed and committed (GenerateSpec.round_tokens): Chunk.round."""
+    """What one round proposed and committed (TurnRequest.round_tokens): Chunk.round."""
 
     index: int  # 1-based: the target passes so far
     source: str  # what drafted ("" = nothing)
@@ -83,8 +85,8 @@ class ChunkEvent:
     token_ids: list[int]
     start_index: int = 0  # index of token_ids[0] in the session's tokens (prompt included)
     session_id: str = ""  # on the stream's first chunk (what a resume names)
-    round: RoundDetail | None = None  # spec.round_tokens only
-    logprobs: list[TokenLogprob] | None = None  # spec.logprobs only: one per token_ids entry
+    round: RoundDetail | None = None  # req.round_tokens only
+    logprobs: list[TokenLogprob] | None = None  # req.logprobs only: one per token_ids entry
     # On the first chunk: the target and draft replicas holding the session's KV ("" = none),
     # which the other choices of an n > 1 request fork the prefilled prompt from.
     replicas: tuple[str, str] = ("", "")
@@ -96,17 +98,17 @@ class TokenLogprob:
 
     token_id: int
     logprob: float
-    top_ids: list[int]  # spec.top_logprobs alternatives, most likely first
+    top_ids: list[int]  # req.top_logprobs alternatives, most likely first
     top_logprobs: list[float]
 
 
-async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
+async def generate(req: TurnRequest, config: LoopConfig) -> AsyncIterator[ChunkEvent | Tally]:
     """Run the loop for one request: ChunkEvents as tokens commit, then the Tally."""
     # Round 1's clock starts with the request (the Tally's): it carries the set-up below.
-    tally = Tally(prompt_tokens=len(spec.prompt_ids), index=spec.index)  # open_session sets the seed
+    tally = Tally(prompt_tokens=len(req.prompt_ids), index=req.index)  # open_session sets the seed
     trace = tracing.request(tally)  # spans on the Tally's clock; a no-op unless tracing is on
-    session = await open_session(spec, config, tally)  # admitted: a slot on its target replica
-    rounds = _rounds(spec, config, session, tally, trace)
+    session = await open_session(req, config, tally)  # admitted: a slot on its target replica
+    rounds = _rounds(req, config, session, tally, trace)
     try:
         async for event in rounds:
             yield event
@@ -115,28 +117,28 @@ async def generate(spec: GenerateSpec, config: LoopConfig) -> AsyncIterator[Chun
         config.admission.leave(session.target)
 
 
-async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tally: Tally,
+async def _rounds(req: TurnRequest, config: LoopConfig, session: Session, tally: Tally,
                   trace) -> AsyncIterator[ChunkEvent | Tally]:
     """The rounds of an admitted request (see the module docstring)."""
     with Timer(tally, "redis_ms"):  # routing reads the registry
-        proposer = await open_proposer(spec, config, session.id, session.draft_home(),
+        proposer = await open_proposer(req, config, session.id, session.draft_home(),
                                        target=lambda: session.target.address)
-    sampling = WireSampling.encode(spec.sampling, coupled=spec.coupled)  # once per request, not per RPC
+    sampling = WireSampling.encode(req.sampling, coupled=req.coupled)  # once per request, not per RPC
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
     fps = prefix_fingerprints(tokens)  # fps[i] = fingerprint(tokens[:i])
-    adaptive = GoodputPolicy() if not spec.k and config.adaptive_k and proposer.adaptive else None
-    k_max = config.max_k if adaptive is not None else spec.k or config.default_k
-    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.gate);
+    adaptive = GoodputPolicy() if not req.k and config.adaptive_k and proposer.adaptive else None
+    k_max = config.max_k if adaptive is not None else req.k or config.default_k
+    # No k in the request: whether drafting pays on the target replica is measured (orchestrator.policy.gate);
     # not for a caller's prediction, which is asked for and costs no draft work.
-    gated = not spec.k and proposer.proposes and config.speculation_gate and spec.proposer != PREDICTION
+    gated = not req.k and proposer.proposes and config.speculation_gate and req.proposer != PREDICTION
     gate = None
-    decoder = IncrementalDecoder(config.tokenizer, spec.prompt_ids)
-    holdback = StopStringHoldback(spec.stop) if spec.stop else None
-    # Structured output: the turn's grammar state (orchestrator.grammar), advanced along commits.
-    matcher = config.grammars.matcher(spec.constraint) if spec.constraint is not None else None
-    finish = _replay_delivered(spec, config, tokens[len(spec.prompt_ids):], decoder, holdback, matcher)
-    tally.new_tokens = len(tokens) - len(spec.prompt_ids)
-    n_logprobs = max(spec.top_logprobs, 1) if spec.logprobs else 0  # the argmax's comes with the top 1
+    decoder = IncrementalDecoder(config.tokenizer, req.prompt_ids)
+    holdback = StopStringHoldback(req.stop) if req.stop else None
+    # Structured output: the turn's grammar state (orchestrator.round.grammar), advanced along commits.
+    matcher = config.grammars.matcher(req.constraint) if req.constraint is not None else None
+    finish = _replay_delivered(req, config, tokens[len(req.prompt_ids):], decoder, holdback, matcher)
+    tally.new_tokens = len(tokens) - len(req.prompt_ids)
+    n_logprobs = max(req.top_logprobs, 1) if req.logprobs else 0  # the argmax's comes with the top 1
     sent = 0  # chunks streamed
     prefetch: asyncio.Future | None = None  # a first round's feeding of the draft (proposer.prefetch)
 
@@ -145,7 +147,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
     try:
         while not finish:
             rnd = RoundTally()
-            remaining = spec.max_new_tokens - len(tokens) + len(spec.prompt_ids)
+            remaining = req.max_new_tokens - len(tokens) + len(req.prompt_ids)
             if gated and gate is not config.costs.gate(session.target.address):  # first round, or moved
                 if gate is not None:
                     gate.leave()
@@ -162,7 +164,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 else:
                     k = k_max if adaptive is None else _adaptive_k(adaptive, config, session.target, proposer, k_max)
                 rnd.k = max(0, min(k, remaining - 1))
-            ctx = DraftContext(session.id, tokens, fps, len(spec.prompt_ids), rnd.k, sampling, tally.seed,
+            ctx = DraftContext(session.id, tokens, fps, len(req.prompt_ids), rnd.k, sampling, tally.seed,
                                away=away, draft_off=draft_off)
             prefetch = None
             if (gated and rnd.k and not draft_off and not tally.target_passes and getattr(proposer, "prefetch", None)
@@ -220,7 +222,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             proposer.observe(own, own_accepted)
 
             # 4. Commit: EOS / length / stop string, then cache bookkeeping, Redis, stream.
-            committed, finish = clip_to_stop(verdict.tokens, eos_ids=() if spec.ignore_eos else config.eos_ids,
+            committed, finish = clip_to_stop(verdict.tokens, eos_ids=() if req.ignore_eos else config.eos_ids,
                                              remaining=remaining)
             text, committed, hit = _detokenize(committed, decoder, holdback)
             finish = STOP if hit else finish
@@ -230,7 +232,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
                 sent_before = relay.sent
                 relay.absorb(reply.response.features, len(tokens) + min(len(committed), verdict.accepted))
                 rnd.feature_bytes += len(reply.response.features.data) + relay.sent - sent_before
-            if not finish and spec.max_target_passes and tally.target_passes >= spec.max_target_passes:
+            if not finish and req.max_target_passes and tally.target_passes >= req.max_target_passes:
                 finish = PASSES  # a pass budget (the playground's quota): no further forward
             session.target.held, draft_len = crop_lengths(
                 committed_before=len(tokens), n_drafted=len(drafted), n_accepted=verdict.accepted,
@@ -245,7 +247,7 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             rnd.committed = len(committed)
             if gate is not None and tally.target_passes > 1:  # a decoding round (not the prompt's prefill)
                 gate.record(len(committed), time.perf_counter() - tally.round_started, session.id)
-            tally.new_tokens = len(tokens) - len(spec.prompt_ids)
+            tally.new_tokens = len(tokens) - len(req.prompt_ids)
             fresh = committed
             if finish and not hit and fresh:
                 text += _release_held(decoder, holdback)
@@ -253,8 +255,8 @@ async def _rounds(spec: GenerateSpec, config: LoopConfig, session: Session, tall
             if fresh:
                 tally.chunk_sent()
                 detail = RoundDetail(tally.target_passes, rnd.source, drafted, verdict.accepted,
-                                     verdict.extra_kind, committed) if spec.round_tokens else None
-                logprobs = (_token_logprobs(verdict, reply.response, p, spec.top_logprobs)[:len(committed)]
+                                     verdict.extra_kind, committed) if req.round_tokens else None
+                logprobs = (_token_logprobs(verdict, reply.response, p, req.top_logprobs)[:len(committed)]
                             if n_logprobs else None)
                 replicas = ("", "") if sent else (
                     session.target.address, proposer.replica.address if proposer.replica is not None else "")
@@ -395,7 +397,7 @@ def _adaptive_k(policy: GoodputPolicy, config: LoopConfig, target: SessionReplic
 
 def _observe_costs(config: LoopConfig, target: SessionReplica, proposer: Proposer, proposal: Proposal,
                    reply: Reply, drafted: int) -> None:
-    """Every session's calls teach the per-replica cost table (orchestrator.costs) what forwards cost."""
+    """Every session's calls teach the per-replica cost table (orchestrator.policy.costs) what forwards cost."""
     config.costs.observe("target", target.address, reply.call, session=target.session_id)
     if proposal.call is not None and proposer.replica is not None:
         config.costs.observe("draft", proposer.replica.address, proposal.call, drafted)
@@ -416,7 +418,7 @@ def _detokenize(
     return text, committed, False
 
 
-def _replay_delivered(spec: GenerateSpec, config: LoopConfig, delivered: list[int], decoder: IncrementalDecoder,
+def _replay_delivered(req: TurnRequest, config: LoopConfig, delivered: list[int], decoder: IncrementalDecoder,
                       holdback: StopStringHoldback | None, matcher) -> str | None:
     """A resume: the client's tokens go through the decoder, the hold-back and the grammar as if
     just committed (their text was streamed before). The turn's finish reason if they end it."""
@@ -432,8 +434,8 @@ def _replay_delivered(spec: GenerateSpec, config: LoopConfig, delivered: list[in
         if len(kept) < len(delivered):
             raise InvalidArgument("delivered: tokens after the one completing a stop string")
         return STOP
-    kept, finish = clip_to_stop(delivered, eos_ids=() if spec.ignore_eos else config.eos_ids,
-                                remaining=spec.max_new_tokens)
+    kept, finish = clip_to_stop(delivered, eos_ids=() if req.ignore_eos else config.eos_ids,
+                                remaining=req.max_new_tokens)
     if len(kept) < len(delivered):
         raise InvalidArgument("delivered: tokens after the end of the turn (an EOS, or max_new_tokens)")
     return finish

@@ -15,16 +15,18 @@ from typing import Any, TypeVar
 
 import grpc
 
-from orchestrator import check as checking
-from orchestrator import predict as predicting
-from orchestrator import metrics
-from orchestrator.choices import SharedPrefill, choice_specs, merged, resumed_choices
-from orchestrator.grammar import Constraint
-from orchestrator.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
-from orchestrator.sessions import forget_session
-from orchestrator.spec import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION, GenerateSpec, LoopConfig
-from orchestrator.stats import stats_to_proto
-from orchestrator.text import encode_prompt, encode_text
+from orchestrator.api import check as checking
+from orchestrator.api import predict as predicting
+from orchestrator.api import metrics
+from orchestrator.api.choices import SharedPrefill, choice_requests, merged, resumed_choices
+from orchestrator.round.grammar import Constraint
+from orchestrator.round.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
+from orchestrator.round.sessions import forget_session
+from orchestrator.proposers.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION
+from orchestrator.config import LoopConfig
+from orchestrator.request import TurnRequest
+from orchestrator.round.stats import stats_to_proto
+from orchestrator.round.text import encode_prompt, encode_text
 from specdec.runtime.errors import InvalidArgument, OutOfRange
 from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, Admission, AdmissionLimits
 from specdec.runtime.security import TENANT
@@ -57,8 +59,8 @@ def text_bytes(request: pb.GenerateRequest | pb.CheckRequest) -> int:
     return size + sum(len(s.encode()) for s in getattr(request, "stop", ()))
 
 
-def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
-                      tenant: str = "") -> GenerateSpec:
+def turn_request(request: pb.GenerateRequest, config: LoopConfig,
+                      tenant: str = "") -> TurnRequest:
     """Validate a GenerateRequest; every error names the offending field."""
     if len(request.session_id) > MAX_SESSION_ID:
         raise InvalidArgument(f"session_id: at most {MAX_SESSION_ID} characters")
@@ -99,7 +101,7 @@ def spec_from_request(request: pb.GenerateRequest, config: LoopConfig,
         if not request.guess:
             raise InvalidArgument("guess: required when proposer is PROPOSER_GUESS")
         guess_ids = encode_text(config.tokenizer, request.guess)
-    return GenerateSpec(
+    return TurnRequest(
         prompt_ids=tuple(prompt_ids),
         max_new_tokens=int(request.max_new_tokens),
         sampling=sampling,
@@ -203,7 +205,7 @@ def _delivered(request: pb.GenerateRequest, prompt_len: int, config: LoopConfig)
     return tokens
 
 
-# Request.speculation -> GenerateSpec.parallel (None: the orchestrator's default); an
+# Request.speculation -> TurnRequest.parallel (None: the orchestrator's default); an
 # unknown value from a newer client is taken as unspecified.
 _SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
 
@@ -224,52 +226,52 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.admission.check_bytes(text_bytes(request))
         tenant = TENANT.get()
         with self.admission.enter(tenant):
-            spec = await self._off_loop(spec_from_request, request, self.config, tenant)
-            specs = choice_specs(spec, request.n)
-            if len(specs) == 1:
-                responses = self._generate(spec)
+            req = await self._off_loop(turn_request, request, self.config, tenant)
+            reqs = choice_requests(req, request.n)
+            if len(reqs) == 1:
+                responses = self._generate(req)
             elif request.delivered:  # a resume of n > 1: each unfinished choice from its tokens
                 responses = merged([self._generate(s, resumable=False)
-                                    for s in resumed_choices(specs, request.delivered)])
-            else:  # choices 1.. start from choice 0's prefilled prompt (orchestrator.choices)
-                shared = SharedPrefill(self.config, specs)
-                responses = merged([self._generate(specs[0], resumable=False, shared=shared)]
-                                   + [self._choice(s, shared) for s in specs[1:]])
+                                    for s in resumed_choices(reqs, request.delivered)])
+            else:  # choices 1.. start from choice 0's prefilled prompt (orchestrator.api.choices)
+                shared = SharedPrefill(self.config, reqs)
+                responses = merged([self._generate(reqs[0], resumable=False, shared=shared)]
+                                   + [self._choice(s, shared) for s in reqs[1:]])
             async for response in responses:
                 yield response
 
-    async def _choice(self, spec: GenerateSpec, shared: SharedPrefill) -> AsyncIterator[pb.GenerateResponse]:
+    async def _choice(self, req: TurnRequest, shared: SharedPrefill) -> AsyncIterator[pb.GenerateResponse]:
         """Choice i > 0 of n: waits for choice 0's prefill, then runs from its fork."""
         started = False
         try:
-            spec = await shared.spec_for(spec)
+            req = await shared.spec_for(req)
             started = True
-            async for response in self._generate(spec, resumable=False):
+            async for response in self._generate(req, resumable=False):
                 yield response
         finally:
             if not started:  # cancelled while waiting: the fork made for it goes
-                await asyncio.shield(shared.discard(spec.index))
+                await asyncio.shield(shared.discard(req.index))
 
-    async def _generate(self, spec: GenerateSpec, resumable: bool = True,
+    async def _generate(self, req: TurnRequest, resumable: bool = True,
                         shared: SharedPrefill | None = None) -> AsyncIterator[pb.GenerateResponse]:
         """One choice's responses; a choice of n > 1 names no session (it cannot be resumed).
         Choice 0 of n > 1 (`shared`) hands its first chunk's replicas to the others' forks."""
         try:
-            async for response in self._responses(spec, resumable, shared):
+            async for response in self._responses(req, resumable, shared):
                 yield response
         finally:
             if shared is not None:
                 shared.give_up()
 
-    async def _responses(self, spec: GenerateSpec, resumable: bool,
+    async def _responses(self, req: TurnRequest, resumable: bool,
                          shared: SharedPrefill | None) -> AsyncIterator[pb.GenerateResponse]:
-        async for event in generate(spec, self.config):
+        async for event in generate(req, self.config):
             if shared is not None and isinstance(event, ChunkEvent):
                 await shared.offer(event)  # the loop waits at this chunk: its KV is still held
             if isinstance(event, ChunkEvent):
                 yield pb.GenerateResponse(chunk=pb.Chunk(
                     text=event.text, token_ids=event.token_ids, start_index=event.start_index,
-                    session_id=event.session_id if resumable else "", index=spec.index,
+                    session_id=event.session_id if resumable else "", index=req.index,
                     round=self._round_tokens(event.round) if event.round else None,
                     logprobs=[self._logprob(lp) for lp in event.logprobs or ()]))
             else:

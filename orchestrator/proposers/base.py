@@ -1,0 +1,91 @@
+"""Proposers: where a round's drafted tokens come from, behind one protocol.
+
+The loop sees only `Proposer.propose(DraftContext) -> Proposal` and
+`Proposer.crop(length)`; the one factory is orchestrator.proposers.factory. A
+deterministic proposer (orchestrator.proposers.local: prompt lookup, the
+caller's guess, a prediction, none) returns `probs=None`; the verifier then
+treats its q as one-hot, which keeps sampling exact. The draft service's
+proposer is orchestrator.proposers.draft.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from orchestrator.fleet.remote import Call, SessionReplica
+from orchestrator.proposers.features import FeatureRelay
+from orchestrator.request import WireSampling
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a proposer may look at for one round. Read-only by contract."""
+
+    session_id: str
+    tokens: Sequence[int]  # committed ids: prompt + generated (do not mutate)
+    prefix_fps: Sequence[int]  # prefix_fps[i] = fingerprint(tokens[:i])
+    prompt_len: int
+    k: int  # draft at most this many tokens
+    sampling: WireSampling
+    seed: int
+    # This round goes without the draft model: it is being fed the prompt alongside the target's
+    # Score (DraftServiceProposer.prefetch), or the speculation gate runs a plain epoch
+    # (orchestrator.policy.gate). A free guess (prompt lookup, in the combined proposer) still may propose.
+    draft_off: bool = False
+    # Called just before the round waits on a draft call: the target's batch calls then stop
+    # waiting for this session (it rejoins them with its Score; orchestrator.fleet.batching).
+    away: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Drafted tokens d_1..d_n (n <= k) and, for a model draft when sampling, q."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # [n, vocab] q; None = one-hot (deterministic)
+    cache_length: int = 0  # tokens the draft replica holds after the call (0: no draft cache)
+    call: Call | None = None  # the RPC, when there was one
+    cache_misses: int = 0
+    pre_draft: PreDraft | None = None  # parallel mode: what became of this round's pre-draft
+    source: str = ""  # the combined proposer: what proposed this round ("lookup" or "draft")
+    deadline_misses: int = 0  # draft calls of this round that missed their deadline
+
+
+@dataclass(frozen=True)
+class PreDraft:
+    """Parallel mode: a pre-draft made for this round while the target verified the last one.
+
+    hit: its drafts are this round's proposal (no draft call on the critical path);
+    else it was discarded and the round drafted anew. `call` is the pre-draft's RPC
+    and `waited_ms` how long this round still waited for it (hits only).
+    """
+
+    hit: bool
+    call: Call | None = None
+    waited_ms: float = 0.0
+
+
+class Proposer(Protocol):
+    name: str  # the kind proposing now (Stats.proposer): "none" once a draft has fallen back
+    fallback_reason: str  # why it proposes nothing although asked to; "" otherwise
+    replica: SessionReplica | None  # the draft replica holding the session's KV, if any
+    adaptive: bool  # k may be chosen per round from measured acceptance and costs
+    proposes: bool  # False: target-only, the loop asks for nothing
+    # A feature draft's relay (orchestrator.proposers.features): the loop asks Score for features and
+    # hands them over; None for every other proposer.
+    features: FeatureRelay | None
+
+    async def propose(self, ctx: DraftContext) -> Proposal: ...
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        """After a verdict: how many of the round's drafted tokens the target accepted."""
+
+    def crop(self, length: int) -> None:
+        """After a verdict: the proposer's cache keeps its first `length` tokens."""
+
+    def close(self) -> None:
+        """The request is over: stop any work started ahead of time (parallel mode)."""
+
+

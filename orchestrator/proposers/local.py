@@ -1,0 +1,88 @@
+"""The proposers without a cache of their own: none (target-only), prompt lookup, the caller's
+guess, and Predicted Outputs. Deterministic: each returns q = None (one-hot), so the verifier
+keeps sampling exact and, coupled, the text is target-only's."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.fleet.remote import SessionReplica
+from orchestrator.proposers.base import DraftContext, Proposal
+from orchestrator.proposers.features import FeatureRelay
+from orchestrator.proposers.kinds import GUESS, LOOKUP, NONE, PREDICTION
+from specdec.core.lookup import PromptLookup
+from specdec.core.prediction import PredictionCursor
+
+
+class _Local:
+    """A proposer without a cache of its own: nothing to place, crop or fall back from."""
+
+    fallback_reason = ""
+    replica: SessionReplica | None = None
+    features: FeatureRelay | None = None
+    adaptive = False
+    proposes = True
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        pass
+
+    def crop(self, length: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NoProposer(_Local):
+    """Target-only decoding through the same path: nothing drafted, one token per pass."""
+
+    name = NONE
+    proposes = False
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        return Proposal(tokens=[])
+
+
+class PromptLookupProposer(_Local):
+    """Copy what followed the most recent earlier occurrence of the last n-gram."""
+
+    name = LOOKUP
+
+    def __init__(self, max_ngram: int = 2, min_ngram: int = 1, max_k: int = 8) -> None:
+        self._lookup = PromptLookup(max_ngram=max_ngram, min_ngram=min_ngram, num_tokens=max_k)
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        fed = len(self._lookup)
+        self._lookup.extend(ctx.tokens[fed:])
+        return Proposal(tokens=self._lookup.propose(ctx.k))
+
+
+class GuessProposer(_Local):
+    """The caller's expected continuation, for as long as the output follows it."""
+
+    name = GUESS
+
+    def __init__(self, guess_ids: Sequence[int]) -> None:
+        self.guess = list(guess_ids)
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        generated = ctx.tokens[ctx.prompt_len :]
+        n = len(generated)
+        if list(generated) != self.guess[:n]:
+            return Proposal(tokens=[])  # diverged: the guess is spent
+        return Proposal(tokens=self.guess[n : n + ctx.k])
+
+
+class PredictionProposer(_Local):
+    """Predicted Outputs: the caller's prediction, re-aligned after each rejection
+    (specdec.core.prediction). Deterministic, so q is one-hot and the text is exact."""
+
+    name = PREDICTION
+
+    def __init__(self, prediction_ids: Sequence[int]) -> None:
+        self._cursor = PredictionCursor(prediction_ids)
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        self._cursor.extend(ctx.tokens[ctx.prompt_len + len(self._cursor):])
+        return Proposal(tokens=self._cursor.propose(ctx.k))
+
+
