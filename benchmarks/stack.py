@@ -1,6 +1,6 @@
 """Start and stop the benchmark's own stack: target, draft, orchestrator(s), link emulators.
 
-Command lines come from launcher.launch; every process is stopped by its own pid. The
+Command lines come from specdec.runtime.launch; every process is stopped by its own pid. The
 services run without Redis registration and the orchestrators use a private
 Redis key prefix, so nothing here routes to (or is routed to from) another
 stack sharing the same Redis; our keys are deleted at the end.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from benchmarks.linkemu import LinkEmulator
 from specdec.runtime import procs
-from launcher.launch import Processes, child_env, orchestrator_argv, service_argv
+from specdec.runtime.launch import Processes, child_env, orchestrator_argv, service_argv
 
 
 @dataclass(frozen=True)

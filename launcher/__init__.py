@@ -1,2 +1,3 @@
-"""The launcher and command line: `specdec` (cli), the command lines of every process (launch) and
-the device check (gpucheck). The top layer: it may import every package below it."""
+"""The `specdec` command (cli: up, demo, secrets, distill, ...) and the device check (gpucheck).
+The top layer: it may import every package below it, the tools included. The command lines of
+every process are specdec.runtime.launch."""

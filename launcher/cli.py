@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.launch import (
+from specdec.runtime.launch import (
     Processes, available_cores, child_env, orchestrator_argv, service_argv, split_threads,
 )
 from specdec.runtime.procs import free_port, wait_healthy
@@ -221,7 +221,7 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     if args.threads:
         threads = {"target": args.threads, "draft": args.threads}
         say(f"threads       {args.threads} per service (--threads)")
-    else:  # share the cores instead of giving every process all of them (launcher.launch.split_threads)
+    else:  # share the cores instead of giving every process all of them (specdec.runtime.launch.split_threads)
         split = split_threads()
         threads = {"target": split.target, "draft": split.draft}
         say(f"threads       {split.describe(available_cores())}")

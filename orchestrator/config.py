@@ -13,7 +13,7 @@ from orchestrator.fleet.routing import Router
 from orchestrator.policy.capacity import TargetAdmission
 from orchestrator.policy.costs import CostBook
 from orchestrator.proposers.features import RelayCache
-from orchestrator.proposers.kinds import COMBINED
+from orchestrator.kinds import COMBINED
 from orchestrator.round.grammar import Grammars
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.store import SessionRecord

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.proposers.kinds import DRAFT
+from orchestrator.kinds import DRAFT
 from orchestrator.round.grammar import Constraint
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.wire import sampling_to_proto

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from orchestrator.round.loop import ChunkEvent
+from orchestrator.round.events import ChunkEvent
 from orchestrator.round.sessions import forget_session
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest

@@ -20,9 +20,10 @@ from orchestrator.api import predict as predicting
 from orchestrator.api import metrics
 from orchestrator.api.choices import SharedPrefill, choice_requests, merged, resumed_choices
 from orchestrator.round.grammar import Constraint
-from orchestrator.round.loop import ChunkEvent, RoundDetail, TokenLogprob, generate
+from orchestrator.round.events import ChunkEvent, RoundDetail, TokenLogprob
+from orchestrator.round.loop import generate
 from orchestrator.round.sessions import forget_session
-from orchestrator.proposers.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from orchestrator.policy.capacity import CapacityPolicy
 from orchestrator.fleet.deadlines import DeadlinePolicy
-from orchestrator.proposers.kinds import GUESS, KINDS
+from orchestrator.kinds import GUESS, KINDS
 from orchestrator.fleet.outliers import OutlierPolicy
 from specdec.runtime.settings import (
     APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,

@@ -16,7 +16,7 @@ from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.draft import DraftServiceProposer
 from orchestrator.proposers.local import GuessProposer, NoProposer, PredictionProposer, PromptLookupProposer
 from orchestrator.fleet.remote import place
-from orchestrator.proposers.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from specdec.core.fingerprint import prefix_fingerprints

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from orchestrator.fleet.remote import SessionReplica
 from orchestrator.proposers.base import DraftContext, Proposal
 from orchestrator.proposers.features import FeatureRelay
-from orchestrator.proposers.kinds import GUESS, LOOKUP, NONE, PREDICTION
+from orchestrator.kinds import GUESS, LOOKUP, NONE, PREDICTION
 from specdec.core.lookup import PromptLookup
 from specdec.core.prediction import PredictionCursor
 

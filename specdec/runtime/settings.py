@@ -251,7 +251,7 @@ ENV_ONLY = (
     EnvOnly("SPECDEC_PARENT_PID", "set by the launcher for its children: a child stops when that "
             "process is gone", "specdec.runtime.procs"),
     EnvOnly("SPECDEC_TEST_DEVICE", "tests and benchmarks only: the device their services use",
-            "launcher.launch"),
+            "specdec.runtime.launch"),
 )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.runtime import procs
-from launcher.launch import Processes, child_env, device_under_test, orchestrator_argv, service_argv
+from specdec.runtime.launch import Processes, child_env, device_under_test, orchestrator_argv, service_argv
 from specdec.runtime.store import delete_prefix
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -100,7 +100,7 @@ def test_demo_splits_the_cores_and_compares_with_target_only(tiny_pair, tmp_path
     """The launcher gives each service its share of the cores (not all of them each), and the
     demo prints its speed next to target-only's on the same prompt and stack. Without --logs its
     services log to a temporary folder, removed after a clean run."""
-    from launcher.launch import available_cores, split_threads
+    from specdec.runtime.launch import available_cores, split_threads
 
     target_dir, draft_dir = tiny_pair
     scratch = tmp_path / "tmp"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdec.runtime import procs
-from launcher.launch import orchestrator_argv, service_argv
+from specdec.runtime.launch import orchestrator_argv, service_argv
 from tests.integration.stack import Stack
 
 TENANTS = ("alice", "bob", "carol", "dave", "erin")

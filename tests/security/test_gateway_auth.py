@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 from specdec.runtime import procs
-from launcher.launch import child_env
+from specdec.runtime.launch import child_env
 
 
 def _post(url: str, body: dict, token: str | None) -> tuple[int, dict]:

@@ -26,7 +26,7 @@ import pytest
 from specdec.runtime import procs
 from specdec.runtime.credentials import drop_previous, generate, rotate, rotate_ca
 from specdec.runtime.errors import ErrorInterceptor
-from launcher.launch import Processes, child_env, service_argv
+from specdec.runtime.launch import Processes, child_env, service_argv
 from specdec.runtime.security import BearerGuard, TokenTable
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 

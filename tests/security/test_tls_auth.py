@@ -7,7 +7,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import Client
 from specdec.runtime import procs
-from launcher.launch import service_argv
+from specdec.runtime.launch import service_argv
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as opb
 from specdec.v1 import orchestrator_pb2_grpc

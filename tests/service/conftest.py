@@ -11,7 +11,7 @@ import pytest
 
 from specdec.runtime import procs
 from specdec.core.fingerprint import fingerprint
-from launcher.launch import child_env, device_under_test, service_argv
+from specdec.runtime.launch import child_env, device_under_test, service_argv
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from engine.model.loader import tokenizer_fingerprint
-from launcher.launch import device_under_test
+from specdec.runtime.launch import device_under_test
 from specdec.v1 import common_pb2
 from tests.service.conftest import MAX_K, ROOT
 

@@ -1,5 +1,12 @@
-"""The project's import graph: no circles between modules, serving imports no training, and the
-orchestrator's entry point starts without torch.
+"""The project's import graph: imports point down the layers only, no circles between modules,
+serving imports no training, and the orchestrator's entry point starts without torch.
+
+The layers (shared/DESIGN.md): the pure core and the wire contract, then the runtime every
+process shares, then the engine (and the client library), the model-service shell, the roles
+(target, draft, orchestrator), the gateway, the tools (distill, benchmarks) and the launcher.
+A module may import its own package and packages of lower layers, never a package beside it or
+above it. Inside the orchestrator its rooms are layered the same way: fleet, policy, proposers,
+round, api; the package's root modules (config, request, kinds) are shared by every room.
 
 The graph is read from the source (ast), so it counts every import a module can make: top-level,
 inside functions (lazy) and under `if TYPE_CHECKING:` alike. A circle through a lazy import is
@@ -20,6 +27,50 @@ SERVING = ("specdec", "engine", "model_service", "draft_service", "target_servic
            "gateway", "launcher")
 # `specdec distill` hands its arguments to distill.cli, loaded only for that subcommand.
 SERVING_EXCEPTIONS = {"launcher.cli"}
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("specdec", "specdec.core", "specdec.v1"),  # the pure core, the wire contract
+    ("specdec.runtime",),  # server, errors, wire codec, security, store, settings, tracing
+    ("engine", "client"),  # the model engine; the client library
+    ("model_service",),  # the shell both model services run in
+    ("target_service", "draft_service", "orchestrator"),  # the roles
+    ("gateway",),  # the OpenAI-compatible HTTP front
+    ("distill", "benchmarks"),  # tools
+    ("launcher",),  # the `specdec` command (it runs the tools too) and the device check
+)
+ROOMS = ("orchestrator.fleet", "orchestrator.policy", "orchestrator.proposers", "orchestrator.round",
+         "orchestrator.api")
+SHARED_ROOT = ("orchestrator.config", "orchestrator.request", "orchestrator.kinds")
+
+
+def _unit(module: str, units: tuple[str, ...]) -> str | None:
+    """The longest unit (package prefix) `module` belongs to."""
+    found = [u for u in units if module == u or module.startswith(u + ".")]
+    return max(found, key=len) if found else None
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that go up or sideways: across the layers, and between the orchestrator's rooms."""
+    rank = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+    packages = tuple(rank)
+    bad = []
+    for module, targets in graph.items():
+        mine = _unit(module, packages)
+        for target in targets:
+            theirs = _unit(target, packages)
+            if mine is None or theirs is None or mine == theirs:
+                continue
+            if rank[theirs] > rank[mine] or (rank[theirs] == rank[mine] and mine != theirs):
+                bad.append(f"{module} -> {target}")
+        room = _unit(module, ROOMS)
+        for target in targets:
+            other = _unit(target, ROOMS)
+            if room and other and ROOMS.index(other) > ROOMS.index(room):
+                bad.append(f"{module} -> {target} (room above)")
+            if room and target == "orchestrator.__main__":
+                bad.append(f"{module} -> {target}")
+    return sorted(bad)
 
 
 def _modules() -> dict[str, Path]:
@@ -113,10 +164,28 @@ def test_the_cycle_finder_finds_a_planted_circle() -> None:
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
-    assert "orchestrator.round.loop" in graph and "specdec.core.verify" in graph
-    assert "specdec.core.verify" in graph["orchestrator.round.loop"]
+    assert "orchestrator.round.steps" in graph and "specdec.core.verify" in graph
+    assert "specdec.core.verify" in graph["orchestrator.round.steps"]
     # launcher.cli loads distill.cli inside main() only for `specdec distill`.
     assert "distill.cli" in graph["launcher.cli"]
+
+
+def test_imports_point_down_the_layers() -> None:
+    graph = import_graph()
+    assert all(_unit(m, tuple(p for layer in LAYERS for p in layer)) for m in graph), "a module outside the layers"
+    bad = layering_violations(graph)
+    assert bad == [], "imports up or sideways: " + "; ".join(bad)
+
+
+def test_the_layering_check_finds_planted_violations() -> None:
+    graph = {"specdec.core.verify": {"specdec.runtime.errors"},  # up
+             "engine.host": {"client.api"},  # sideways
+             "orchestrator.fleet.remote": {"orchestrator.round.loop"},  # a room above
+             "orchestrator.round.loop": {"orchestrator.fleet.remote", "specdec.core.verify"},  # fine
+             "gateway.app": {"client.api", "orchestrator.request"}}  # fine (lower layers)
+    assert layering_violations(graph) == [
+        "engine.host -> client.api", "orchestrator.fleet.remote -> orchestrator.round.loop (room above)",
+        "specdec.core.verify -> specdec.runtime.errors"]
 
 
 def test_no_import_cycles_between_project_modules() -> None:

@@ -1,7 +1,7 @@
-"""launcher.launch.split_threads: the cores are shared between target and draft, never all to each."""
+"""specdec.runtime.launch.split_threads: the cores are shared between target and draft, never all to each."""
 from __future__ import annotations
 
-from launcher.launch import available_cores, split_threads
+from specdec.runtime.launch import available_cores, split_threads
 
 
 def test_split_threads() -> None:

@@ -27,11 +27,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from orchestrator.round.loop import ChunkEvent, generate
+from orchestrator.round.events import ChunkEvent
+from orchestrator.round.loop import generate
 from orchestrator.round import sessions
 from orchestrator.fleet.remote import Call, ServiceDown
 from orchestrator.fleet.routing import Router
-from orchestrator.proposers.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import Tally, stats_to_proto

@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 from orchestrator.proposers.parallel import ParallelDraftProposer
 from orchestrator.proposers.factory import open_proposer
 from orchestrator.proposers.draft import DraftServiceProposer
-from orchestrator.proposers.kinds import DRAFT, NONE
+from orchestrator.kinds import DRAFT, NONE
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto
 from specdec.core.sampling import SamplingParams, probs_from_logits

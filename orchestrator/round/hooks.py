@@ -1,0 +1,117 @@
+"""The features that ride on every round, each a small `RoundHook` (orchestrator.round.state).
+
+  GrammarHook    structured output: cuts drafts the grammar forbids, sends the
+                 masks of the scored positions, advances the matcher along commits
+  FeatureHook    a feature draft: asks Score for the target's features and hands
+                 the committed positions' to the relay (orchestrator.proposers.features)
+  LogprobsHook   asks Score for log-probabilities and gives each committed token its own
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from orchestrator.round.events import TokenLogprob
+from orchestrator.round.grammar import TurnMatcher
+from orchestrator.round.state import Round, RoundHook, Turn
+from specdec.runtime.errors import FailedPrecondition, InvalidArgument
+from specdec.v1 import common_pb2
+
+
+class GrammarHook(RoundHook):
+    """Structured output: the turn's grammar state, advanced along commits."""
+
+    def __init__(self, matcher: TurnMatcher) -> None:
+        self.matcher = matcher
+
+    def drafted(self, turn: Turn, rnd: Round) -> None:
+        # Drafted tokens the grammar forbids cannot commit: cut them (rejection sampling keeps the
+        # first one, which its q can reject; the rest are the grammar's forced tokens).
+        send_invalid = not turn.sampling.params.greedy and rnd.proposal.probs is not None
+        rnd.masks = self.matcher.round_masks(rnd.drafted, send_first_invalid=send_invalid, k=rnd.tally.k)
+        rnd.drafted, rnd.own = rnd.masks.proposal(rnd.drafted), rnd.masks.sent
+
+    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+        words = rnd.masks.words
+        return {"allowed": common_pb2.TokenMasks(rows=len(words), bits=words.astype("<i4").tobytes())}
+
+    def committed(self, turn: Turn, rnd: Round) -> None:
+        self.matcher.commit(rnd.committed)
+
+    def replay(self, delivered: list[int]) -> None:
+        """A resume: the grammar's state after the delivered tokens."""
+        try:
+            self.matcher.commit(delivered)
+        except InvalidArgument:
+            raise InvalidArgument("delivered: the tokens do not follow the request's constraint") from None
+
+
+class FeatureHook(RoundHook):
+    """A feature draft's relay of target features (known once the proposer has learnt its kind)."""
+
+    def relay(self, turn: Turn):
+        return turn.proposer.features if turn.proposer.proposes else None
+
+    def before_score(self, turn: Turn, rnd: Round) -> None:
+        relay = self.relay(turn)
+        if relay is not None:  # what the target skips, the relay must hold the features of
+            turn.session.target.held = min(turn.session.target.held, relay.known)
+
+    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+        relay = self.relay(turn)
+        return {"features": relay.encoding} if relay is not None else {}
+
+    def scored(self, turn: Turn, rnd: Round) -> None:
+        relay = self.relay(turn)
+        if relay is not None and relay.encoding and not rnd.reply.response.HasField("features"):
+            raise FailedPrecondition(f"features: target replica {turn.session.target.address} returns no "
+                                     "features (an older service), which the feature draft needs")
+
+    def committed(self, turn: Turn, rnd: Round) -> None:
+        relay = self.relay(turn)
+        if relay is None:
+            return
+        sent_before = relay.sent  # the features of the committed tokens the target has read
+        features = rnd.reply.response.features
+        relay.absorb(features, len(turn.tokens) + min(len(rnd.committed), rnd.verdict.accepted))
+        rnd.tally.feature_bytes += len(features.data) + relay.sent - sent_before
+
+
+class LogprobsHook(RoundHook):
+    """Each committed token's log-probability under the target (and the top alternatives)."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.n = max(top, 1)  # the argmax's comes with the top 1
+
+    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+        return {"logprobs": self.n}
+
+    def scored(self, turn: Turn, rnd: Round) -> None:
+        if not rnd.reply.response.HasField("logprobs"):
+            raise FailedPrecondition(f"logprobs: target replica {turn.session.target.address} does not "
+                                     "return log-probabilities (an older service)")
+
+    def tokens(self, rnd: Round) -> list[TokenLogprob]:
+        """The committed tokens' log-probabilities, from the target's own Logprobs.
+
+        Accepted drafts have theirs in Logprobs.drafted. The extra token is the argmax
+        when greedy (Logprobs.argmax), the target's own draw when coupled
+        (Logprobs.sampled); drawn by the verifier from p (or the residual), it is read
+        from p itself, the very distribution the log-probabilities are taken from.
+        """
+        lp, verdict, p = rnd.reply.response.logprobs, rnd.verdict, rnd.p
+        n, out = lp.top_n, []
+        for j, token in enumerate(verdict.tokens[:len(rnd.committed)]):
+            if j < verdict.accepted:
+                value = lp.drafted[j]
+            elif len(lp.sampled) > j:
+                value = lp.sampled[j]
+            elif p is None:
+                value = lp.argmax[j]
+            else:
+                mass = float(p[j, token])
+                value = math.log(mass) if mass > 0 else float("-inf")
+            out.append(TokenLogprob(token, value, list(lp.top_ids[j * n:j * n + self.top]),
+                                    list(lp.top_logprobs[j * n:j * n + self.top])))
+        return out
