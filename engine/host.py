@@ -35,8 +35,9 @@ from engine.model.llama import LlamaForward, unsupported
 from engine.model.loader import LoadedModel
 from engine.runner import PooledRunner
 from engine.scheduler import BatchLimits, Scheduler, SessionWork, Work
-from engine.sessions import SessionStore
+from engine.sessions import SessionCaches
 from engine.stock import StockRunner
+from specdec.core.bounds import MAX_K
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,7 +52,7 @@ class HostLimits:
     max_sessions: int = 64
     cache_budget_bytes: int | None = 2 << 30  # None: CPU 2 GiB, GPU a share of free memory
     session_ttl_s: float = 600.0
-    max_k: int = 16  # largest k (drafted tokens) in one Propose or Score
+    max_k: int = MAX_K  # largest k (drafted tokens) in one Propose or Score
     max_request_tokens: int = 8192  # tokens in one request; more is RESOURCE_EXHAUSTED
     # The scheduler's own defaults (one place; the services' flags read them from here).
     max_batch: int = BatchLimits.max_batch  # requests (sessions) per forward; 1 = batching off
@@ -147,7 +148,7 @@ class ModelHost:
         self.fatal: str | None = None
         with torch.inference_mode():
             self.runner = pick_runner(loaded, limits)
-        self.caches = SessionStore(
+        self.caches = SessionCaches(
             self.runner.new_cache,
             max_sessions=limits.max_sessions,
             budget_bytes=limits.cache_budget_bytes if limits.cache_budget_bytes is not None else 1 << 62,

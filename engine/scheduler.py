@@ -17,7 +17,7 @@ builds one `engine.plan.StepPlan`:
      draft_service.drafting), which returns the next step or finishes. A
      Propose with a smaller k simply leaves early.
 
-The cache check (`SessionStore.acquire`) happens when a job joins: a CacheMiss
+The cache check (`SessionCaches.acquire`) happens when a job joins: a CacheMiss
 fails that job alone. Room in the KV pool is reserved when a step is planned;
 a full pool evicts the least recently used idle sessions, and a job that still
 does not fit fails alone with RESOURCE_EXHAUSTED. A forward that runs out of
@@ -49,7 +49,7 @@ import torch
 from engine import metrics
 from engine.plan import OutputSpec, RowOutput, RowPlan, StepPlan
 from engine.pool import PoolExhausted
-from engine.sessions import CachedSession, SessionStore
+from engine.sessions import CachedSession, SessionCaches
 from specdec.runtime.errors import CacheMiss, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def _settle_all(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]
 class Scheduler:
     """The model worker thread: continuous batching of Work over one Runner."""
 
-    def __init__(self, runner: Runner, store: SessionStore, limits: BatchLimits, *, name: str = "model",
+    def __init__(self, runner: Runner, store: SessionCaches, limits: BatchLimits, *, name: str = "model",
                  on_fatal: Callable[[str], None] | None = None):
         self.runner = runner
         self.store = store

@@ -1,6 +1,6 @@
 """Per-session KV caches with prefix fingerprints, LRU eviction and an idle TTL.
 
-Not thread-safe on purpose: a ModelHost touches its SessionStore only from its
+Not thread-safe on purpose: a ModelHost touches its SessionCaches only from its
 single model-worker thread (engine.scheduler), between forwards.
 
 A session's cache is an `engine.pool.SessionKV` (its blocks of the KV pool) or
@@ -63,7 +63,7 @@ class CachedSession:
             self.fingerprints.append(fp.extend(self.fingerprints[-1], token))
 
 
-class SessionStore:
+class SessionCaches:
     """LRU map session id -> CachedSession under a session count and a byte budget."""
 
     def __init__(

@@ -31,6 +31,7 @@ from gateway.errors import from_rpc_error, invalid
 from gateway.guard import Network, client_address
 from gateway.quota import PassQuota
 from specdec.core import speedup
+from specdec.core.bounds import MAX_K
 
 log = logging.getLogger("gateway.playground")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -66,7 +67,7 @@ class CheckBody(_Body):
 class GenerateBody(_Body):
     prompt: str = Field(min_length=1, max_length=4000)
     proposer: Literal["none", "draft", "lookup", "guess", "combined"] = "none"
-    k: int = Field(0, ge=0, le=16)
+    k: int = Field(0, ge=0, le=MAX_K)
     max_new_tokens: int = Field(16, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     seed: int = Field(0, ge=0, lt=2**63)
@@ -296,8 +297,8 @@ def speedup_table(alpha: float, k: int, c: float, v: float) -> dict:
     """The speed-up model at (alpha, k, c, v), and its curves over k and over alpha."""
     if not 0.0 <= alpha <= 1.0:
         raise invalid(f"alpha: must be in [0, 1], got {alpha}", param="alpha")
-    if not 0 <= k <= 16:
-        raise invalid(f"k: must be in 0..16, got {k}", param="k")
+    if not 0 <= k <= MAX_K:
+        raise invalid(f"k: must be in 0..{MAX_K}, got {k}", param="k")
     if not 0.0 <= c <= 10.0:
         raise invalid(f"c: must be in [0, 10], got {c}", param="c")
     if not 0.0 < v <= 10.0:

@@ -30,8 +30,9 @@ from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.fleet.routing import Router
 from orchestrator.api.settings import orchestrator_settings
 from orchestrator.round.text import load_tokenizer
+from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint
-from specdec.runtime.limits import admission_from_args
+from specdec.runtime.limits import tenant_limits_from_args
 from specdec.runtime.security import service_client_from_args
 from specdec.runtime.server import configure_logging, options_from_args, serve
 from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, connect
@@ -103,7 +104,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
             f"(fingerprints {target_info.tokenizer_fingerprint[:12]} vs {fingerprint[:12]})"
         )
     expected.models["target"] = target_info.model_name
-    max_k = int(target_info.max_k) or 16
+    max_k = int(target_info.max_k) or MAX_K
     if target_info.max_request_tokens:  # a Score carries the k drafts and one committed token
         max_k = max(1, min(max_k, int(target_info.max_request_tokens) - 1))
     draft_info = await _first_info(router, "draft", 5.0)
@@ -138,7 +139,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         context_length=int(target_info.context_length),
         vocab_size=int(target_info.vocab_size),
         max_k=max_k,
-        target_max_k=int(target_info.max_k) or 16,
+        target_max_k=int(target_info.max_k) or MAX_K,
         default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,
@@ -176,7 +177,7 @@ async def main_async(args: argparse.Namespace) -> None:
     from orchestrator.api.servicer import OrchestratorServicer
 
     config = await build_config(args)
-    limits = admission_from_args(args)
+    limits = tenant_limits_from_args(args)
     servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)
     options = dataclasses.replace(options_from_args(args),
                                   max_receive_bytes=limits.grpc_receive_bytes)

@@ -17,6 +17,7 @@ from orchestrator.kinds import COMBINED
 from orchestrator.round.grammar import Grammars
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.store import SessionRecord
+from specdec.core.bounds import MAX_K
 
 
 class RecordStore(Protocol):
@@ -38,8 +39,8 @@ class LoopConfig:
     tokenizer: Any
     eos_ids: frozenset[int]
     context_length: int
-    max_k: int = 16  # largest k both services accept
-    target_max_k: int = 16  # largest k the target scores in one pass (bounds a Check guess)
+    max_k: int = MAX_K  # largest k both services accept
+    target_max_k: int = MAX_K  # largest k the target scores in one pass (bounds a Check guess)
     default_k: int = 5
     adaptive_k: bool = False  # k = 0 in a request: pick k per round for goodput (loop._adaptive_k)
     costs: CostBook = field(default_factory=CostBook)  # per-replica forward costs, from every call

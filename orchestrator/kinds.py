@@ -5,4 +5,4 @@ DRAFT, LOOKUP, GUESS, NONE, COMBINED = "draft", "lookup", "guess", "none", "comb
 KINDS = (DRAFT, LOOKUP, GUESS, NONE, COMBINED)
 # Predicted Outputs (GenerateRequest.prediction): the guess, re-aligned after a rejection.
 # Not a kind a request names: a request names the prediction itself.
-PREDICTION = "prediction"
+PREDICTED_OUTPUT = "prediction"

@@ -26,7 +26,7 @@ class TurnRequest:
     stop: tuple[str, ...] = ()
     proposer: str = DRAFT
     k: int = 0  # 0 = the config's default (or adaptive)
-    guess_ids: tuple[int, ...] = ()  # GUESS: the guess; PREDICTION: the prediction
+    guess_ids: tuple[int, ...] = ()  # GUESS: the guess; PREDICTED_OUTPUT: the prediction
     session_id: str = ""  # "" = a new session
     strict: bool = False
     tenant: str = ""  # the authenticated caller; a session is only ever visible to its own

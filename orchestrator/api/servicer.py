@@ -1,6 +1,6 @@
 """The Orchestrator gRPC servicer: proto in, loop, proto out. Nothing else lives here.
 
-Admission (specdec.runtime.limits) comes first: the request's text bytes against
+The tenant's quota (specdec.runtime.limits) comes first: the request's text bytes against
 --max-request-bytes, then the tenant's rate and stream slots. Tokenising,
 chat templating and decoding run on a thread pool, off the event loop, so one
 huge request does not stall the other streams. A session is visible only to
@@ -23,13 +23,13 @@ from orchestrator.round.grammar import Constraint
 from orchestrator.round.events import ChunkEvent, RoundDetail, TokenLogprob
 from orchestrator.round.loop import generate
 from orchestrator.round.sessions import forget_session
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTION
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto
 from orchestrator.round.text import encode_prompt, encode_text
 from specdec.runtime.errors import InvalidArgument, OutOfRange
-from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, Admission, AdmissionLimits
+from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, TenantQuota, TenantLimits
 from specdec.runtime.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -96,7 +96,7 @@ def turn_request(request: pb.GenerateRequest, config: LoopConfig,
         if request.proposer not in (pb.PROPOSER_UNSPECIFIED, pb.PROPOSER_GUESS) or request.guess:
             raise InvalidArgument("prediction: only with proposer PROPOSER_UNSPECIFIED (or "
                                   "PROPOSER_GUESS without a guess): the prediction is the proposal")
-        proposer = PREDICTION
+        proposer = PREDICTED_OUTPUT
         guess_ids = encode_text(config.tokenizer, request.prediction)
     elif proposer == GUESS:
         if not request.guess:
@@ -212,10 +212,10 @@ _SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
-    def __init__(self, config: LoopConfig, limits: AdmissionLimits | None = None,
+    def __init__(self, config: LoopConfig, limits: TenantLimits | None = None,
                  text_threads: int = 2) -> None:
         self.config = config
-        self.admission = Admission(limits or AdmissionLimits())
+        self.quota = TenantQuota(limits or TenantLimits())
         self._text_pool = ThreadPoolExecutor(max(1, text_threads), thread_name_prefix="text")
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
@@ -224,9 +224,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        self.admission.check_bytes(text_bytes(request))
+        self.quota.check_bytes(text_bytes(request))
         tenant = TENANT.get()
-        with self.admission.enter(tenant):
+        with self.quota.enter(tenant):
             req = await self._off_loop(turn_request, request, self.config, tenant)
             reqs = choice_requests(req, request.n)
             if len(reqs) == 1:
@@ -300,11 +300,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Predict(  # noqa: N802
         self, request: pb.PredictRequest, context: grpc.aio.ServicerContext
     ) -> pb.PredictResponse:
-        self.admission.check_bytes(len(request.text.encode()))
+        self.quota.check_bytes(len(request.text.encode()))
         top_k = predicting.top_k_of(request.top_k)
         sampling = predicting.predict_sampling(
             sampling_from_proto(request.sampling) if request.HasField("sampling") else None)
-        with self.admission.enter(TENANT.get()):
+        with self.quota.enter(TENANT.get()):
             ids = await self._off_loop(self._predict_ids, request.text)
             result = await predicting.predict(self.config.router, ids, sampling,
                                               self.config.target_max_k,
@@ -344,8 +344,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Check(  # noqa: N802
         self, request: pb.CheckRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckResponse:
-        self.admission.check_bytes(text_bytes(request))
-        with self.admission.enter(TENANT.get()):
+        self.quota.check_bytes(text_bytes(request))
+        with self.quota.enter(TENANT.get()):
             prompt_ids, guess_ids = await self._off_loop(self._check_ids, request)
             result = await checking.check(self.config.router, prompt_ids, guess_ids,
                                           self.config.target_max_k)
@@ -382,7 +382,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             raise InvalidArgument("session_id: required")
         if len(request.session_id) > MAX_SESSION_ID:
             raise InvalidArgument(f"session_id: at most {MAX_SESSION_ID} characters")
-        self.admission.rate(TENANT.get())
+        self.quota.rate(TENANT.get())
         record = await self.config.store.load(request.session_id)
         if record is None or record.tenant != TENANT.get():  # another tenant's: as if unknown
             return pb.EndSessionResponse(existed=False)

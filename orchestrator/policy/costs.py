@@ -29,8 +29,7 @@ The decision is made in the orchestrator, not the services: k needs the
 session's acceptance by position (only the orchestrator verifies) and both
 services' costs (each service sees only its own batch).
 
-`Costs` is the other side: where a round's (and a whole generation's) time
-and bytes went, as measured; orchestrator.round.stats builds the Stats message on it.
+Where a round's time and bytes actually went is orchestrator.round.stats.Breakdown.
 """
 from __future__ import annotations
 
@@ -40,26 +39,6 @@ from dataclasses import dataclass, field
 from orchestrator.policy.gate import SpeculationGate
 from orchestrator.fleet.remote import Call
 from specdec.core.speedup import PooledAcceptance, RoundCosts, interpolate_cost
-
-
-@dataclass
-class Costs:
-    """Where time and bytes went: the fields a round and a whole generation share
-    (Stats and Stats.Round carry them under the same names)."""
-
-    total_ms: float = 0.0
-    draft_ms: float = 0.0  # draft service compute (server-side), on the critical path
-    target_ms: float = 0.0  # target service compute (server-side)
-    serialize_ms: float = 0.0
-    network_ms: float = 0.0
-    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
-    redis_ms: float = 0.0  # waited on Redis (not hidden behind RPCs)
-    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    cache_misses: int = 0
-    deadline_misses: int = 0  # model-service calls that missed their learned deadline
-    feature_bytes: int = 0  # feature drafts: target features on the wire, Score replies + Propose requests
 
 
 STALE_HALFLIFE_S = 2.0  # a draft cost estimate this old weighs half against a new sample

@@ -14,9 +14,9 @@ from orchestrator.proposers.combined import CombinedProposer
 from orchestrator.proposers.parallel import ParallelDraftProposer
 from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.draft import DraftServiceProposer
-from orchestrator.proposers.local import GuessProposer, NoProposer, PredictionProposer, PromptLookupProposer
+from orchestrator.proposers.local import GuessProposer, NoProposer, PredictedOutputProposer, PromptLookupProposer
 from orchestrator.fleet.remote import place
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTION
+from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTED_OUTPUT
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from specdec.core.fingerprint import prefix_fingerprints
@@ -52,8 +52,8 @@ async def open_proposer(
         if not req.guess_ids:
             raise InvalidArgument("guess: required (non-empty) when proposer is PROPOSER_GUESS")
         return GuessProposer(req.guess_ids)
-    if req.proposer == PREDICTION:
-        return PredictionProposer(req.guess_ids)
+    if req.proposer == PREDICTED_OUTPUT:
+        return PredictedOutputProposer(req.guess_ids)
     if req.proposer == NONE:
         return NoProposer()
     raise InvalidArgument(f"proposer: unknown kind {req.proposer!r}; expected one of {', '.join(KINDS)}")

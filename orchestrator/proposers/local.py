@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from orchestrator.fleet.remote import SessionReplica
 from orchestrator.proposers.base import DraftContext, Proposal
 from orchestrator.proposers.features import FeatureRelay
-from orchestrator.kinds import GUESS, LOOKUP, NONE, PREDICTION
+from orchestrator.kinds import GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
 from specdec.core.lookup import PromptLookup
-from specdec.core.prediction import PredictionCursor
+from specdec.core.predicted_output import PredictedOutputCursor
 
 
 class _Local:
@@ -72,14 +72,14 @@ class GuessProposer(_Local):
         return Proposal(tokens=self.guess[n : n + ctx.k])
 
 
-class PredictionProposer(_Local):
+class PredictedOutputProposer(_Local):
     """Predicted Outputs: the caller's prediction, re-aligned after each rejection
-    (specdec.core.prediction). Deterministic, so q is one-hot and the text is exact."""
+    (specdec.core.predicted_output). Deterministic, so q is one-hot and the text is exact."""
 
-    name = PREDICTION
+    name = PREDICTED_OUTPUT
 
     def __init__(self, prediction_ids: Sequence[int]) -> None:
-        self._cursor = PredictionCursor(prediction_ids)
+        self._cursor = PredictedOutputCursor(prediction_ids)
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         self._cursor.extend(ctx.tokens[ctx.prompt_len + len(self._cursor):])

@@ -46,6 +46,7 @@ from orchestrator.fleet.remote import Call, DeadlineMissed, ModelClient, Session
 from specdec.core.fingerprint import extend
 from specdec.v1 import common_pb2, model_pb2
 from specdec.runtime.wire import decode_probs
+from specdec.core.bounds import MAX_K
 
 
 @dataclass
@@ -62,7 +63,7 @@ class _Pending:
 class ParallelDraftProposer(DraftServiceProposer):
     """The draft-service proposer with post-verify pre-drafting (see the module docstring)."""
 
-    def __init__(self, replica: SessionReplica | None, *, max_k: int = 16, **kwargs) -> None:
+    def __init__(self, replica: SessionReplica | None, *, max_k: int = MAX_K, **kwargs) -> None:
         super().__init__(replica, **kwargs)
         self.max_k = max_k
         self._pending: _Pending | None = None

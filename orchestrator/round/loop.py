@@ -31,7 +31,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from orchestrator.config import LoopConfig
-from orchestrator.kinds import PREDICTION
+from orchestrator.kinds import PREDICTED_OUTPUT
 from orchestrator.policy.drafting import DraftingPolicy
 from orchestrator.proposers.factory import open_proposer
 from orchestrator.request import TurnRequest, WireSampling
@@ -88,7 +88,7 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
                                        target=lambda: session.target.address)
     policy = DraftingPolicy(config.costs, proposer, request_k=req.k, default_k=config.default_k,
                             max_k=config.max_k, adaptive_k=config.adaptive_k,
-                            gate=config.speculation_gate and req.proposer != PREDICTION)
+                            gate=config.speculation_gate and req.proposer != PREDICTED_OUTPUT)
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
     grammar = GrammarHook(config.grammars.matcher(req.constraint)) if req.constraint is not None else None
     logprobs = LogprobsHook(req.top_logprobs) if req.logprobs else None

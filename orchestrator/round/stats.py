@@ -15,7 +15,6 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
-from orchestrator.policy.costs import Costs
 from orchestrator.fleet.remote import Call
 from specdec.runtime import tracing
 from specdec.core.verify import Verdict
@@ -23,7 +22,27 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 
 @dataclass
-class RoundTally(Costs):
+class Breakdown:
+    """Where time and bytes went: the fields a round and a whole generation share
+    (Stats and Stats.Round carry them under the same names)."""
+
+    total_ms: float = 0.0
+    draft_ms: float = 0.0  # draft service compute (server-side), on the critical path
+    target_ms: float = 0.0  # target service compute (server-side)
+    serialize_ms: float = 0.0
+    network_ms: float = 0.0
+    orchestrator_ms: float = 0.0  # the remainder: verify, bookkeeping, detokenise, stream, failed calls
+    redis_ms: float = 0.0  # waited on Redis (not hidden behind RPCs)
+    draft_hidden_ms: float = 0.0  # parallel: pre-draft compute hidden behind the target's verify
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    cache_misses: int = 0
+    deadline_misses: int = 0  # model-service calls that missed their learned deadline
+    feature_bytes: int = 0  # feature drafts: target features on the wire, Score replies + Propose requests
+
+
+@dataclass
+class RoundTally(Breakdown):
     """One round's figures; becomes a Stats.Round (field for field).
 
     draft + target + serialize + network + orchestrator + redis = total_ms.
@@ -84,7 +103,7 @@ _SUMMED = ("draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_
 
 
 @dataclass
-class Tally(Costs):
+class Tally(Breakdown):
     """Running statistics of one generation; becomes the final Stats message.
 
     Every Stats field is an attribute or property of the same name here (a

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from specdec.core.bounds import MAX_K
 
 
 def _check(alpha: float, k: int) -> None:
@@ -40,7 +41,7 @@ def speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens_per_pass(alpha, k) / (v + k * c)
 
 
-def best_k(alpha: float, c: float, v: float = 1.0, k_max: int = 16) -> int:
+def best_k(alpha: float, c: float, v: float = 1.0, k_max: int = MAX_K) -> int:
     """The k in 0..k_max with the highest speed-up (the smallest such k on ties)."""
     return max(range(k_max + 1), key=lambda k: (speedup(alpha, k, c, v), -k))
 
@@ -123,7 +124,7 @@ class AcceptanceEstimator:
         """Accepted / drafted over all rounds (the headline "acceptance" number)."""
         return self.accepted / self.drafted if self.drafted else math.nan
 
-    def best_k(self, c: float, v: float = 1.0, k_max: int = 16) -> int:
+    def best_k(self, c: float, v: float = 1.0, k_max: int = MAX_K) -> int:
         """The k that maximises expected speed-up at the current alpha."""
         return best_k(min(max(self.alpha, 0.0), 1.0), c, v, k_max)
 
@@ -368,7 +369,7 @@ def parallel_speedup(alpha: float, k: int, c: float, v: float = 1.0, *, c0: floa
 
 
 def best_parallel_k(alpha: float, c: float, v: Callable[[int], float] | float = 1.0, *, c0: float = 0.0,
-                    beta: float | None = None, k_max: int = 16) -> int:
+                    beta: float | None = None, k_max: int = MAX_K) -> int:
     """The k in 0..k_max with the highest parallel-mode speed-up (smallest on ties).
 
     `v` may be a function of k (the verify pass's cost grows with its k + 1 tokens).

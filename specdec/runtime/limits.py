@@ -1,12 +1,13 @@
-"""Admission limits: request bytes, message sizes, per-tenant streams and rate, a total bound.
+"""Per-tenant quotas: request bytes, message sizes, per-tenant streams and rate, a total bound.
 
 Each limit has a flag, a name that the RESOURCE_EXHAUSTED message carries,
 and a label on `specdec_limit_rejections_total`. The orchestrator's
-`Admission` is checked before any tokenising:
+`TenantQuota` is checked before any tokenising (a stream's slot on a target
+replica is another matter: orchestrator.policy.capacity.TargetAdmission):
 
-    admission.check_bytes(request_bytes)     # --max-request-bytes
-    async with admission.enter(tenant):       # --max-streams-per-tenant, --rate-per-tenant,
-        ...                                   # --max-in-flight
+    quota.check_bytes(request_bytes)     # --max-request-bytes
+    async with quota.enter(tenant):       # --max-streams-per-tenant, --rate-per-tenant,
+        ...                               # --max-in-flight
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class TokenBucket:
 
 
 @dataclass(frozen=True)
-class AdmissionLimits:
+class TenantLimits:
     max_request_bytes: int = 1 << 20  # prompt + messages + guess + stop strings, UTF-8
     max_streams_per_tenant: int = 128  # concurrent Generate/Check calls of one tenant; 0 = off
     rate_per_tenant: float = 50.0  # calls a second per tenant (token bucket); 0 = off
@@ -89,10 +90,10 @@ class AdmissionLimits:
         return 2 * self.max_request_bytes + MARGIN_BYTES
 
 
-class Admission:
+class TenantQuota:
     """Per-tenant concurrency and rate, and the total bound (one event loop, no locks)."""
 
-    def __init__(self, limits: AdmissionLimits) -> None:
+    def __init__(self, limits: TenantLimits) -> None:
         self.limits = limits
         self._streams: dict[str, int] = {}
         self._buckets: dict[str, TokenBucket] = {}
@@ -145,8 +146,8 @@ class Admission:
                 del self._streams[tenant]
 
 
-def admission_from_args(args: argparse.Namespace) -> AdmissionLimits:
-    return AdmissionLimits(
+def tenant_limits_from_args(args: argparse.Namespace) -> TenantLimits:
+    return TenantLimits(
         max_request_bytes=int(args.max_request_bytes),
         max_streams_per_tenant=int(args.max_streams_per_tenant),
         rate_per_tenant=float(args.rate_per_tenant),

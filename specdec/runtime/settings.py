@@ -326,10 +326,10 @@ CLIENT_TLS = (
 
 
 def limits_group() -> Group:
-    """Admission limits of the orchestrator (specdec.runtime.limits.admission_from_args reads them)."""
-    from specdec.runtime.limits import AdmissionLimits
+    """The per-tenant quotas of the orchestrator (specdec.runtime.limits.tenant_limits_from_args reads them)."""
+    from specdec.runtime.limits import TenantLimits
 
-    d = AdmissionLimits()
+    d = TenantLimits()
     return Group("limits (RESOURCE_EXHAUSTED, counted in specdec_limit_rejections_total)", (
         Flag("max-request-bytes", "UTF-8 bytes of prompt + messages + guess + stop strings, checked "
              "before tokenising", d.max_request_bytes, int),

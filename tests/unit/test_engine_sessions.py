@@ -1,12 +1,12 @@
-"""engine.sessions.SessionStore: the session count holds again once running calls finish."""
+"""engine.sessions.SessionCaches: the session count holds again once running calls finish."""
 from __future__ import annotations
 
 from specdec.core import fingerprint as fp
-from engine.sessions import SessionStore
+from engine.sessions import SessionCaches
 
 
 class _Cache:
-    """The cache interface SessionStore uses (length, crop, free, nbytes), with no tensors."""
+    """The cache interface SessionCaches uses (length, crop, free, nbytes), with no tensors."""
 
     nbytes = 10
 
@@ -21,7 +21,7 @@ class _Cache:
 
 
 def test_a_session_admitted_while_all_run_goes_back_to_the_count_once_they_finish() -> None:
-    store = SessionStore(_Cache, max_sessions=2, budget_bytes=10**9, ttl_s=60)
+    store = SessionCaches(_Cache, max_sessions=2, budget_bytes=10**9, ttl_s=60)
     running = [store.acquire(f"s{i}", 0, fp.EMPTY) for i in range(2)]
     for s in running:
         store.pin(s)
@@ -39,7 +39,7 @@ def test_a_session_admitted_while_all_run_goes_back_to_the_count_once_they_finis
 
 
 def test_a_pinned_session_is_never_dropped_to_make_the_count() -> None:
-    store = SessionStore(_Cache, max_sessions=1, budget_bytes=10**9, ttl_s=60)
+    store = SessionCaches(_Cache, max_sessions=1, budget_bytes=10**9, ttl_s=60)
     a = store.acquire("a", 0, fp.EMPTY)
     store.pin(a)
     b = store.acquire("b", 0, fp.EMPTY)

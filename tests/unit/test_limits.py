@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.runtime.errors import ResourceExhausted
-from specdec.runtime.limits import Admission, AdmissionLimits, TokenBucket, model_message_caps
+from specdec.runtime.limits import TenantQuota, TenantLimits, TokenBucket, model_message_caps
 
 
 def test_token_bucket_refills_at_its_rate() -> None:
@@ -16,7 +16,7 @@ def test_token_bucket_refills_at_its_rate() -> None:
 
 
 def test_slots_per_tenant_and_in_total() -> None:
-    admission = Admission(AdmissionLimits(max_streams_per_tenant=2, max_in_flight=3,
+    admission = TenantQuota(TenantLimits(max_streams_per_tenant=2, max_in_flight=3,
                                           rate_per_tenant=0))
     with admission.enter("a"), admission.enter("a"):
         with pytest.raises(ResourceExhausted, match="^max_streams_per_tenant:"):
@@ -32,7 +32,7 @@ def test_slots_per_tenant_and_in_total() -> None:
 
 
 def test_request_bytes() -> None:
-    admission = Admission(AdmissionLimits(max_request_bytes=10))
+    admission = TenantQuota(TenantLimits(max_request_bytes=10))
     admission.check_bytes(10)
     with pytest.raises(ResourceExhausted, match="^max_request_bytes:"):
         admission.check_bytes(11)

@@ -1,14 +1,14 @@
-"""Predicted Outputs' cursor (specdec.core.prediction) and the per-choice seeds (n > 1)."""
+"""Predicted Outputs' cursor (specdec.core.predicted_output) and the per-choice seeds (n > 1)."""
 from __future__ import annotations
 
 import pytest
 
-from specdec.core.prediction import PredictionCursor
+from specdec.core.predicted_output import PredictedOutputCursor
 from specdec.core.rng import choice_seed
 
 
 def test_follows_the_prediction_while_the_output_does():
-    cursor = PredictionCursor([1, 2, 3, 4, 5])
+    cursor = PredictedOutputCursor([1, 2, 3, 4, 5])
     assert cursor.propose(3) == [1, 2, 3]
     cursor.extend([1, 2])
     assert cursor.propose(8) == [3, 4, 5]
@@ -19,7 +19,7 @@ def test_follows_the_prediction_while_the_output_does():
 def test_realigns_after_an_edit():
     # "the cat sat on the mat" predicted; the output writes "dog" for "cat".
     the, cat, dog, sat, on, mat = 10, 11, 12, 13, 14, 15
-    cursor = PredictionCursor([the, cat, sat, on, the, mat])
+    cursor = PredictedOutputCursor([the, cat, sat, on, the, mat])
     cursor.extend([the, dog])
     assert cursor.propose(4) == []  # "dog" is nowhere in the prediction
     cursor.extend([sat])
@@ -30,21 +30,21 @@ def test_realigns_forward_from_where_the_output_last_followed():
     a, b, c, x, y = 1, 2, 3, 8, 9
     # "a b" occurs twice; after the edit at the second occurrence's end the cursor must not
     # jump back to the first one.
-    cursor = PredictionCursor([a, b, c, a, b, y, c])
+    cursor = PredictedOutputCursor([a, b, c, a, b, y, c])
     cursor.extend([a, b, c, a, b, x])
     assert cursor.propose(4) == []
     cursor.extend([c])
     assert cursor.propose(4) == []  # past the end: "c" after the anchor is the last token
-    cursor = PredictionCursor([a, b, c, a, b, y, c, a])
+    cursor = PredictedOutputCursor([a, b, c, a, b, y, c, a])
     cursor.extend([a, b, c, a, b, x, c])
     assert cursor.propose(4) == [a]
 
 
 def test_a_deletion_skips_ahead_and_an_insertion_waits():
-    cursor = PredictionCursor([1, 2, 3, 4, 5, 6, 7])
+    cursor = PredictedOutputCursor([1, 2, 3, 4, 5, 6, 7])
     cursor.extend([1, 2, 5])  # 3, 4 deleted
     assert cursor.propose(3) == [6, 7]
-    cursor = PredictionCursor([1, 2, 3, 4, 5])
+    cursor = PredictedOutputCursor([1, 2, 3, 4, 5])
     cursor.extend([1, 2, 9, 9])  # inserted text
     assert cursor.propose(3) == []
     cursor.extend([3])
@@ -53,9 +53,9 @@ def test_a_deletion_skips_ahead_and_an_insertion_waits():
 
 def test_proposals_are_a_function_of_the_tokens_fed():
     prediction, output = [5, 6, 7, 5, 6, 8, 9], [5, 6, 9, 5, 6, 8, 1, 9]
-    one = PredictionCursor(prediction)
+    one = PredictedOutputCursor(prediction)
     one.extend(output)
-    other = PredictionCursor(prediction)
+    other = PredictedOutputCursor(prediction)
     for t in output:
         other.extend([t])
     assert one.propose(5) == other.propose(5) and one.position == other.position
@@ -63,7 +63,7 @@ def test_proposals_are_a_function_of_the_tokens_fed():
 
 def test_bad_ngram_sizes():
     with pytest.raises(ValueError):
-        PredictionCursor([1], max_ngram=1, min_ngram=2)
+        PredictedOutputCursor([1], max_ngram=1, min_ngram=2)
 
 
 def test_choice_seeds():

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-class PredictionCursor:
+class PredictedOutputCursor:
     def __init__(self, prediction: Sequence[int], max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
