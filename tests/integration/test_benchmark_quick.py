@@ -151,7 +151,7 @@ def test_quick_benchmark_writes_report_and_passes_greedy_identity(quick_run) -> 
 
 def test_greedy_identity_check_catches_a_changed_token(quick_run) -> None:
     """The check that guards the run must fail on a real record with one token changed."""
-    from benchmarks import analysis
+    from benchmarks.run import analysis
 
     proc, out = quick_run
     assert proc.returncode == 0, proc.stderr[-4000:]

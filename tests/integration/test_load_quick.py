@@ -82,7 +82,7 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
 
 
 def test_identity_check_catches_a_changed_token(load_run) -> None:
-    from benchmarks import load_report
+    from benchmarks.load import report as load_report
 
     proc, out = load_run
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,9 +1,8 @@
 """The load benchmark's arithmetic: histogram deltas, inter-token latency, the goal table."""
 from __future__ import annotations
 
-from benchmarks.load import histogram_delta
-from benchmarks.load import limit_sizes
-from benchmarks.load_report import _itl, decode_phase, forward_ms, goals, identity, rep_ratios, summarize
+from benchmarks.load.bench import histogram_delta, limit_sizes
+from benchmarks.load.report import _itl, decode_phase, forward_ms, goals, identity, rep_ratios, summarize
 
 
 def test_histogram_delta_gives_the_batches_formed_in_between() -> None:
@@ -115,7 +114,7 @@ def test_the_decode_limit_follows_the_cell_s_own_measurement() -> None:
 def test_a_cells_decode_phase_is_one_repetitions_own_figures() -> None:
     """The summary's decode phase is the repetition with the median efficiency, whole: its
     tokens/s over its limit is its efficiency (per-figure medians mixed three repetitions)."""
-    from benchmarks.load_report import _median_rep
+    from benchmarks.load.report import _median_rep
 
     reps = [{"tps": 100.0, "limit_tps": 200.0, "efficiency": 0.5},
             {"tps": 170.0, "limit_tps": 200.0, "efficiency": 0.85},

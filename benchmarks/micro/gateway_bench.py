@@ -1,8 +1,8 @@
 """Gateway overhead per streamed token: the same greedy requests through gRPC and through HTTP.
 
-    python -m benchmarks.gateway_bench --tiny                  # tiny random models (seconds)
-    python -m benchmarks.gateway_bench                         # the embedded default models
-    python -m benchmarks.gateway_bench --orchestrator 127.0.0.1:50050 --gateway http://127.0.0.1:8000
+    python -m benchmarks.micro.gateway_bench --tiny            # tiny random models (seconds)
+    python -m benchmarks.micro.gateway_bench                   # the embedded default models
+    python -m benchmarks.micro.gateway_bench --orchestrator 127.0.0.1:50050 --gateway http://127.0.0.1:8000
 
 Each pair streams one request through `client.Client` (gRPC) and the identical request
 through the gateway's `/v1/chat/completions` (SSE, read with a plain HTTP client so the
@@ -187,7 +187,7 @@ def _own_stack(args, workdir: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gateway_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.micro.gateway_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--orchestrator", help="use this running orchestrator (with --gateway)")
     p.add_argument("--gateway", help="base URL of a gateway in front of --orchestrator")

@@ -1,6 +1,6 @@
 """Summaries, the greedy identity check, the goal table, Markdown and PNGs for benchmarks.load.
 
-Re-render a saved run: `python -m benchmarks.load_report path/to/results.json`.
+Re-render a saved run: `python -m benchmarks.load.report path/to/results.json`.
 """
 from __future__ import annotations
 
@@ -484,7 +484,7 @@ def render(result: dict, out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.load_report")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.load.report")
     p.add_argument("results", type=Path)
     p.add_argument("--out", type=Path, help="default: the results file's folder")
     p.add_argument("--rebuild", action="store_true",

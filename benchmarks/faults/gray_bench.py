@@ -1,7 +1,7 @@
 """Gray failures and overload, measured: hung and slow replicas, and 4x the load the stack is sized for.
 
-    python -m benchmarks.gray_bench                      # the embedded target + the shipped draft
-    python -m benchmarks.gray_bench --tiny --freeze-s 5 --overload-s 20   # tiny models, quick
+    python -m benchmarks.faults.gray_bench               # the embedded target + the shipped draft
+    python -m benchmarks.faults.gray_bench --tiny --freeze-s 5 --overload-s 20   # tiny models, quick
 
 One stack: targets A and B, drafts D and D2 (1 thread each), orchestrators on
 A and D ("one target"), on A, B and D ("two targets") and on A, D and D2 ("two
@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.stack import prepare_run
 from client import Client
 from specdec.runtime import procs
-from launcher.launch import Processes, child_env, orchestrator_argv, service_argv
+from specdec.runtime.launch import Processes, child_env, orchestrator_argv, service_argv
 from tests.integration.faults import Throttle, freeze
 
 PROMPTS = [

@@ -1,6 +1,6 @@
-"""Markdown tables and PNG plots from a benchmark result (the JSON run.py writes).
+"""Markdown tables and PNG plots from a benchmark result (the JSON `python -m benchmarks.run` writes).
 
-Re-render a saved run: `python -m benchmarks.report path/to/results.json`.
+Re-render a saved run: `python -m benchmarks.run.report path/to/results.json`.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks import analysis
+from benchmarks.run import analysis
 
 PLOTS = ("speedup_vs_k.png", "breakdown.png", "acceptance_by_position.png", "speedup_vs_rtt.png")
 

@@ -1,6 +1,6 @@
 """Micro-benchmark of the core: verify() per call and prompt lookup per round.
 
-    python -m benchmarks.core_bench [--vocab 49152] [--history 20000] [--threads 1] [--device cpu]
+    python -m benchmarks.micro.core_bench [--vocab 49152] [--history 20000] [--threads 1] [--device cpu]
 
 Prints median (and p90) wall time of verify_greedy / verify_sampled for k = 1,
 4, 8 (greedy: token-id comparison, plus the sampled verifier on one-hot rows;

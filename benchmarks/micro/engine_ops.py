@@ -1,10 +1,10 @@
-"""python -m benchmarks.engine_ops: torch operations per forward, 1 vs N sessions (torch.profiler).
+"""python -m benchmarks.micro.engine_ops: torch operations per forward, 1 vs N sessions (torch.profiler).
 
 Each session first holds a prompt of `--prompt` tokens; then one forward of one decode
 token per session is profiled, and every operation the profiler records (aten ops and
 the oneDNN products) is counted. Counting is independent of the machine's load.
 
-  python -m benchmarks.engine_ops [--tiny] [--sessions 1,4,16] [--prompt 100]
+  python -m benchmarks.micro.engine_ops [--tiny] [--sessions 1,4,16] [--prompt 100]
 """
 from __future__ import annotations
 

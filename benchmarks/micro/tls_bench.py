@@ -1,6 +1,6 @@
 """What TLS + a token cost per round: 1-token Score round trips, plain vs secured, interleaved.
 
-    python -m benchmarks.tls_bench [--pairs 2000] [--mutual]
+    python -m benchmarks.micro.tls_bench [--pairs 2000] [--mutual]
 
 Two tiny targets: one plaintext, one with TLS (a `specdec secrets` CA; with
 --mutual also a client certificate) and a service token. Each pair sends the
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.runtime import procs
     from specdec.core.fingerprint import fingerprint
     from specdec.runtime.credentials import generate
-    from launcher.launch import Processes, child_env, service_argv
+    from specdec.runtime.launch import Processes, child_env, service_argv
     from specdec.runtime.security import channel_credentials
     from specdec.v1 import model_pb2, model_pb2_grpc
     from tests.tiny import build_model

@@ -1,7 +1,7 @@
 """First-token latency of ordinary streams while another client sends huge prompts.
 
-    python -m benchmarks.attack_bench [--mb 8] [--victims 60] [--json out.json]
-    python -m benchmarks.attack_bench --gateway-only [--gateway-body-mb 100]
+    python -m benchmarks.faults.attack_bench [--mb 8] [--victims 60] [--json out.json]
+    python -m benchmarks.faults.attack_bench --gateway-only [--gateway-body-mb 100]
 
 Tiny target + draft + orchestrator (loopback). One task sends short greedy
 Generates back to back and times each one's first chunk; phases alternate
@@ -12,7 +12,7 @@ before tokenising) and with the cap raised above the prompt (it is tokenised,
 on the orchestrator's text thread pool, and refused as too long for the
 context). Goal: the p99 delay <= 50 ms.
 
-The gateway entry (benchmarks.gateway_attack): a --gateway-body-mb MB request body, declared
+The gateway entry (benchmarks.faults.gateway_attack): a --gateway-body-mb MB request body, declared
 and chunked, against the gateway's body limit. Goal: 413 within 1 s, gateway memory growth
 <= 20 MB.
 """
@@ -62,7 +62,7 @@ def _attacker(address: str, payload: str, stop: threading.Event, outcomes: list)
 
 def run(args: argparse.Namespace) -> dict:
     from specdec.runtime import procs
-    from launcher.launch import Processes, child_env, orchestrator_argv, service_argv
+    from specdec.runtime.launch import Processes, child_env, orchestrator_argv, service_argv
     from tests.tiny import build_pair
 
     work = Path(tempfile.mkdtemp(prefix="specdec-attack-"))
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(p99 delay {r['p99_delay_ms']:+.1f} ms; {r['huge_requests']} huge requests: "
               f"{', '.join(r['huge_outcomes'])})")
     if args.gateway_body_mb:
-        from benchmarks import gateway_attack
+        from benchmarks.faults import gateway_attack
 
         body = gateway_attack.run(args.gateway_body_mb)
         results["gateway body limit"] = body

@@ -1,6 +1,6 @@
 """The gateway's body limit against a huge body: how soon the 413 comes, what it costs in memory.
 
-    python -m benchmarks.attack_bench --gateway-body-mb 100 [--json out.json]
+    python -m benchmarks.faults.attack_bench --gateway-body-mb 100 [--json out.json]
 
 A client sends an --gateway-body-mb MB body to /v1/chat/completions one 1 MiB block at a time,
 its length declared (Content-Length) or not (chunked). The figures: the time from the request's
@@ -86,7 +86,7 @@ def huge_body(port: int, pid: int, total: int, *, chunked: bool, timeout_s: floa
 def start_gateway(max_body_bytes: int | None = None, logs: Path | None = None):
     """`python -m gateway` on a free port (no orchestrator behind it); (process, port)."""
     from specdec.runtime import procs
-    from launcher.launch import child_env
+    from specdec.runtime.launch import child_env
     from tests.integration.stack import wait_http
 
     port = procs.free_port()

@@ -6,7 +6,7 @@ decoding), all streams released at once. Reports aggregate Score calls and
 tokens per second over the decode phase, and the batch sizes the service
 reported. The full load benchmark (orchestrator, drafts, TTFT) is separate.
 
-  python -m benchmarks.batch_throughput [--streams 1,8,16] [--steps 24] [--k 0] [--threads 1]
+  python -m benchmarks.micro.batch_throughput [--streams 1,8,16] [--steps 24] [--k 0] [--threads 1]
                                         [--no-batch-invariant]
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_streams(stub, prompts: list[list[int]], steps: int, k: int, tag: str) -> tuple[float, list[int]]:
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from specdec.runtime import procs
     from engine.model.loader import load
-    from launcher.launch import service_argv
+    from specdec.runtime.launch import service_argv
     from specdec.v1 import model_pb2_grpc
-    from benchmarks.batch_invariance import suite_prompts
+    from benchmarks.micro.batch_invariance import suite_prompts
 
     tokenizer = load(None).tokenizer
     counts = [int(x) for x in args.streams.split(",")]

@@ -18,7 +18,7 @@ padded where its kernel needs it, engine.model.linear.calibrate) and without it:
   row count up to about a thousand rows, so there only the end-to-end part
   stays within the calibrated range.
 
-  python -m benchmarks.batch_invariance [--prompts 16] [--tokens 32] [--dtype bfloat16] [--json FILE]
+  python -m benchmarks.micro.batch_invariance [--prompts 16] [--tokens 32] [--dtype bfloat16] [--json FILE]
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-SUITE = Path(__file__).resolve().parent / "prompts" / "suite-v1.jsonl"
+SUITE = Path(__file__).resolve().parents[1] / "prompts" / "suite-v1.jsonl"
 
 
 def suite_prompts(tokenizer, n: int) -> list[list[int]]:

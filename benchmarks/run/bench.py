@@ -20,7 +20,7 @@ proxy: this kernel has no netem), an RTT sweep (greedy) and a bandwidth cap
 (greedy, edit prompts: svc-prediction-source-k{K} predicts the text being edited,
 svc-prediction-exact-k{K} the answer itself) and the structured-output cell
 (greedy, the first --structured-prompts pairs of structured-v1.jsonl, as
-benchmarks.structured runs them). Every configuration and cell is described in
+benchmarks.features.structured runs them). Every configuration and cell is described in
 docs/benchmarks.md, "What one run does".
 
 Greedy outputs of every service configuration must equal target-only through
@@ -59,11 +59,13 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks import analysis, report, structured, suite
+from benchmarks import suite
+from benchmarks.features import structured
 from benchmarks.linkemu import LinkSettings, netem_available
+from benchmarks.run import analysis, report
 
 GREEDY, SAMPLING = "greedy", "sampling"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2
 # is what is edited (and the "source" prediction).
 PREDICTION_PROMPTS = ("code-05", "code-04", "code-06", "code-09")
 PREDICTION_K = 8
-# The structured-output cell's speculating configurations (benchmarks.structured.CONFIGS), after
+# The structured-output cell's speculating configurations (benchmarks.features.structured.CONFIGS), after
 # constrained target-only. max_new_tokens there is a bound: an output ends when its grammar does.
 STRUCTURED_CONFIGS = ("draft-k4", "default")
 
@@ -330,7 +332,7 @@ def prediction_phase(args, runner: ServiceRunner, prompts: list[suite.Prompt],
 def structured_phase(args, runner: ServiceRunner) -> Iterator[dict]:
     """The structured-output cell: per pair and repetition, constrained target-only, then each of
     STRUCTURED_CONFIGS under the same grammar (the order rotated each time); each record says
-    whether its text is valid for the pair (benchmarks.structured.valid)."""
+    whether its text is valid for the pair (benchmarks.features.structured.valid)."""
     pairs = structured.load_pairs()[: args.structured_prompts]
     if not pairs:
         return
@@ -472,7 +474,7 @@ class PeerRunner:
     def input_ids(self, prompt: suite.Prompt):
         import torch
 
-        from orchestrator.text import encode_prompt
+        from orchestrator.round.text import encode_prompt
 
         if prompt.id not in self._ids:
             ids = encode_prompt(self.target.tokenizer, "", prompt.messages)
@@ -732,6 +734,3 @@ def _write(args, records, stack, link_note, started, failure, model_info) -> Non
     report.render(result, args.out)
     (args.out / "results.json").write_text(json.dumps(_json_safe(result), indent=1))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

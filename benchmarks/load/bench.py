@@ -27,8 +27,8 @@ One torch thread per process; the target and the draft get one each (on a
 + the shipped distilled draft, 32 new tokens) takes about 15-25 minutes on 2
 cores. --quick --tiny (tiny random models, N = 1, 4, 12 tokens) is the CI
 variant. Outputs in --out: results.json, results.md, tps_vs_n.png,
-ttft_vs_n.png (benchmarks.load_report; re-render with
-`python -m benchmarks.load_report DIR/results.json`), and logs/ with every
+ttft_vs_n.png (benchmarks.load.report; re-render with
+`python -m benchmarks.load.report DIR/results.json`), and logs/ with every
 stack's service logs (the speculation gate logs its verdicts there).
 """
 from __future__ import annotations
@@ -48,10 +48,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import load_report, suite
+from benchmarks import suite
+from benchmarks.load import report as load_report
 from specdec.runtime import heap
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BATCHED, UNBATCHED, PEER = "batched", "unbatched", "peer"
 
 
@@ -130,7 +131,7 @@ class LoadStack:
     --default-k auto (the adaptive config) and one with every default (the default config)."""
 
     def __init__(self, name: str, args, log_dir: Path, service_flags: list[str]) -> None:
-        from launcher.launch import Processes, child_env
+        from specdec.runtime.launch import Processes, child_env
 
         self.name, self.args, self.flags = name, args, service_flags
         self.prefix = f"specdec-load-{uuid.uuid4().hex[:8]}:"
@@ -145,7 +146,7 @@ class LoadStack:
     def start(self) -> None:
         """Start the services (not waiting); `wait` makes them healthy and starts the orchestrator."""
         from specdec.runtime import procs
-        from launcher.launch import service_argv
+        from specdec.runtime.launch import service_argv
 
         self.services = {}
         for role, model in (("target", self.args.target), ("draft", self.args.draft)):
@@ -159,12 +160,12 @@ class LoadStack:
 
     def wait(self) -> None:
         from specdec.runtime import procs
-        from launcher.launch import orchestrator_argv
+        from specdec.runtime.launch import orchestrator_argv
 
         for address, proc in self._pending:
             procs.wait_healthy(address, proc, timeout=600)
         # Every stream of a cell is admitted: this benchmark measures throughput, not
-        # shedding (benchmarks.gray_bench measures admission); the unbatched stack's target
+        # shedding (benchmarks.faults.gray_bench measures admission); the unbatched stack's target
         # would otherwise hold one session (its batch size).
         admit = ["--target-capacity", str(max(self.args.ns))]
         port = procs.free_port()
@@ -676,6 +677,3 @@ def _environment(args) -> dict:
             "target_model": args.target or "embedded default (SmolLM2-135M)",
             "draft_model": args.draft or "the draft service's default (shipped distilled draft)"}
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Service overheads on the embedded default target (SmolLM2-135M-Instruct).
 
-    python -m benchmarks.service_bench [--reps 40] [--threads 2] [--json out.json]
+    python -m benchmarks.micro.service_bench [--reps 40] [--threads 2] [--json out.json]
 
 Measures, interleaved and as medians over --reps repetitions, after a prompt
 prefill so every call appends to the same cached prefix (each call crops back
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _median_ms(samples: list[float]) -> float:

@@ -1,8 +1,8 @@
 """Structured output under speculation: validity, identity and target passes per token.
 
-    python -m benchmarks.structured                  # the embedded target and the default draft
-    python -m benchmarks.structured --tiny --limit 4 # tiny random models (seconds; CI)
-    python -m benchmarks.structured --orchestrator 127.0.0.1:50050
+    python -m benchmarks.features.structured                  # the embedded target and the default draft
+    python -m benchmarks.features.structured --tiny --limit 4 # tiny random models (seconds; CI)
+    python -m benchmarks.features.structured --orchestrator 127.0.0.1:50050
 
 For every schema/prompt pair of benchmarks/prompts/structured-v1.jsonl (21 JSON
 Schemas, 2 regular expressions; chat prompts, greedy), the same request runs
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PAIRS = REPO / "benchmarks" / "prompts" / "structured-v1.jsonl"
 CONFIGS = {"draft-k4": {"proposer": "draft", "k": 4}, "default": {"proposer": "default", "k": 0},
            "lookup-k4": {"proposer": "lookup", "k": 4}}
@@ -103,7 +103,7 @@ def report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.structured", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.features.structured", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--orchestrator", help="use this running orchestrator instead of starting a stack")
     p.add_argument("--tiny", action="store_true", help="start a stack on tiny random models")

@@ -14,7 +14,7 @@ Two measurements on one stack (embedded target and default draft unless
             seeds: acceptance (accepted / drafted), tokens per target pass, and
             tokens per second, one request at a time.
 
-  python -m benchmarks.seeded [--prompts 24] [--seeds 3] [--load 8] [--tiny] [--out DIR]
+  python -m benchmarks.features.seeded [--prompts 24] [--seeds 3] [--load 8] [--tiny] [--out DIR]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from benchmarks.stack import Stack, StackSpec, prepare_run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HELDOUT = REPO / "distill" / "prompt_sets" / "distill_heldout_v2.jsonl"
 
 

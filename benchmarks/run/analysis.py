@@ -1,7 +1,7 @@
 """Turn raw benchmark records into the figures the report shows.
 
 Pure functions over plain dicts (the records stored in the JSON output), so a
-saved run can be re-analysed: `python -m benchmarks.report results.json`.
+saved run can be re-analysed: `python -m benchmarks.run.report results.json`.
 
 A record is one request: keys `phase` ("main", "rtt", "rate"), `mode`
 ("greedy", "sampling"), `config` (e.g. "svc-draft-k4", "hf-target"), `family`
