@@ -65,12 +65,25 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
     info = json.loads((out / "data" / "info.json").read_text())
     manifest = json.loads((out / "draft" / "specdec-draft.json").read_text())
     result = json.loads((out / "eval.json").read_text())
-    d, s = result["draft"], result["stand_in"]
-    train = manifest["recipe"]["train"]
-    final = train.get("final", {})
-    ks = sorted(d["tokens_per_pass"], key=int)
-    best_tpp = max(ks, key=lambda k: d["tokens_per_pass"][k])
-    lines = [
+    lines = _folder_section(name, manifest) + _data_section(info) + _recipe_section(manifest, info)
+    lines += _heldout_section(result)
+    if baseline is not None:
+        base = json.loads(baseline.read_text())
+        lines += [
+            f"Against the {baseline_name} (`{base.get('draft_folder', baseline.name)}`), evaluated by the same "
+            "code on the same held-out data:",
+            "",
+            *comparison(result, base, baseline_name),
+            "",
+        ]
+    lines += _templated_section(result, manifest) + _goals_section(result["draft"])
+    lines += _closing_sections(result, licence)
+    return "\n".join(lines) + "\n"
+
+
+def _folder_section(name: str, manifest: dict[str, Any]) -> list[str]:
+    """The title, what the draft is for, and the files of its folder."""
+    return [
         f"# Draft card: `{name}`",
         "",
         f"A draft model for **{manifest['target_name']}** ({manifest['target']}), made by "
@@ -78,7 +91,7 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         "given no `--model`; any draft folder loads with `python -m draft_service --model DIR`.",
         "",
         "## What is in the folder",
-        f"- `specdec-draft.json`: the manifest (base target, tokenizer fingerprint, recipe, eval).",
+        "- `specdec-draft.json`: the manifest (base target, tokenizer fingerprint, recipe, eval).",
         f"- `draft.safetensors`: only the trained tensors, stored in {manifest['dtype']}: decoder layers "
         f"0..{manifest['num_layers'] - 1} and the final norm"
         + (f", plus the ids of the {manifest['vocab_subset']}-token head vocabulary." if manifest["vocab_subset"] else "."),
@@ -86,6 +99,12 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         "time" + (" (the embedded GGUF, converted once to the model cache)." if manifest["target"] == "embedded default"
                   else "."),
         "",
+    ]
+
+
+def _data_section(info: dict[str, Any]) -> list[str]:
+    """Prompts, held-out sets and responses (data/info.json)."""
+    return [
         "## Data",
         f"- Prompts: the shipped set `distill/prompt_sets/distill_prompts.jsonl`, four routes ({ROUTES}); the "
         "target's requests and answers come from `python -m distill prompts` and are checked in "
@@ -108,6 +127,14 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         f"{info['heldout']['tokens']:,} tokens generated in {info['heldout']['dtype']}, the dtype the target "
         "is served in, so held-out labels are its true greedy tokens.",
         "",
+    ]
+
+
+def _recipe_section(manifest: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """Architecture, loss, optimiser and the final training figures (the manifest's recipe)."""
+    train = manifest["recipe"]["train"]
+    final = train.get("final", {})
+    return [
         "## Recipe",
         f"- Architecture: the target's embedding + its first {manifest['num_layers']} decoder layers "
         f"({init_text(manifest['recipe'].get('init'))}) + final norm + tied head"
@@ -125,26 +152,35 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         + f", {train['seconds']:.0f} s.",
         f"- Final training loss {final.get('loss', '?')}, training agreement {final.get('train_agreement', '?')}.",
         "",
+    ]
+
+
+def _heldout_section(result: dict[str, Any]) -> list[str]:
+    """Agreement and tokens per pass per held-out set, this draft and the early-exit stand-in."""
+    return [
         "## Held-out results",
         "Teacher-forced greedy agreement and simulated tokens per target pass, per held-out set:",
         "",
         _row(["model", "held-out set", "positions", "greedy agreement", "tokens / pass (k = 4)",
               "tokens / pass (best k)"]),
         _row(["---"] * 6),
-        *_set_rows("this draft", d),
-        *_set_rows("early-exit stand-in", s),
+        *_set_rows("this draft", result["draft"]),
+        *_set_rows("early-exit stand-in", result["stand_in"]),
         "",
     ]
-    if baseline is not None:
-        base = json.loads(baseline.read_text())
-        lines += [
-            f"Against the {baseline_name} (`{base.get('draft_folder', baseline.name)}`), evaluated by the same "
-            "code on the same held-out data:",
-            "",
-            *comparison(result, base, baseline_name),
-            "",
-        ]
-    lines += [
+
+
+def _best_tpp(d: dict[str, Any]) -> str:
+    """The k (a JSON key) with the most tokens per target pass."""
+    return max(sorted(d["tokens_per_pass"], key=int), key=lambda k: d["tokens_per_pass"][k])
+
+
+def _templated_section(result: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+    """The templated held-out set in detail: costs, coverage, the table per k, what head and dtype buy."""
+    d, s = result["draft"], result["stand_in"]
+    ks = sorted(d["tokens_per_pass"], key=int)
+    best_tpp = _best_tpp(d)
+    lines = [
         f"The rest of this section is on the templated held-out set ({d['positions']:,} response positions; "
         f"{result['threads']} CPU threads for the timings).",
         "",
@@ -185,8 +221,14 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
     ]
     for key, cost in result.get("cost_variants", {}).items():
         lines.append(_row([key, cost["draft_ms"], cost["target_ms"], cost["c"]]))
+    return lines
+
+
+def _goals_section(d: dict[str, Any]) -> list[str]:
+    """The draft against issue 6's goals (and issue 11's on the separate set), and the expected speed-up."""
+    best_tpp = _best_tpp(d)
     best_speed = str(d["best_k"])  # JSON keys are strings
-    lines += [
+    return [
         "",
         "## Against the goals of issue 6",
         "",
@@ -207,11 +249,18 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         f"{d['break_even_alpha'][best_speed]}. These are estimates from teacher-forced held-out text; the services "
         "benchmark (benchmarks/run.py) measures the real wall-clock ratio through gRPC.",
         "",
+    ]
+
+
+def _closing_sections(result: dict[str, Any], licence: str) -> list[str]:
+    """Caveats, the licence and the commands that reproduce the draft and this page."""
+    v = result["draft"]["cost"]["v"]
+    return [
         "## Caveats",
         "- The templated held-out prompts are disjoint from the training prompts but come from the same "
         "templates and topics, so their agreement is in-distribution; the separate held-out set is the "
         "better guide to other prompts, and sampled decoding accepts less than greedy agreement suggests.",
-        f"- v(k) was measured between {min(d['cost']['v'].values())} and {max(d['cost']['v'].values())} here: "
+        f"- v(k) was measured between {min(v.values())} and {max(v.values())} here: "
         "a target forward over a few tokens costs that much more than a one-token forward on this CPU "
         "(small matrix products), which raises the break-even acceptance rate.",
         "- Timings are medians on a shared 2-core machine, taken interleaved; absolute milliseconds move "
@@ -228,7 +277,6 @@ def render(out: Path, name: str, licence: str, baseline: Path | None = None,
         "python -m distill.card OUT --baseline OUT/eval-NAME.json > docs/draft-card.md   # this page",
         "```",
     ]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -361,7 +361,7 @@ class Peer:
         self._ids: dict[str, list[int]] = {}
 
     def ids(self, prompt: suite.Prompt) -> list[int]:
-        from orchestrator.text import encode_prompt
+        from orchestrator.round.text import encode_prompt
 
         if prompt.id not in self._ids:
             self._ids[prompt.id] = encode_prompt(self.target.tokenizer, "", prompt.messages)
@@ -463,7 +463,7 @@ class PhysicalLimit:
 
     def _sessions(self, tokenizer, prompts: list[suite.Prompt], grow: int) -> list:
         """A session per prompt holding it, plus `grow` filler tokens."""
-        from orchestrator.text import encode_prompt
+        from orchestrator.round.text import encode_prompt
 
         out = []
         with self._torch.inference_mode():
@@ -538,34 +538,17 @@ def main(argv: list[str] | None = None) -> int:
     stacks: dict[str, LoadStack] = {}
     records: list[dict] = []
     limit: dict[int, dict] = {}
-    limiter: PhysicalLimit | None = None
     reference: dict[str, list[int]] = {}
     failure, result = None, None
     try:
-        flags = {BATCHED: ["--max-batch", str(args.max_batch)] if batching and args.max_batch else [],
-                 UNBATCHED: ["--max-batch", "1"]}
-        for mode in modes:
-            stacks[mode] = LoadStack(mode, args, workdir / "logs", flags[mode])
-            stacks[mode].start()
-        peer = None if args.no_peer else Peer(args)  # loads while the services start
-        for stack in stacks.values():
-            stack.wait()
+        peer = _start_stacks(args, modes, batching, workdir, stacks)
+        limiter = None
         if not args.no_limit:
             limiter = PhysicalLimit(args, prompts, max(args.ns), grow=args.max_new_tokens // 2)
             limit = limiter.curve(args.ns)
             print("physical limit (one in-process forward over N rows): " + ", ".join(
                 f"N={n} {v['limit_tps']:.0f} tok/s" for n, v in limit.items()), file=sys.stderr)
-        # Reference (and warm-up): target-only alone on the batched stack, one prompt at a time.
-        for p in prompts:
-            (r,), _ = asyncio.run(run_streams(stacks[BATCHED].address, SERVICE_CONFIGS[0], [p],
-                                              args.max_new_tokens, args.seed, ignore_eos=args.ignore_eos))
-            reference[p.id] = r["token_ids"]
-        for mode in modes:  # warm-up: every configuration once, short, not recorded
-            for c in args.configs:
-                asyncio.run(run_streams(stacks[mode].address, c, prompts[:2], 4, args.seed))
-        if peer is not None:
-            peer.padded(prompts[:2], 4)
-            peer.assisted(prompts[0], 4)
+        _reference(args, modes, stacks, peer, prompts, reference)
         print(f"reference done ({time.time() - started:.0f} s); measuring", file=sys.stderr)
         # This process streams every cell's sessions too: its start-up heap (torch, the peer's
         # model) frozen, as the services freeze theirs, so its full collections (150-300 ms)
@@ -574,46 +557,17 @@ def main(argv: list[str] | None = None) -> int:
         raw = (args.out / "records.jsonl").open("w")
         for i, (rep, n, mode, config) in enumerate(cells):
             group = prompts[:n] if config is not PEER_ASSISTED else prompts[:1]
-            # The physical limit at this N, measured again next to the cell (target-only's cells:
-            # the ones held to it), with the services idle.
-            held = limiter is not None and mode == BATCHED and config.proposer == "none"
-            cell_limit = limiter.measure(len(group), reps=5) if held else None
-            decode_limit = limiter.measure(len(group), reps=5, grown=True) if held else None
-            before = stacks[mode].scrape() if mode in stacks else {}
-            t0 = time.perf_counter()
-            decoding = None
-            if mode == PEER:
-                streams = peer.padded(group, args.max_new_tokens) if config is PEER_PADDED \
-                    else peer.assisted(group[0], args.max_new_tokens)
-            else:
-                streams, decoding = asyncio.run(run_streams(
-                    stacks[mode].address_for(config), config, group, args.max_new_tokens, args.seed,
-                    ignore_eos=args.ignore_eos, scrape=stacks[mode].fetch))
-            wall = time.perf_counter() - t0
-            after = stacks[mode].scrape() if mode in stacks else {}
-            batches = histogram_delta(before, after) if mode in stacks else {}
-            record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
-                      "proposer": config.proposer, "k": config.k, "wall_s": wall, "streams": streams,
-                      "batches": batches}
-            if cell_limit is not None:
-                record["limit_ms"] = cell_limit
-                record["decode_limit_ms"] = decode_limit
-            if decoding is not None:  # the decode phase: from every stream's first token to the end
-                record["decode"] = {"start_s": decoding["at_s"],
-                                    "batches": histogram_delta(parse_scrape(decoding["scrape"]), after)}
+            record = _cell(args, rep, mode, config, group, stacks.get(mode), peer, limiter)
             records.append(record)
             raw.write(json.dumps(record) + "\n")
             raw.flush()
-            tokens = sum(len(s["token_ids"]) for s in streams)
-            print(f"[{i + 1}/{len(cells)}] rep {rep} N={len(group):2d} {mode:9s} {config.name:15s} "
-                  f"{tokens / max(wall, 1e-9):6.1f} tok/s", file=sys.stderr)
+            tokens = sum(len(s["token_ids"]) for s in record["streams"])
+            print(f"[{i + 1}/{len(cells)}] rep {rep} N={record['n']:2d} {mode:9s} {config.name:15s} "
+                  f"{tokens / max(record['wall_s'], 1e-9):6.1f} tok/s", file=sys.stderr)
         raw.close()
     except BaseException as exc:  # noqa: BLE001 - still write what was measured
         failure = f"{type(exc).__name__}: {exc}"
-        for stack in stacks.values():
-            for log in sorted((workdir / "logs" / stack.name).glob("*.log")):
-                tail = log.read_text(errors="replace").splitlines()[-15:]
-                print(f"--- {stack.name}/{log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
+        _print_log_tails(stacks, workdir)
         raise
     finally:
         for stack in stacks.values():
@@ -621,21 +575,110 @@ def main(argv: list[str] | None = None) -> int:
         if (workdir / "logs").is_dir():  # the services' logs (the gate's verdicts, ...) go with the results
             shutil.copytree(workdir / "logs", args.out / "logs", dirs_exist_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
-        settings = {
-            "command": "python -m benchmarks.load " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-            "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
-            "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
-            "ignore_eos": args.ignore_eos,
-            "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
-            "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
-            "elapsed_s": time.time() - started, "failure": failure,
-            "physical_limit": {str(n): v for n, v in limit.items()},
-        }
         if records or failure:
-            result = load_report.build(records, reference, settings, _environment(args))
-            # Compact: the records hold every chunk of every stream.
-            (args.out / "results.json").write_text(json.dumps(load_report.json_safe(result)))
-            load_report.render(result, args.out)
+            settings = _settings(args, batching, modes, prompts, limit, started, failure)
+            result = _write(args, records, reference, settings)
+    return _verdict(args, result, started)
+
+
+def _print_log_tails(stacks: dict[str, LoadStack], workdir: Path) -> None:
+    for stack in stacks.values():
+        for log in sorted((workdir / "logs" / stack.name).glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            print(f"--- {stack.name}/{log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
+
+
+def _write(args, records: list[dict], reference: dict[str, list[int]], settings: dict) -> dict:
+    """results.json, results.md and the plots in --out; returns the result."""
+    result = load_report.build(records, reference, settings, _environment(args))
+    # Compact: the records hold every chunk of every stream.
+    (args.out / "results.json").write_text(json.dumps(load_report.json_safe(result)))
+    load_report.render(result, args.out)
+    return result
+
+
+def _start_stacks(args, modes: list[str], batching: bool, workdir: Path,
+                  stacks: dict[str, LoadStack]) -> Peer | None:
+    """Start a stack per mode into `stacks` (the batched one, and --max-batch 1) and load the
+    in-process peer while their services start; returns the peer (None with --no-peer)."""
+    flags = {BATCHED: ["--max-batch", str(args.max_batch)] if batching and args.max_batch else [],
+             UNBATCHED: ["--max-batch", "1"]}
+    for mode in modes:
+        stacks[mode] = LoadStack(mode, args, workdir / "logs", flags[mode])
+        stacks[mode].start()
+    peer = None if args.no_peer else Peer(args)  # loads while the services start
+    for stack in stacks.values():
+        stack.wait()
+    return peer
+
+
+def _reference(args, modes: list[str], stacks: dict[str, LoadStack], peer: Peer | None,
+               prompts: list[suite.Prompt], reference: dict[str, list[int]]) -> None:
+    """Target-only alone on the batched stack, one prompt at a time, into `reference`; then every
+    configuration once, short and not recorded (the warm-up)."""
+    for p in prompts:
+        (r,), _ = asyncio.run(run_streams(stacks[BATCHED].address, SERVICE_CONFIGS[0], [p],
+                                          args.max_new_tokens, args.seed, ignore_eos=args.ignore_eos))
+        reference[p.id] = r["token_ids"]
+    for mode in modes:
+        for c in args.configs:
+            asyncio.run(run_streams(stacks[mode].address, c, prompts[:2], 4, args.seed))
+    if peer is not None:
+        peer.padded(prompts[:2], 4)
+        peer.assisted(prompts[0], 4)
+
+
+def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Prompt], stack: LoadStack | None,
+          peer: Peer | None, limiter: PhysicalLimit | None) -> dict:
+    """One cell's streams over `group`, timed, with the batches the services formed (over the cell
+    and over its decode phase); `stack` is None for the in-process peer."""
+    # The physical limit at this N, measured again next to the cell (target-only's cells:
+    # the ones held to it), with the services idle.
+    held = limiter is not None and mode == BATCHED and config.proposer == "none"
+    cell_limit = limiter.measure(len(group), reps=5) if held else None
+    decode_limit = limiter.measure(len(group), reps=5, grown=True) if held else None
+    before = stack.scrape() if stack is not None else {}
+    t0 = time.perf_counter()
+    decoding = None
+    if mode == PEER:
+        streams = peer.padded(group, args.max_new_tokens) if config is PEER_PADDED \
+            else peer.assisted(group[0], args.max_new_tokens)
+    else:
+        streams, decoding = asyncio.run(run_streams(
+            stack.address_for(config), config, group, args.max_new_tokens, args.seed,
+            ignore_eos=args.ignore_eos, scrape=stack.fetch))
+    wall = time.perf_counter() - t0
+    after = stack.scrape() if stack is not None else {}
+    batches = histogram_delta(before, after) if stack is not None else {}
+    record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
+              "proposer": config.proposer, "k": config.k, "wall_s": wall, "streams": streams,
+              "batches": batches}
+    if cell_limit is not None:
+        record["limit_ms"] = cell_limit
+        record["decode_limit_ms"] = decode_limit
+    if decoding is not None:  # the decode phase: from every stream's first token to the end
+        record["decode"] = {"start_s": decoding["at_s"],
+                            "batches": histogram_delta(parse_scrape(decoding["scrape"]), after)}
+    return record
+
+
+def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt], limit: dict[int, dict],
+              started: float, failure: str | None) -> dict:
+    """The run's settings as results.json records them."""
+    return {
+        "command": "python -m benchmarks.load " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
+        "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
+        "ignore_eos": args.ignore_eos,
+        "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
+        "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
+        "elapsed_s": time.time() - started, "failure": failure,
+        "physical_limit": {str(n): v for n, v in limit.items()},
+    }
+
+
+def _verdict(args, result: dict | None, started: float) -> int:
+    """0, or 1 when nothing was measured or a stream differs from target-only alone (listed)."""
     if result is None:
         print("nothing was measured", file=sys.stderr)
         return 1

@@ -352,8 +352,15 @@ def _met(m) -> str:
 
 
 def markdown(result: dict) -> str:
-    env, cfg, ident = result["environment"], result["settings"], result["identity"]
-    lines = [
+    lines = _header(result) + _goals_section(result["goals"]) + _identity_section(result["identity"])
+    lines += _cells_section(result) + _round_parts_section(result["summaries"]) + NOTES
+    return "\n".join(lines)
+
+
+def _header(result: dict) -> list[str]:
+    """The title and what ran where: command, models, machine, streams, stacks."""
+    env, cfg = result["environment"], result["settings"]
+    return [
         f"# specdec load benchmark ({'quick' if cfg.get('quick') else 'full'})", "",
         f"- command: `{cfg.get('command', '')}`",
         f"- target: {env.get('target_model')}; draft: {env.get('draft_model')}; "
@@ -368,15 +375,23 @@ def markdown(result: dict) -> str:
         + ("" if cfg.get("batching_flag") else " — **the services have no --max-batch flag in this build: "
            "they run one request per forward; no unbatched stack was started**"),
         "",
-        "## Goals", "",
-        "| figure | value | target | |", "|---|---|---|---|",
     ]
-    for g in result["goals"]:
+
+
+def _goals_section(goals: list[dict]) -> list[str]:
+    """The goal table: figure, value, target, met or missed."""
+    lines = ["## Goals", "", "| figure | value | target | |", "|---|---|---|---|"]
+    for g in goals:
         value = g["value"]
         shown = _f(value * 100, ".0f") + "%" if "identity" in g["figure"] and value is not None else _f(value, ".2f")
         lines.append(f"| {g['figure']} | {shown}{' (' + g['note'] + ')' if g['note'] else ''} | {g['target']} "
                      f"| {_met(g['met'])} |")
-    lines += ["", "## Greedy identity", ""]
+    return lines
+
+
+def _identity_section(ident: dict) -> list[str]:
+    """Every service stream against target-only alone, then the in-process peer (informative)."""
+    lines = ["", "## Greedy identity", ""]
     if ident["mismatches"]:
         lines.append(f"**FAILED**: {len(ident['mismatches'])} of {ident['compared']} streams differ from "
                      "target-only alone:")
@@ -390,26 +405,31 @@ def markdown(result: dict) -> str:
               + (" (" + ", ".join(f"{d['config']} N={d['n']} {d['prompt_id']}@{d['first_difference']}"
                                   for d in ident["peer_differ"][:12]) + ")" if ident["peer_differ"] else "")
               + " (padding changes the peer's kernel shapes; informative, not part of the check).", ""]
-    lines += ["## Cells", "",
-              "Aggregate tokens/s = all streams' tokens / (first start to last end), median over repetitions. "
-              "TTFT and inter-token latency (ITL: a chunk's gap spread over its tokens) pooled over streams. "
-              "Batches: the services' histograms over the cell (forwards, mean rows and tokens per forward). "
-              "Physical limit: N tokens over the cost of one in-process forward over N one-token rows (the "
-              "engine, the same weights, one thread), measured next to each target-only cell (the machine's "
-              "speed drifts), else once at the start. RPCs / token: Score, ScoreBatch, Propose and ProposeBatch "
-              "calls the services served, per token streamed. "
-              "k: the k the adaptive rounds used (mean, share of rounds at k = 0).", "",
-              "Decode phase: from the moment every stream had its first token to the last one's end "
-              "(load_report.decode_phase): its tokens/s, against the physical limit of the same streams "
-              "(every forward carrying every stream still running, its sessions holding their prompts and "
-              "half the tokens a stream generates: the phase's mean context), and the target's rows per forward "
-              "then, against what a full batch of the running streams holds.", "",
-              "| stack | config | N | agg tok/s | physical limit | decode tok/s / limit | decode rows / full "
-              "| rounds/s | RPCs / token | stream tok/s med / min "
-              "| TTFT p50 / p99 ms | ITL p50 / p99 ms "
-              "| target rows / tokens per forward | draft rows per forward | k mean (k=0) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    limit = {int(n): v for n, v in (cfg.get("physical_limit") or {}).items()}
+    return lines
+
+
+def _cells_section(result: dict) -> list[str]:
+    """One row per (stack, configuration, N): throughput, the limit, latency, batches, k."""
+    lines = ["## Cells", "",
+             "Aggregate tokens/s = all streams' tokens / (first start to last end), median over repetitions. "
+             "TTFT and inter-token latency (ITL: a chunk's gap spread over its tokens) pooled over streams. "
+             "Batches: the services' histograms over the cell (forwards, mean rows and tokens per forward). "
+             "Physical limit: N tokens over the cost of one in-process forward over N one-token rows (the "
+             "engine, the same weights, one thread), measured next to each target-only cell (the machine's "
+             "speed drifts), else once at the start. RPCs / token: Score, ScoreBatch, Propose and ProposeBatch "
+             "calls the services served, per token streamed. "
+             "k: the k the adaptive rounds used (mean, share of rounds at k = 0).", "",
+             "Decode phase: from the moment every stream had its first token to the last one's end "
+             "(load_report.decode_phase): its tokens/s, against the physical limit of the same streams "
+             "(every forward carrying every stream still running, its sessions holding their prompts and "
+             "half the tokens a stream generates: the phase's mean context), and the target's rows per forward "
+             "then, against what a full batch of the running streams holds.", "",
+             "| stack | config | N | agg tok/s | physical limit | decode tok/s / limit | decode rows / full "
+             "| rounds/s | RPCs / token | stream tok/s med / min "
+             "| TTFT p50 / p99 ms | ITL p50 / p99 ms "
+             "| target rows / tokens per forward | draft rows per forward | k mean (k=0) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    limit = {int(n): v for n, v in (result["settings"].get("physical_limit") or {}).items()}
     for s in result["summaries"]:
         b = s.get("batches") or {}
         t_rows = b.get("target", {}).get("batch_rows", {}).get("mean")
@@ -428,24 +448,31 @@ def markdown(result: dict) -> str:
             f"{_f(s['stream_tps_min'])} | {_f(s['ttft_p50_ms'], '.0f')} / {_f(s['ttft_p99_ms'], '.0f')} | "
             f"{_f(s['itl_p50_ms'], '.0f')} / {_f(s['itl_p99_ms'], '.0f')} | {_f(t_rows, '.2f')} / {_f(t_tok, '.1f')} "
             f"| {_f(d_rows, '.2f')} | {k} |")
-    lines += ["", "Where a round's time goes (ms, medians over every round after the first; "
-              "load_report.round_parts): the round's wall time in the orchestrator, the services' own time "
-              "(queueing there included), serialization, the rest of the RPCs (gRPC, the wire, a batch "
-              "call's gathering), the orchestrator's own work, Redis.", "",
-              "| stack | config | N | round | draft | target | serialize | network | orchestrator | redis |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in result["summaries"]:
+    return lines
+
+
+def _round_parts_section(summaries: list[dict]) -> list[str]:
+    """Where a round's time goes, per cell with rounds (round_parts)."""
+    lines = ["", "Where a round's time goes (ms, medians over every round after the first; "
+             "load_report.round_parts): the round's wall time in the orchestrator, the services' own time "
+             "(queueing there included), serialization, the rest of the RPCs (gRPC, the wire, a batch "
+             "call's gathering), the orchestrator's own work, Redis.", "",
+             "| stack | config | N | round | draft | target | serialize | network | orchestrator | redis |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
         p = s.get("round_parts")
         if p:
             lines.append(f"| {s['mode']} | {s['config']} | {s['n']} | "
                          + " | ".join(_f(p.get(name)) for name in ROUND_PARTS) + " |")
-    lines += ["", "Notes:", "",
-              "- All N streams start at the same instant, so their prefills land together: on a CPU a forward "
-              "over N prompts costs about N prompts' compute, and TTFT grows with N whatever the batching.",
-              "- hf-assisted-k4 is `generate(assistant_model=)` at batch 1: it serves one request at a time, "
-              "measured at the smallest N only.",
-              "- The machine's cores are shared with other work; compare ratios within this run.", ""]
-    return "\n".join(lines)
+    return lines
+
+
+NOTES = ["", "Notes:", "",
+         "- All N streams start at the same instant, so their prefills land together: on a CPU a forward "
+         "over N prompts costs about N prompts' compute, and TTFT grows with N whatever the batching.",
+         "- hf-assisted-k4 is `generate(assistant_model=)` at batch 1: it serves one request at a time, "
+         "measured at the smallest N only.",
+         "- The machine's cores are shared with other work; compare ratios within this run.", ""]
 
 
 def plots(result: dict, out_dir: Path) -> None:

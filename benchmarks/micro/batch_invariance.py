@@ -136,25 +136,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from engine.host import HostLimits, ModelHost
-    from engine.model.linear import calibrate
-    from engine.model.llama import LlamaForward
     from engine.model.loader import load
-    from engine.runner import PooledRunner
 
     lm = load(None, dtype=args.dtype)
-    model = lm.model
     prompts = suite_prompts(lm.tokenizer, args.prompts)
     results: dict = {"prompts": len(prompts), "tokens": args.tokens, "dtype": args.dtype,
                      "prompt_lengths": [len(p) for p in prompts]}
+    refs = _references(lm.model, prompts, args.tokens, results)
+    _teacher_forced_part(lm.model, prompts, refs, [] if args.end_to_end_only else
+                         ["padded (measure)", "unpadded (no measure)"], results)
+    lm = load(None, dtype=args.dtype)  # a fresh copy: the engine takes the model's linear weights
+    _end_to_end_part(lm, prompts, refs, args.tokens, results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _references(model, prompts: list[list[int]], tokens: int, results: dict) -> list[tuple[list[int], torch.Tensor]]:
+    """The stock greedy loop per prompt (tokens, logits); checked once against `generate`."""
     started = time.monotonic()
     with torch.inference_mode():
-        refs = [stock_greedy(model, p, args.tokens) for p in prompts]
-        generated = model.generate(torch.tensor([prompts[0]]), max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+        refs = [stock_greedy(model, p, tokens) for p in prompts]
+        generated = model.generate(torch.tensor([prompts[0]]), max_new_tokens=tokens, min_new_tokens=tokens,
                                    do_sample=False)[0, len(prompts[0]):].tolist()
     results["stock_loop_equals_generate_on_prompt_0"] = generated == refs[0][0]
     print(f"references in {time.monotonic() - started:.0f} s; generate agrees: {generated == refs[0][0]}", flush=True)
+    return refs
 
+
+def _schedules(prompts: list[list[int]], refs) -> dict[str, list[list[list[int]]]]:
+    """Per mode, each prompt's steps: the prompt, then its continuation 1 (decode) or 1..5 (score)
+    tokens at a time."""
     rng = random.Random(0)
     schedules = {}
     for mode in ("decode", "score"):
@@ -167,6 +179,16 @@ def main(argv: list[str] | None = None) -> int:
                 j += n
             steps.append(chunks)
         schedules[mode] = steps
+    return schedules
+
+
+def _teacher_forced_part(model, prompts: list[list[int]], refs, measures: list[str], results: dict) -> None:
+    """Flips against the session alone and the stock forward, with and without the measure."""
+    from engine.model.linear import calibrate
+    from engine.model.llama import LlamaForward
+    from engine.runner import PooledRunner
+
+    schedules = _schedules(prompts, refs)
     stock = {i: logits.float() for i, (_, logits) in enumerate(refs)}
     everyone = list(range(len(prompts)))
     forward = LlamaForward(model)
@@ -175,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibrated pads: {calibration.describe()}", flush=True)
     pads = [lin.pad_to for lin in forward.linears()]
     runner = PooledRunner(forward, forward.new_pool(1 << 30), fixed_shapes=False, max_rows=64)
-    for measure in ([] if args.end_to_end_only else ["padded (measure)", "unpadded (no measure)"]):
+    for measure in measures:
         for lin, pad in zip(forward.linears(), pads):
             lin.pad_to = pad if measure.startswith("padded") else 1
         for mode, steps in schedules.items():
@@ -194,15 +216,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {key:16s} flips {v['flips']:3d}/{v['positions']}  max|dlogit| "
                       f"{v['max_abs_logit_diff']:.2e}  bitwise {v['bitwise']}", flush=True)
 
-    del runner, forward
-    lm = load(None, dtype=args.dtype)  # a fresh copy: the engine takes the model's linear weights
+
+def _end_to_end_part(lm, prompts: list[list[int]], refs, tokens: int, results: dict) -> None:
+    """Greedy decoding through the scheduler with 1, 8 and 16 concurrent streams."""
+    from engine.host import HostLimits, ModelHost
+
     host = ModelHost(lm, HostLimits(max_batch=16))
     assert host.max_batch == 16, "the engine's pooled forward refused this model (see the log)"
     try:
         lone: list[list[int]] = []
         for concurrent in (1, 8, 16):
             t0 = time.monotonic()
-            seqs = asyncio.run(decode_streams(host, prompts, args.tokens, concurrent))
+            seqs = asyncio.run(decode_streams(host, prompts, tokens, concurrent))
             lone = lone or seqs
             same = sum(s == ref for s, (ref, _) in zip(seqs, refs))
             as_alone = sum(s == a for s, a in zip(seqs, lone))
@@ -213,9 +238,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
     finally:
         host.shutdown()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

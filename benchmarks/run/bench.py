@@ -148,6 +148,20 @@ STRUCTURED_CONFIGS = ("draft-k4", "default")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _stack_args(p)
+    _cell_args(p)
+    _phase_args(p)
+    p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
+    p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--trace-dir", type=Path, default=None,
+                   help="record round-level traces: each started process writes DIR/<name>.jsonl "
+                        "(--trace-file); each record gets its trace_id")
+    return _resolved(p, p.parse_args(argv))
+
+
+def _stack_args(p: argparse.ArgumentParser) -> None:
+    """What runs: the stack (or a running orchestrator), the models, the device, the threads."""
     p.add_argument("--quick", action="store_true", help="CI smoke sizes (see the defaults below)")
     p.add_argument("--tiny", action="store_true",
                    help="use tiny random models (tests.tiny.build_pair) instead of the embedded ones")
@@ -169,6 +183,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process (default 1: on 2 shared cores, 2 threads per "
                         "process oversubscribe and a forward pass gets several times slower)")
+
+
+def _cell_args(p: argparse.ArgumentParser) -> None:
+    """The main cells: prompts, sizes, the k lists, the modes and which configurations run."""
     p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
     p.add_argument("--per-category", type=int, help=f"prompts per category (full {FULL['per_category']})")
     p.add_argument("--max-new-tokens", type=int, help=f"(full {FULL['max_new_tokens']})")
@@ -191,6 +209,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-default", action="store_true",
                    help="skip svc-default (a request naming neither proposer nor k: the orchestrator's "
                         "default configuration)")
+
+
+def _phase_args(p: argparse.ArgumentParser) -> None:
+    """The later phases: the RTT sweep, the rate cap, the predicted- and structured-output cells."""
     p.add_argument("--no-network", action="store_true", help="skip the RTT and rate phases")
     p.add_argument("--rtts", help=f"RTT sweep, ms (full {FULL['rtts']})")
     p.add_argument("--rtt-k", help=f"draft k values in the RTT sweep (full {FULL['rtt_k']})")
@@ -212,13 +234,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"(full {FULL['structured_prompts']})")
     p.add_argument("--structured-tokens", type=int,
                    help=f"max_new_tokens there (full {FULL['structured_tokens']})")
-    p.add_argument("--seed", type=int, default=1234, help="base seed for sampling")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
-    p.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--trace-dir", type=Path, default=None,
-                   help="record round-level traces: each started process writes DIR/<name>.jsonl "
-                        "(--trace-file); each record gets its trace_id")
-    args = p.parse_args(argv)
+
+
+def _resolved(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The --quick or full sizes where a flag was not given, the lists parsed, the checks."""
     sizes = QUICK if args.quick else FULL
     for key, value in sizes.items():
         if getattr(args, key, None) is None:
@@ -582,7 +601,7 @@ def _on_sigterm(signum, _frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from benchmarks.stack import Stack, StackSpec, prepare_run
+    from benchmarks.stack import prepare_run
 
     workdir = prepare_run(args, "specdec-bench-")
     if args.peer_k and feature_draft(args):
@@ -592,88 +611,22 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = suite.subset(suite.load(args.suite), args.per_category)
     items = plan(args, prompts)
-    index = {p.id: i for i, p in enumerate(suite.load(args.suite))}
     started = time.time()
-    link_note = {}
-    if not args.no_network:
-        ok, why = netem_available()
-        link_note = {
-            "kind": "emulated link (userspace proxy)",
-            "netem_available": ok,
-            "netem_probe": why,
-            "note": "a TCP proxy per service holds every chunk for RTT/2 each way after "
-                    "serialising it at the rate cap (like netem delay + tbf); the sweep uses it "
-                    "even where netem works, so results compare across machines",
-        }
+    link_note = {} if args.no_network else _link_note()
     print(f"benchmarks.run: {len(prompts)} prompts x {args.reps} reps, {len(items)} requests; "
           f"out {args.out}", file=sys.stderr)
 
     stack = None
     runners: dict[str, object] = {}
-    records: list[dict] = []
+    records: list[dict] = []  # what was measured, written out whatever happens
     failure: str | None = None
     model_info: dict = {}
     try:
-        if args.orchestrator:
-            runners["direct"] = ServiceRunner(args.orchestrator, traced=args.trace_dir is not None)
-        else:
-            stack = Stack(StackSpec(target=args.target, draft=args.draft,
-                                    draft_layers=args.draft_layers, device=args.device,
-                                    dtype=args.dtype, draft_dtype=args.draft_dtype,
-                                    threads=args.threads, trace_dir=args.trace_dir,
-                                    redis_url=args.redis_url, log_dir=workdir / "logs"))
-            print("starting target, draft and orchestrator...", file=sys.stderr)
-            stack.start(with_link=not args.no_network)
-            traced = args.trace_dir is not None
-            runners["direct"] = ServiceRunner(stack.orchestrator_address, traced=traced)
-            if stack.linked_address:
-                runners["linked"] = ServiceRunner(stack.linked_address, traced=traced)
-        if not args.no_peer:
-            print("loading the in-process peer...", file=sys.stderr)
-            runners["peer"] = PeerRunner(args)
+        if not args.orchestrator:
+            stack = _stack(args, workdir)
+        _start(args, stack, runners)
         model_info = _model_info(stack)
-
-        def runner_for(item: Item):
-            if item.config.family == "hf":
-                return runners["peer"]
-            if item.link is not None:
-                stack.links[0].set(item.link)
-                stack.links[1].set(item.link)
-                return runners["linked"]
-            return runners["direct"]
-
-        # Warm-up: each distinct (runner, mode, config) once, short, not recorded; its
-        # seconds per token give a rough estimate of the whole run.
-        per_token: dict[tuple, float] = {}
-        for item in items:
-            key = (item.link, item.mode, item.config)
-            if key not in per_token:
-                r = runner_for(item).run(item, args, _seed(args, 0), min(8, args.max_new_tokens))
-                per_token[key] = r["wall_s"] / max(1, r["new_tokens"])
-        eta = sum(per_token[(i.link, i.mode, i.config)] for i in items) * args.max_new_tokens
-        print(f"estimated measuring time ~{eta / 60:.1f} min (from the warm-up)", file=sys.stderr)
-
-        raw = (args.out / "records.jsonl").open("w")
-        bar = _progress(len(items))
-        for item in items:
-            if bar is not None:
-                bar.set_description(f"{item.phase} {item.mode[:4]} {item.config.name}", refresh=False)
-            result = runner_for(item).run(item, args, _seed(args, index[item.prompt.id]),
-                                          args.max_new_tokens)
-            record = _record(item, args, args.max_new_tokens, result)
-            records.append(record)
-            raw.write(json.dumps(record) + "\n")
-            raw.flush()
-            if bar is not None:
-                bar.update()
-        if bar is not None:
-            bar.close()
-        for record in itertools.chain(
-                prediction_phase(args, runners["direct"], suite.load(args.suite), index),
-                structured_phase(args, runners["direct"])):
-            records.append(record)
-            raw.write(json.dumps(record) + "\n")
-        raw.close()
+        _measure(args, items, stack, runners, records)
     except BaseException as exc:  # noqa: BLE001 - still write what was measured
         failure = f"{type(exc).__name__}: {exc}"
         if stack is not None:
@@ -692,6 +645,102 @@ def main(argv: list[str] | None = None) -> int:
             _write(args, records, stack, link_note, started, failure, model_info)
 
     shutil.rmtree(workdir, ignore_errors=True)  # kept (with the service logs) only on failure
+    return _verdict(args, started)
+
+
+def _link_note() -> dict:
+    """What the network phases' link is, for the report."""
+    ok, why = netem_available()
+    return {
+        "kind": "emulated link (userspace proxy)",
+        "netem_available": ok,
+        "netem_probe": why,
+        "note": "a TCP proxy per service holds every chunk for RTT/2 each way after "
+                "serialising it at the rate cap (like netem delay + tbf); the sweep uses it "
+                "even where netem works, so results compare across machines",
+    }
+
+
+def _stack(args, workdir: Path):
+    """The benchmark's own target, draft and orchestrator(s), not started yet."""
+    from benchmarks.stack import Stack, StackSpec
+
+    return Stack(StackSpec(target=args.target, draft=args.draft,
+                           draft_layers=args.draft_layers, device=args.device,
+                           dtype=args.dtype, draft_dtype=args.draft_dtype,
+                           threads=args.threads, trace_dir=args.trace_dir,
+                           redis_url=args.redis_url, log_dir=workdir / "logs"))
+
+
+def _start(args, stack, runners: dict[str, object]) -> None:
+    """Start the stack (without one: --orchestrator) and fill `runners`: "direct", "linked", "peer"."""
+    if args.orchestrator:
+        runners["direct"] = ServiceRunner(args.orchestrator, traced=args.trace_dir is not None)
+    else:
+        print("starting target, draft and orchestrator...", file=sys.stderr)
+        stack.start(with_link=not args.no_network)
+        traced = args.trace_dir is not None
+        runners["direct"] = ServiceRunner(stack.orchestrator_address, traced=traced)
+        if stack.linked_address:
+            runners["linked"] = ServiceRunner(stack.linked_address, traced=traced)
+    if not args.no_peer:
+        print("loading the in-process peer...", file=sys.stderr)
+        runners["peer"] = PeerRunner(args)
+
+
+def _measure(args, items: list[Item], stack, runners: dict[str, object], records: list[dict]) -> None:
+    """Every planned request, then the predicted- and structured-output cells; each record is
+    appended to `records` and to records.jsonl as it comes."""
+    index = {p.id: i for i, p in enumerate(suite.load(args.suite))}
+
+    def runner_for(item: Item):
+        if item.config.family == "hf":
+            return runners["peer"]
+        if item.link is not None:
+            stack.links[0].set(item.link)
+            stack.links[1].set(item.link)
+            return runners["linked"]
+        return runners["direct"]
+
+    _warm_up(args, items, runner_for)
+    raw = (args.out / "records.jsonl").open("w")
+    bar = _progress(len(items))
+    for item in items:
+        if bar is not None:
+            bar.set_description(f"{item.phase} {item.mode[:4]} {item.config.name}", refresh=False)
+        result = runner_for(item).run(item, args, _seed(args, index[item.prompt.id]),
+                                      args.max_new_tokens)
+        record = _record(item, args, args.max_new_tokens, result)
+        records.append(record)
+        raw.write(json.dumps(record) + "\n")
+        raw.flush()
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    for record in itertools.chain(
+            prediction_phase(args, runners["direct"], suite.load(args.suite), index),
+            structured_phase(args, runners["direct"])):
+        records.append(record)
+        raw.write(json.dumps(record) + "\n")
+    raw.close()
+
+
+def _warm_up(args, items: list[Item], runner_for) -> None:
+    """Each distinct (runner, mode, config) once, short, not recorded; its seconds per token give a
+    rough estimate of the whole run."""
+    per_token: dict[tuple, float] = {}
+    for item in items:
+        key = (item.link, item.mode, item.config)
+        if key not in per_token:
+            r = runner_for(item).run(item, args, _seed(args, 0), min(8, args.max_new_tokens))
+            per_token[key] = r["wall_s"] / max(1, r["new_tokens"])
+    eta = sum(per_token[(i.link, i.mode, i.config)] for i in items) * args.max_new_tokens
+    print(f"estimated measuring time ~{eta / 60:.1f} min (from the warm-up)", file=sys.stderr)
+
+
+def _verdict(args, started: float) -> int:
+    """0, or 1 with the list when a greedy speculative output differs from target-only."""
     checks = json.loads((args.out / "results.json").read_text())["checks"]
     print(f"wrote {args.out}/results.json, results.md, plots "
           f"({time.time() - started:.0f} s)", file=sys.stderr)

@@ -30,9 +30,29 @@ def _link(s: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    env, cfg, summaries = result["environment"], result["settings"], result["summaries"]
-    checks = result["checks"]
-    lines = [
+    summaries = result["summaries"]
+    main = [s for s in summaries if s["phase"] == "main"]
+    lines = _header(result) + _identity_section(result["checks"])
+    lines += _throughput_section(main)
+    lines += _breakdown_section(main)
+    lines += _acceptance_section(main)
+    for model in result.get("models", []):
+        if model:
+            lines += _model_section(model)
+    lines += _parallel_section(result, main)
+    lines += _category_section(result)
+    lines += _prediction_section(summaries)
+    lines += _structured_section(summaries)
+    lines += _network_section(result)
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in result.get("plots", [])]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _header(result: dict) -> list[str]:
+    """The title and what ran where: command, models, machine, prompts, sampling."""
+    env, cfg = result["environment"], result["settings"]
+    return [
         f"# specdec benchmark ({'quick' if cfg.get('quick') else 'full'} mode)",
         "",
         f"- command: `{cfg.get('command', '')}`",
@@ -45,9 +65,12 @@ def markdown(result: dict) -> str:
         f"{cfg.get('reps')} repetitions, configs interleaved per prompt and repetition",
         f"- sampling mode: temperature {cfg.get('temperature')}, top_p {cfg.get('top_p')}",
         "",
-        "## Greedy identity",
-        "",
     ]
+
+
+def _identity_section(checks: dict) -> list[str]:
+    """Greedy identity through the services, then the in-process peer against it."""
+    lines = ["## Greedy identity", ""]
     bad = checks["greedy_mismatches"]
     if bad:
         lines.append(f"**FAILED**: {len(bad)} greedy speculative outputs differ from target-only "
@@ -66,12 +89,16 @@ def markdown(result: dict) -> str:
         f"{len(peer_bad)} of {checks['peer_compared']} greedy outputs differ"
         + (" (" + ", ".join(f"{m['config']}:{m['prompt_id']}@{m['first_difference']}"
                              for m in peer_bad[:12]) + ")" if peer_bad else "") + ".")
-    lines += ["", "## Throughput", "",
-              "tokens/s is the median over repetitions of (tokens / seconds summed over prompts), "
-              "with min–max; ratios divide medians. k used = the k the rounds asked the proposer "
-              "for (`Stats.rounds[].k`), mean [min–max]: the config's k, less in a request's last "
-              "rounds; for svc-draft-auto what the orchestrator's adaptive k chose.", ""]
-    main = [s for s in summaries if s["phase"] == "main"]
+    return lines
+
+
+def _throughput_section(main: list[dict]) -> list[str]:
+    """Tokens/s, passes, acceptance, k, TTFT and the ratios, per mode and configuration."""
+    lines = ["", "## Throughput", "",
+             "tokens/s is the median over repetitions of (tokens / seconds summed over prompts), "
+             "with min–max; ratios divide medians. k used = the k the rounds asked the proposer "
+             "for (`Stats.rounds[].k`), mean [min–max]: the config's k, less in a request's last "
+             "rounds; for svc-draft-auto what the orchestrator's adaptive k chose.", ""]
     lines.append("| mode | config | tokens/s (min–max) | target passes/token | mean accepted "
                  "| k used | TTFT ms | × svc-none | × hf-target | × hf twin |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -86,18 +113,30 @@ def markdown(result: dict) -> str:
             f"{_f(s['ttft_ms_median'], '.0f')} | {_f(s['vs_svc_none'])} | "
             f"{_f(s['vs_hf_target'])} | {twin} |"
         )
-    lines += ["", "## Per-round breakdown (services)", "",
-              "Milliseconds per round from `Stats.rounds`, median [p90] over every round of "
-              "every request of a configuration (cells marked * come from records without "
-              "rounds: a request's totals / its target passes, over requests). draft / target = "
-              "the services' own compute; serialize = the orchestrator's protobuf encode + "
-              "decode; network = RPC time − service time − serialize (wire, gRPC, the "
-              "services' own (de)serialisation); Redis = time a round waited on Redis (the "
-              "write of the previous round overlaps this round's RPCs; hidden write time is "
-              "not counted); orchestrator = the rest (verify, bookkeeping, detokenise, "
-              "stream). non-compute = 1 − (draft + target) / round total, median over rounds "
-              "(time-weighted over all rounds in parentheses). Round 1 also carries the "
-              "prompt's prefill and the session set-up (its median total is shown apart).", ""]
+    return lines
+
+
+def _median_p90(b: dict, name: str) -> str:
+    """One breakdown part as "median [p90]"."""
+    if name not in b:
+        return "–"
+    return f"{_f(b[name]['median'], '.2f')} [{_f(b[name]['p90'], '.2f')}]"
+
+
+def _breakdown_section(main: list[dict]) -> list[str]:
+    """Where a round's time goes, per configuration through the services."""
+    lines = ["", "## Per-round breakdown (services)", "",
+             "Milliseconds per round from `Stats.rounds`, median [p90] over every round of "
+             "every request of a configuration (cells marked * come from records without "
+             "rounds: a request's totals / its target passes, over requests). draft / target = "
+             "the services' own compute; serialize = the orchestrator's protobuf encode + "
+             "decode; network = RPC time − service time − serialize (wire, gRPC, the "
+             "services' own (de)serialisation); Redis = time a round waited on Redis (the "
+             "write of the previous round overlaps this round's RPCs; hidden write time is "
+             "not counted); orchestrator = the rest (verify, bookkeeping, detokenise, "
+             "stream). non-compute = 1 − (draft + target) / round total, median over rounds "
+             "(time-weighted over all rounds in parentheses). Round 1 also carries the "
+             "prompt's prefill and the session set-up (its median total is shown apart).", ""]
     lines.append("| mode | config | rounds | draft | target | serialize | network | orchestrator "
                  "| Redis | round total | round 1 | non-compute | bytes → / ← per round |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -105,105 +144,114 @@ def markdown(result: dict) -> str:
         b = s.get("breakdown")
         if not b:
             continue
-
-        def mp(name: str) -> str:
-            if name not in b:
-                return "–"
-            return f"{_f(b[name]['median'], '.2f')} [{_f(b[name]['p90'], '.2f')}]"
-
         first = b.get("first_round_ms")
         share = b.get("non_compute_share_pooled", math.nan)
         pooled = "" if math.isnan(share) else f" ({100 * share:.0f}%)"
         lines.append(
             f"| {s['mode']} | {s['config']} | {b.get('rounds', '*') if b.get('per_round') else '*'} | "
-            f"{mp('draft_ms')} | {mp('target_ms')} | {mp('serialize_ms')} | "
-            f"{mp('network_ms')} | {mp('orchestrator_ms')} | {mp('redis_ms')} | {mp('total_ms')} | "
+            f"{_median_p90(b, 'draft_ms')} | {_median_p90(b, 'target_ms')} | {_median_p90(b, 'serialize_ms')} | "
+            f"{_median_p90(b, 'network_ms')} | {_median_p90(b, 'orchestrator_ms')} | {_median_p90(b, 'redis_ms')} | "
+            f"{_median_p90(b, 'total_ms')} | "
             f"{_f(first['median'], '.1f') if first else '–'} | "
             f"{_f(100 * b['non_compute_share']['median'], '.0f')}%{pooled} | "
             f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
             f"{_f(b['bytes_received_per_round']['median'], '.0f')}{_features(b)} |"
         )
+    return lines
+
+
+def _acceptance_section(main: list[dict]) -> list[str]:
+    """P(draft token i accepted | the earlier ones were), per drafting configuration."""
     accept = [s for s in main if s.get("acceptance_by_position")]
-    if accept:
-        lines += ["", "## Acceptance by position (services, draft)", "",
-                  "P(draft token i accepted | tokens 1..i−1 accepted), pooled over requests.", "",
-                  "| mode | config | α | " + " | ".join(f"pos {i}" for i in range(1, max(
-                      len(s["acceptance_by_position"]) for s in accept) + 1)) + " |"]
-        width = max(len(s["acceptance_by_position"]) for s in accept)
-        lines.append("|---|---|---|" + "---|" * width)
-        for s in accept:
-            rates = [_f(x) for x in s["acceptance_by_position"]] + [""] * (
-                width - len(s["acceptance_by_position"]))
-            lines.append(f"| {s['mode']} | {s['config']} | {_f(s.get('alpha'), '.3f')} | "
-                         + " | ".join(rates) + " |")
-    for model in result.get("models", []):
-        if not model:
-            continue
-        lines += ["", f"## Model vs measurement ({model['mode']})", "",
-                  f"α pooled over the fixed-k draft configs = {_f(model['alpha_pooled'], '.3f')}; "
-                  f"T1 (target ms per pass, no proposer) = {_f(model['t1_ms'], '.1f')}. "
-                  "Predicted tokens/pass = (1 − α^(k+1)) / (1 − α); predicted speed-up = "
-                  "E / (v + k·c) with v = target ms per pass at k / T1, c = draft ms per drafted "
-                  "token / T1 (compute only: the model sees no network, orchestrator or Redis).",
-                  "",
-                  "| k | α (this k) | tokens/pass measured | predicted | c | v | speed-up measured "
-                  "| predicted | round ms measured | model compute ms |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in model["rows"]:
-            lines.append(
-                f"| {r['k']} | {_f(r['alpha'], '.3f')} | {_f(r['tokens_per_pass_measured'])} | "
-                f"{_f(r['tokens_per_pass_predicted'])} | {_f(r['c'], '.3f')} | {_f(r['v'], '.3f')} | "
-                f"{_f(r['speedup_measured'])} | {_f(r['speedup_predicted'])} | "
-                f"{_f(r['round_ms_measured'], '.1f')} | {_f(r['round_ms_model'], '.1f')} |"
-            )
-        a = model.get("adaptive")
-        if a:
-            lines.append(
-                f"| auto (mean {_f(a['k_mean'])}, {_f(a['k_min'], 'd')}–{_f(a['k_max'], 'd')}) | "
-                f"{_f(a['alpha'], '.3f')} | {_f(a['tokens_per_pass_measured'])} | – | – | – | "
-                f"{_f(a['speedup_measured'])} | – | {_f(a['round_ms_measured'], '.1f')} | – |")
-            lines += ["", f"{a['config']}: the orchestrator picks k each round from the acceptance "
-                      "and draft/target costs it has observed so far, so k varies and the "
-                      "closed-form prediction does not apply; the row shows what it measured "
-                      "and the mean k its rounds used."]
-    lines += _parallel_section(result, main)
-    lines += _category_section(result)
-    lines += _prediction_section(summaries)
-    lines += _structured_section(summaries)
+    if not accept:
+        return []
+    width = max(len(s["acceptance_by_position"]) for s in accept)
+    lines = ["", "## Acceptance by position (services, draft)", "",
+             "P(draft token i accepted | tokens 1..i−1 accepted), pooled over requests.", "",
+             "| mode | config | α | " + " | ".join(f"pos {i}" for i in range(1, width + 1)) + " |"]
+    lines.append("|---|---|---|" + "---|" * width)
+    for s in accept:
+        rates = [_f(x) for x in s["acceptance_by_position"]] + [""] * (
+            width - len(s["acceptance_by_position"]))
+        lines.append(f"| {s['mode']} | {s['config']} | {_f(s.get('alpha'), '.3f')} | "
+                     + " | ".join(rates) + " |")
+    return lines
+
+
+def _model_section(model: dict) -> list[str]:
+    """The closed-form speed-up model against the measurement, per k, for one mode."""
+    lines = ["", f"## Model vs measurement ({model['mode']})", "",
+             f"α pooled over the fixed-k draft configs = {_f(model['alpha_pooled'], '.3f')}; "
+             f"T1 (target ms per pass, no proposer) = {_f(model['t1_ms'], '.1f')}. "
+             "Predicted tokens/pass = (1 − α^(k+1)) / (1 − α); predicted speed-up = "
+             "E / (v + k·c) with v = target ms per pass at k / T1, c = draft ms per drafted "
+             "token / T1 (compute only: the model sees no network, orchestrator or Redis).",
+             "",
+             "| k | α (this k) | tokens/pass measured | predicted | c | v | speed-up measured "
+             "| predicted | round ms measured | model compute ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in model["rows"]:
+        lines.append(
+            f"| {r['k']} | {_f(r['alpha'], '.3f')} | {_f(r['tokens_per_pass_measured'])} | "
+            f"{_f(r['tokens_per_pass_predicted'])} | {_f(r['c'], '.3f')} | {_f(r['v'], '.3f')} | "
+            f"{_f(r['speedup_measured'])} | {_f(r['speedup_predicted'])} | "
+            f"{_f(r['round_ms_measured'], '.1f')} | {_f(r['round_ms_model'], '.1f')} |"
+        )
+    a = model.get("adaptive")
+    if a:
+        lines.append(
+            f"| auto (mean {_f(a['k_mean'])}, {_f(a['k_min'], 'd')}–{_f(a['k_max'], 'd')}) | "
+            f"{_f(a['alpha'], '.3f')} | {_f(a['tokens_per_pass_measured'])} | – | – | – | "
+            f"{_f(a['speedup_measured'])} | – | {_f(a['round_ms_measured'], '.1f')} | – |")
+        lines += ["", f"{a['config']}: the orchestrator picks k each round from the acceptance "
+                  "and draft/target costs it has observed so far, so k varies and the "
+                  "closed-form prediction does not apply; the row shows what it measured "
+                  "and the mean k its rounds used."]
+    return lines
+
+
+def _network_section(result: dict) -> list[str]:
+    """The RTT sweep and the rate cap: speed-ups over the same link and against no link."""
+    summaries = result["summaries"]
     net = [s for s in summaries if s["phase"] in ("rtt", "rate")]
-    if net:
-        lines += ["", "## Network between orchestrator and services", "",
-                  f"Link: **{result.get('link', {}).get('kind', '?')}** — "
-                  f"{result.get('link', {}).get('note', '')}", "",
-                  "Speed-up is against target-only through the same link (svc-none at the same "
-                  "RTT / rate); × svc-none direct compares with target-only with no emulated "
-                  "link, measured interleaved in the same phase. The rate phase samples with "
-                  f"top_p {result['settings'].get('rate_top_p')}.", "",
-                  "| phase | mode | link | config | tokens/s (min–max) | speed-up same link "
-                  "| predicted from RTT 0 | × svc-none direct | network ms/round "
-                  "| bytes → / ← per round |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        direct = {(s["phase"], s["mode"]): s for s in net
-                  if s.get("rtt_ms") is None and s["config"] == "svc-none"}
-        for s in net:
-            d = direct.get((s["phase"], s["mode"]))
-            b = s["breakdown"]
-            lines.append(
-                f"| {s['phase']} | {s['mode']} | {_link(s)} | {s['config']} | "
-                f"{_f(s['tps_median'], '.1f')} ({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | "
-                f"{_f(s['vs_svc_none'])} | {_f(_rtt_pred(summaries, s))} | "
-                f"{_f(s['tps_median'] / d['tps_median']) if d else '–'} | "
-                f"{_f(b['network_ms']['median'], '.1f')} | "
-                f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
-                f"{_f(b['bytes_received_per_round']['median'], '.0f')}{_features(b)} |"
-            )
-        best = best_k_per_rtt(summaries)
-        if best:
-            lines += ["", "Best configuration at each RTT (greedy): " + "; ".join(
-                f"{rtt:g} ms → {cfg} (×{_f(sp)})" for rtt, cfg, sp in best) + "."]
-    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in result.get("plots", [])]
-    lines.append("")
-    return "\n".join(lines)
+    if not net:
+        return []
+    lines = ["", "## Network between orchestrator and services", "",
+             f"Link: **{result.get('link', {}).get('kind', '?')}** — "
+             f"{result.get('link', {}).get('note', '')}", "",
+             "Speed-up is against target-only through the same link (svc-none at the same "
+             "RTT / rate); × svc-none direct compares with target-only with no emulated "
+             "link, measured interleaved in the same phase. The rate phase samples with "
+             f"top_p {result['settings'].get('rate_top_p')}.", "",
+             "| phase | mode | link | config | tokens/s (min–max) | speed-up same link "
+             "| predicted from RTT 0 | × svc-none direct | network ms/round "
+             "| bytes → / ← per round |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    direct = {(s["phase"], s["mode"]): s for s in net
+              if s.get("rtt_ms") is None and s["config"] == "svc-none"}
+    for s in net:
+        d = direct.get((s["phase"], s["mode"]))
+        b = s["breakdown"]
+        lines.append(
+            f"| {s['phase']} | {s['mode']} | {_link(s)} | {s['config']} | "
+            f"{_f(s['tps_median'], '.1f')} ({_f(s['tps_min'], '.1f')}–{_f(s['tps_max'], '.1f')}) | "
+            f"{_f(s['vs_svc_none'])} | {_f(_rtt_pred(summaries, s))} | "
+            f"{_f(s['tps_median'] / d['tps_median']) if d else '–'} | "
+            f"{_f(b['network_ms']['median'], '.1f')} | "
+            f"{_f(b['bytes_sent_per_round']['median'], '.0f')} / "
+            f"{_f(b['bytes_received_per_round']['median'], '.0f')}{_features(b)} |"
+        )
+    best = best_k_per_rtt(summaries)
+    if best:
+        lines += ["", "Best configuration at each RTT (greedy): " + "; ".join(
+            f"{rtt:g} ms → {cfg} (×{_f(sp)})" for rtt, cfg, sp in best) + "."]
+    return lines
+
+
+def _features(b: dict) -> str:
+    """A feature draft's share of the bytes per round (median), where there is one."""
+    f = b.get("feature_bytes_per_round")
+    return f" (features {_f(f['median'], '.0f')})" if f and f.get("median") else ""
 
 
 def _k_used(s: dict) -> str:
@@ -237,12 +285,25 @@ def plots(result: dict, out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summaries = result["summaries"]
-    main = [s for s in summaries if s["phase"] == "main"]
+    main = [s for s in result["summaries"] if s["phase"] == "main"]
     modes = [m for m in ("greedy", "sampling") if any(s["mode"] == m for s in main)]
     written = []
+    for name, draw, args in (("speedup_vs_k.png", _speedup_vs_k_plot, (result, main, modes)),
+                             ("breakdown.png", _breakdown_plot, (main,)),
+                             ("acceptance_by_position.png", _acceptance_plot, (main, modes)),
+                             ("speedup_vs_rtt.png", _rtt_plot, (result,))):
+        fig = draw(plt, *args)  # None: nothing to plot
+        if fig is None:
+            continue
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
 
-    # 1. speed-up vs k, measured and predicted.
+
+def _speedup_vs_k_plot(plt, result: dict, main: list[dict], modes: list[str]):
+    """Speed-up vs k, measured and predicted, with adaptive k and the in-process peer."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, mode in enumerate(modes):
         color = f"C{i}"
@@ -271,35 +332,34 @@ def plots(result: dict, out_dir: Path) -> list[str]:
     ax.set_ylabel("speed-up over target-only")
     ax.set_title("Speed-up vs k")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "speedup_vs_k.png", dpi=110)
-    plt.close(fig)
-    written.append("speedup_vs_k.png")
+    return fig
 
-    # 2. per-round time breakdown, stacked bars.
+
+def _breakdown_plot(plt, main: list[dict]):
+    """The per-round time breakdown, stacked bars; None without breakdowns."""
     cells = [s for s in main if s.get("breakdown")]
-    if cells:
-        fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cells)), 4.8))
-        x = range(len(cells))
-        bottom = [0.0] * len(cells)
-        for j, comp in enumerate(analysis.COMPONENTS):
-            # Means stack to the mean round (medians of parts would not add up).
-            vals = [s["breakdown"][comp].get("mean", s["breakdown"][comp]["median"]) for s in cells]
-            vals = [0.0 if math.isnan(v) else v for v in vals]
-            ax.bar(x, vals, bottom=bottom, color=f"C{j}", label=comp.removesuffix("_ms"))
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xticks(list(x))
-        ax.set_xticklabels([f"{s['config'].removeprefix('svc-')}\n{s['mode'][:4]}" for s in cells],
-                           fontsize=7)
-        ax.set_ylabel("ms per round (mean over rounds)")
-        ax.set_title("Where a round's time goes")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "breakdown.png", dpi=110)
-        plt.close(fig)
-        written.append("breakdown.png")
+    if not cells:
+        return None
+    fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cells)), 4.8))
+    x = range(len(cells))
+    bottom = [0.0] * len(cells)
+    for j, comp in enumerate(analysis.COMPONENTS):
+        # Means stack to the mean round (medians of parts would not add up).
+        vals = [s["breakdown"][comp].get("mean", s["breakdown"][comp]["median"]) for s in cells]
+        vals = [0.0 if math.isnan(v) else v for v in vals]
+        ax.bar(x, vals, bottom=bottom, color=f"C{j}", label=comp.removesuffix("_ms"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f"{s['config'].removeprefix('svc-')}\n{s['mode'][:4]}" for s in cells],
+                       fontsize=7)
+    ax.set_ylabel("ms per round (mean over rounds)")
+    ax.set_title("Where a round's time goes")
+    ax.legend(fontsize=7)
+    return fig
 
-    # 3. acceptance by position.
+
+def _acceptance_plot(plt, main: list[dict], modes: list[str]):
+    """Acceptance by draft position, one panel per mode."""
     fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(6 * max(1, len(modes)), 4), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for s in sorted((s for s in main if s["mode"] == mode and s.get("acceptance_by_position")),
@@ -312,43 +372,40 @@ def plots(result: dict, out_dir: Path) -> list[str]:
         ax.set_ylabel("P(accepted | earlier accepted)")
         ax.set_title(f"Acceptance by position ({mode})")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "acceptance_by_position.png", dpi=110)
-    plt.close(fig)
-    written.append("acceptance_by_position.png")
+    return fig
 
-    # 4. speed-up vs RTT.
+
+def _rtt_plot(plt, result: dict):
+    """Speed-up vs RTT over the same link and against no link; None without an RTT phase."""
+    summaries = result["summaries"]
     rtt = [s for s in summaries if s["phase"] == "rtt"]
-    if rtt:
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        direct = next((s for s in rtt if s["rtt_ms"] is None and s["config"] == "svc-none"), None)
-        for cfg in sorted({s["config"] for s in rtt}, key=lambda c: (c != "svc-none", c)):
-            pts = sorted((s for s in rtt if s["config"] == cfg and s["mode"] == "greedy"
-                          and s["rtt_ms"] is not None), key=lambda s: s["rtt_ms"])
-            xs = [s["rtt_ms"] for s in pts]
-            if cfg != "svc-none":
-                line, = axes[0].plot(xs, [s["vs_svc_none"] for s in pts], "o-", label=cfg)
-                grid = [x / 4 for x in range(int(4 * max(xs, default=0)) + 1)]
-                axes[0].plot(grid, [analysis.rtt_prediction(summaries, cfg, x) for x in grid],
-                             "--", color=line.get_color(), alpha=0.5,
-                             label=f"{cfg}: E(T_t+R)/(T_r+2R)")
-            if direct:
-                axes[1].plot(xs, [s["tps_median"] / direct["tps_median"] for s in pts], "o-",
-                             label=cfg)
-        axes[0].axhline(1.0, color="grey", lw=0.8)
-        axes[0].set_title("Speed-up vs target-only over the same link")
-        axes[1].axhline(1.0, color="grey", lw=0.8)
-        axes[1].set_title("Throughput relative to target-only with no link")
-        kind = result.get("link", {}).get("kind", "")
-        for ax in axes:
-            ax.set_xlabel(f"RTT orchestrator ↔ services, ms ({kind})")
-            ax.set_ylabel("ratio of tokens/s")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "speedup_vs_rtt.png", dpi=110)
-        plt.close(fig)
-        written.append("speedup_vs_rtt.png")
-    return written
+    if not rtt:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    direct = next((s for s in rtt if s["rtt_ms"] is None and s["config"] == "svc-none"), None)
+    for cfg in sorted({s["config"] for s in rtt}, key=lambda c: (c != "svc-none", c)):
+        pts = sorted((s for s in rtt if s["config"] == cfg and s["mode"] == "greedy"
+                      and s["rtt_ms"] is not None), key=lambda s: s["rtt_ms"])
+        xs = [s["rtt_ms"] for s in pts]
+        if cfg != "svc-none":
+            line, = axes[0].plot(xs, [s["vs_svc_none"] for s in pts], "o-", label=cfg)
+            grid = [x / 4 for x in range(int(4 * max(xs, default=0)) + 1)]
+            axes[0].plot(grid, [analysis.rtt_prediction(summaries, cfg, x) for x in grid],
+                         "--", color=line.get_color(), alpha=0.5,
+                         label=f"{cfg}: E(T_t+R)/(T_r+2R)")
+        if direct:
+            axes[1].plot(xs, [s["tps_median"] / direct["tps_median"] for s in pts], "o-",
+                         label=cfg)
+    axes[0].axhline(1.0, color="grey", lw=0.8)
+    axes[0].set_title("Speed-up vs target-only over the same link")
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[1].set_title("Throughput relative to target-only with no link")
+    kind = result.get("link", {}).get("kind", "")
+    for ax in axes:
+        ax.set_xlabel(f"RTT orchestrator ↔ services, ms ({kind})")
+        ax.set_ylabel("ratio of tokens/s")
+        ax.legend(fontsize=7)
+    return fig
 
 
 def _parallel_section(result: dict, main: list[dict]) -> list[str]:
@@ -488,9 +545,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _features(b: dict) -> str:
-    """A feature draft's share of the bytes per round (median), where there is one."""
-    f = b.get("feature_bytes_per_round")
-    return f" (features {_f(f['median'], '.0f')})" if f and f.get("median") else ""
