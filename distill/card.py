@@ -247,7 +247,7 @@ def _goals_section(d: dict[str, Any]) -> list[str]:
         f"Expected speed-up at the best k ({best_speed}): {d['speedup'][best_speed]}x, from the simulated tokens "
         f"per pass and the measured c and v(k); the break-even acceptance rate there is "
         f"{d['break_even_alpha'][best_speed]}. These are estimates from teacher-forced held-out text; the services "
-        "benchmark (benchmarks/run.py) measures the real wall-clock ratio through gRPC.",
+        "benchmark (benchmarks/run/) measures the real wall-clock ratio through gRPC.",
         "",
     ]
 
