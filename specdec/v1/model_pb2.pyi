@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features", "seed", "tenant")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features", "seed", "tenant", "parents")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class ScoreRequest(_message.Message):
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
@@ -33,10 +34,11 @@ class ScoreRequest(_message.Message):
     features: _common_pb2.FeatureEncoding
     seed: int
     tenant: str
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ..., seed: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ..., seed: _Optional[int] = ..., tenant: _Optional[str] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs", "features", "sampled_ids")
+    __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs", "features", "sampled_ids", "tree")
     ARGMAX_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +46,7 @@ class ScoreResponse(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_IDS_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
     argmax_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: _common_pb2.Distributions
     cache_length: int
@@ -51,10 +54,11 @@ class ScoreResponse(_message.Message):
     logprobs: _common_pb2.Logprobs
     features: _common_pb2.Features
     sampled_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Logprobs, _Mapping]] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ..., sampled_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    tree: bool
+    def __init__(self, argmax_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Logprobs, _Mapping]] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ..., sampled_ids: _Optional[_Iterable[int]] = ..., tree: _Optional[bool] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "seed", "p_min", "features", "tenant")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "seed", "p_min", "features", "tenant", "tree_nodes", "tree_width")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +70,8 @@ class ProposeRequest(_message.Message):
     P_MIN_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    TREE_NODES_FIELD_NUMBER: _ClassVar[int]
+    TREE_WIDTH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
@@ -77,19 +83,25 @@ class ProposeRequest(_message.Message):
     p_min: float
     features: _common_pb2.Features
     tenant: str
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., seed: _Optional[int] = ..., p_min: _Optional[float] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    tree_nodes: int
+    tree_width: int
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., seed: _Optional[int] = ..., p_min: _Optional[float] = ..., features: _Optional[_Union[_common_pb2.Features, _Mapping]] = ..., tenant: _Optional[str] = ..., tree_nodes: _Optional[int] = ..., tree_width: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("tokens", "probs", "cache_length", "timing")
+    __slots__ = ("tokens", "probs", "cache_length", "timing", "parents", "held")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     probs: _common_pb2.Distributions
     cache_length: int
     timing: _common_pb2.ServerTiming
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    held: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[_common_pb2.Distributions, _Mapping]] = ..., cache_length: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.ServerTiming, _Mapping]] = ..., parents: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class ItemStatus(_message.Message):
     __slots__ = ("code", "message")
