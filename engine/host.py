@@ -211,8 +211,8 @@ class ModelHost:
     def release(self, session_id: str) -> bool:
         return self.caches.release(session_id)
 
-    def fork(self, source_id: str, new_id: str, length: int, prefix_hash: int) -> int:
-        return self.caches.fork(source_id, new_id, length, prefix_hash).length
+    def fork(self, source_id: str, new_id: str, length: int, prefix_hash: int, tenant: str = "") -> int:
+        return self.caches.fork(source_id, new_id, length, prefix_hash, tenant).length
 
     def expire(self) -> int:
         return self.caches.expire()

@@ -81,6 +81,7 @@ class Work(ABC, Generic[T]):
     session_id: str
     cache_position: int
     prefix_hash: int
+    tenant: str = ""  # the request's tenant (ScoreRequest.tenant): a new session's, for fair eviction
 
     @abstractmethod
     def begin(self) -> Step:
@@ -390,7 +391,8 @@ class Scheduler:
                     deferred.append(job)
                     continue
                 try:
-                    job.session = self.store.acquire(work.session_id, work.cache_position, work.prefix_hash)
+                    job.session = self.store.acquire(work.session_id, work.cache_position, work.prefix_hash,
+                                                     work.tenant)
                     step = work.joined(job.session, step)
                 except CacheMiss as exc:  # this request alone; nothing changed
                     self._resolve(job, error=exc)

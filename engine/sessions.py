@@ -8,6 +8,12 @@ an `engine.stock.DynamicKV` (one request per forward); both crop to an absolute
 length, free what they hold, and report their bytes. Dropping a session for any
 reason (release, eviction, TTL, a failed forward) frees its blocks at once.
 
+Eviction is fair between tenants (ScoreRequest.tenant): under the session
+count, the byte budget or the pool's pressure, the victim is the least
+recently used idle session of the tenant holding the most (sessions for the
+count, bytes otherwise), so a tenant's flood of sessions evicts its own first.
+With one tenant this is plain LRU.
+
 Cache check (the contract in proto/specdec/v1/model.proto): a session holding
 n tokens keeps fingerprints[i] = fingerprint(tokens[:i]) for i in 0..n. A
 request (cache_position=c, prefix_hash=h) is served only if c <= n and
@@ -18,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +46,7 @@ class CachedSession:
     nbytes: int = 0
     pins: int = 0  # calls running on it: never evicted, freed only once the last one ends
     dropped: bool = False  # forgotten while pinned: free it at the last unpin
+    tenant: str = ""  # whose session it is (the request's tenant): eviction is fair between them
     # A feature head's own normed hidden state at position tail_length - 1 (its
     # predicted target feature there); valid while the session holds tail_length tokens.
     tail: Any = None
@@ -91,7 +98,8 @@ class SessionCaches:
     def nbytes(self) -> int:
         return self._bytes  # the sum of the sessions' last measured nbytes, kept as they change
 
-    def acquire(self, session_id: str, cache_position: int, prefix_hash: int) -> CachedSession:
+    def acquire(self, session_id: str, cache_position: int, prefix_hash: int,
+                tenant: str = "") -> CachedSession:
         """The session, cropped to `cache_position` after the cache check.
 
         cache_position 0 always succeeds (a fresh start; prefix_hash is ignored
@@ -100,8 +108,8 @@ class SessionCaches:
         session = self._sessions.get(session_id)
         if cache_position == 0:
             if session is None:
-                self._make_room()
-                session = CachedSession(session_id, self._new_cache())
+                self._make_room(tenant)
+                session = CachedSession(session_id, self._new_cache(), tenant=tenant)
                 self._sessions[session_id] = session
             else:
                 session.crop(0)  # a fresh start: everything it held goes back at once
@@ -129,7 +137,8 @@ class SessionCaches:
         self._sessions.move_to_end(session_id)
         return session
 
-    def fork(self, source_id: str, new_id: str, length: int, prefix_hash: int) -> CachedSession:
+    def fork(self, source_id: str, new_id: str, length: int, prefix_hash: int,
+             tenant: str = "") -> CachedSession:
         """A new session `new_id` holding a copy of `source_id`'s first `length` tokens.
 
         The source is checked as a call's cache_position would be (CacheMiss when
@@ -138,8 +147,9 @@ class SessionCaches:
         """
         source = self.acquire_view(source_id, length, prefix_hash)
         self._forget(new_id)
-        self._make_room()
-        session = CachedSession(new_id, self._new_cache())
+        tenant = tenant or source.tenant
+        self._make_room(tenant)
+        session = CachedSession(new_id, self._new_cache(), tenant=tenant)
         session.cache.copy_prefix(source.cache, length)
         session.fingerprints = source.fingerprints[: length + 1]
         self._sessions[new_id] = session
@@ -166,17 +176,15 @@ class SessionCaches:
         if self._sessions.get(session.session_id) is session:
             self._bytes += measured - session.nbytes
         session.nbytes = measured
-        total = self.nbytes
-        for victim in list(self._sessions.values()):
-            if total <= self.budget_bytes:
+        # The session just served stays, even alone over budget; running ones too.
+        while self.nbytes > self.budget_bytes:
+            victim = self._victim({session.session_id}, by_bytes=True)
+            if victim is None:
                 break
-            if victim is session or victim.pins:
-                continue  # the session just served stays, even alone over budget; running ones too
-            total -= victim.nbytes
-            self._drop(victim.session_id, "budget")
+            self._drop(victim, "budget")
         # A session admitted while every other one was running went over the count: back to it.
         while len(self._sessions) > self.max_sessions:
-            victim = next((sid for sid, s in self._sessions.items() if s is not session and not s.pins), None)
+            victim = self._victim({session.session_id}, by_bytes=False)
             if victim is None:
                 break
             self._drop(victim, "max_sessions")
@@ -203,8 +211,9 @@ class SessionCaches:
         self._publish()
 
     def evict_idle(self, busy: set[str], reason: str) -> bool:
-        """Drop the least recently used session not in `busy` (in a running forward); False if there is none."""
-        victim = next((sid for sid, s in self._sessions.items() if sid not in busy and not s.pins), None)
+        """Drop an idle session not in `busy` (in a running forward), the heaviest tenant's least
+        recently used (`_victim`, by bytes); False if there is none."""
+        victim = self._victim(busy, by_bytes=True)
         if victim is None:
             return False
         self._drop(victim, reason)
@@ -233,12 +242,26 @@ class SessionCaches:
             self._publish()
         return len(idle)
 
-    def _make_room(self) -> None:
+    def _make_room(self, tenant: str) -> None:
+        """Room under the count for a new session of `tenant` (which counts as already held)."""
         while len(self._sessions) >= self.max_sessions:
-            oldest = next((sid for sid, s in self._sessions.items() if not s.pins), None)
-            if oldest is None:
+            victim = self._victim((), by_bytes=False, newcomer=tenant)
+            if victim is None:
                 return  # every session is running: over the count until one finishes
-            self._drop(oldest, "max_sessions")
+            self._drop(victim, "max_sessions")
+
+    def _victim(self, spare: Collection[str], *, by_bytes: bool, newcomer: str | None = None) -> str | None:
+        """The least recently used idle session (not pinned, not in `spare`) of the tenant that
+        holds the most, in bytes or in sessions (a `newcomer` tenant's session about to be made
+        counts); among tenants holding as much, the least recently used. None if none is idle."""
+        held: dict[str, int] = {} if newcomer is None else {newcomer: 1}
+        for s in self._sessions.values():
+            held[s.tenant] = held.get(s.tenant, 0) + (s.nbytes if by_bytes else 1)
+        best: CachedSession | None = None
+        for s in self._sessions.values():  # least recently used first
+            if not s.pins and s.session_id not in spare and (best is None or held[s.tenant] > held[best.tenant]):
+                best = s
+        return best.session_id if best is not None else None
 
     def _drop(self, session_id: str, reason: str) -> None:
         self._forget(session_id)

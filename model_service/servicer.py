@@ -43,6 +43,12 @@ class ModelServicerBase:
         """The role's Work for one request (raises on bad input)."""
         raise NotImplementedError
 
+    def _work(self, request: Any) -> Work:
+        """`prepare`, with the request's tenant on the Work (the KV cache's fair eviction)."""
+        work = self.prepare(request)
+        work.tenant = request.tenant
+        return work
+
     def respond(self, request: Any, done: SessionWork, started: float) -> Any:
         """The role's response to one finished request."""
         raise NotImplementedError
@@ -53,7 +59,7 @@ class ModelServicerBase:
 
     async def _single(self, request: Any) -> Any:
         started = time.perf_counter()
-        work = self.prepare(request)
+        work = self._work(request)
         return self.respond(request, await self.host.serve(work), started)
 
     async def _batch(self, batch: Any, response: Any, method: str) -> Any:
@@ -65,7 +71,7 @@ class ModelServicerBase:
         outcomes: list[Any] = [None] * len(batch.items)
         for i, item in enumerate(batch.items):
             try:
-                works.append(self.prepare(item))
+                works.append(self._work(item))
                 index.append(i)
             except Exception as exc:  # this item's own status
                 outcomes[i] = exc
@@ -97,7 +103,7 @@ class ModelServicerBase:
         if request.new_session_id == source:
             raise InvalidArgument("new_session_id must differ from session_id")
         timed = await self.host.run(self.host.fork, source, request.new_session_id, int(request.length),
-                                    int(request.prefix_hash))
+                                    int(request.prefix_hash), request.tenant)
         return model_pb2.ForkResponse(cache_length=timed.value)
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context: Any) -> common_pb2.ModelInfo:

@@ -31,7 +31,7 @@ class CheckResult:
 
 
 async def score_once(router: Router, tokens: list[int], k: int,
-                     sampling: SamplingParams) -> model_pb2.ScoreResponse:
+                     sampling: SamplingParams, tenant: str = "") -> model_pb2.ScoreResponse:
     """ONE target pass over `tokens` on a throwaway session: rows for the last k + 1 positions."""
     target = await router.pick("target")
     if target is None:
@@ -45,6 +45,7 @@ async def score_once(router: Router, tokens: list[int], k: int,
         k=k,
         sampling=sampling_to_proto(sampling),
         output_mode=common_pb2.OUTPUT_MODE_PROBS,
+        tenant=tenant,
     )
     try:
         response, _ = await target.score(request)
@@ -54,7 +55,7 @@ async def score_once(router: Router, tokens: list[int], k: int,
 
 
 async def check(
-    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int
+    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int, tenant: str = ""
 ) -> CheckResult:
     """Score prompt + guess in ONE target pass, on a throwaway session."""
     if not guess_ids:
@@ -63,7 +64,7 @@ async def check(
         raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_k} can be checked in one pass")
     # Temperature 1 without truncation: p is the model's own softmax.
     response = await score_once(router, prompt_ids + guess_ids, len(guess_ids),
-                                SamplingParams(temperature=1.0))
+                                SamplingParams(temperature=1.0), tenant)
     argmax = list(response.argmax_ids)  # [n + 1]
     probs = decode_probs(response.probs)  # [n + 1, vocab]
     verdict = verify_greedy(guess_ids, argmax)

@@ -142,11 +142,12 @@ class SharedPrefill:
 
         async def fork(req: TurnRequest) -> None:
             new = uuid.uuid4().hex
-            await router.client(target, "target").fork(event.session_id, new, length, prefix)
+            await router.client(target, "target").fork(event.session_id, new, length, prefix, tenant=req.tenant)
             draft_len = 0
             if draft:
                 try:
-                    draft_len = await router.client(draft, "draft").fork(event.session_id, new, length, prefix)
+                    draft_len = await router.client(draft, "draft").fork(event.session_id, new, length, prefix,
+                                                                          tenant=req.tenant)
                 except Exception as exc:  # noqa: BLE001 - the choice's draft prefills itself
                     log.info("draft fork for choice %d: %s", req.index, exc)
             await self.config.store.save(SessionRecord(

@@ -53,13 +53,13 @@ def top_k_of(top_k: int) -> int:
 
 
 async def predict(router: Router, ids: list[int], sampling: SamplingParams, max_k: int,
-                  *, distributions: bool = False) -> Prediction:
+                  *, distributions: bool = False, tenant: str = "") -> Prediction:
     """ONE target pass over `ids` (and one draft Propose with `distributions`)."""
     if not ids:
         raise InvalidArgument("text: must not be empty")
     k = min(len(ids) - 1, max_k)
-    response = await score_once(router, ids, k, sampling)
-    draft_next = await _draft_next(router, ids, sampling) if distributions else None
+    response = await score_once(router, ids, k, sampling, tenant)
+    draft_next = await _draft_next(router, ids, sampling, tenant) if distributions else None
     probs = decode_probs(response.probs)
     target_next = None
     if distributions:
@@ -73,7 +73,8 @@ def _last_row(wire: common_pb2.Distributions, probs: torch.Tensor) -> common_pb2
     return wire if int(wire.rows) == 1 else encode_probs(probs[-1:])
 
 
-async def _draft_next(router: Router, ids: list[int], sampling: SamplingParams) -> common_pb2.Distributions:
+async def _draft_next(router: Router, ids: list[int], sampling: SamplingParams,
+                      tenant: str = "") -> common_pb2.Distributions:
     draft = await router.pick("draft")
     if draft is None:
         raise Unavailable("distributions: no draft service replica is available")
@@ -81,6 +82,7 @@ async def _draft_next(router: Router, ids: list[int], sampling: SamplingParams) 
     request = model_pb2.ProposeRequest(
         session_id=session_id, cache_position=0, prefix_hash=EMPTY, tokens=ids, k=1,
         sampling=sampling_to_proto(sampling), output_mode=common_pb2.OUTPUT_MODE_PROBS, seed=1,
+        tenant=tenant,
     )
     try:
         response, _ = await draft.propose(request)

@@ -304,11 +304,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         top_k = predicting.top_k_of(request.top_k)
         sampling = predicting.predict_sampling(
             sampling_from_proto(request.sampling) if request.HasField("sampling") else None)
-        with self.quota.enter(TENANT.get()):
+        tenant = TENANT.get()
+        with self.quota.enter(tenant):
             ids = await self._off_loop(self._predict_ids, request.text)
             result = await predicting.predict(self.config.router, ids, sampling,
                                               self.config.target_max_k,
-                                              distributions=request.distributions)
+                                              distributions=request.distributions, tenant=tenant)
             return await self._off_loop(self._predict_response, result, top_k)
 
     def _predict_ids(self, text: str) -> list[int]:
@@ -345,10 +346,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self, request: pb.CheckRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckResponse:
         self.quota.check_bytes(text_bytes(request))
-        with self.quota.enter(TENANT.get()):
+        tenant = TENANT.get()
+        with self.quota.enter(tenant):
             prompt_ids, guess_ids = await self._off_loop(self._check_ids, request)
             result = await checking.check(self.config.router, prompt_ids, guess_ids,
-                                          self.config.target_max_k)
+                                          self.config.target_max_k, tenant)
             return await self._off_loop(self._check_response, guess_ids, result)
 
     def _check_ids(self, request: pb.CheckRequest) -> tuple[list[int], list[int]]:

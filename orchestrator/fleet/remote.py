@@ -272,10 +272,11 @@ class ModelClient:
         response, _ = await self._call("Release", request, common_pb2.ReleaseResponse, timeout_s)
         return response.released
 
-    async def fork(self, source: str, new: str, length: int, prefix_hash: int, timeout_s: float = 10.0) -> int:
+    async def fork(self, source: str, new: str, length: int, prefix_hash: int, timeout_s: float = 10.0,
+                   tenant: str = "") -> int:
         """Fork (model.proto): `new` holds a copy of `source`'s first `length` tokens; its length."""
         request = model_pb2.ForkRequest(session_id=source, new_session_id=new, length=length,
-                                        prefix_hash=prefix_hash)
+                                        prefix_hash=prefix_hash, tenant=tenant)
         response, _ = await self._call("Fork", request, model_pb2.ForkResponse, timeout_s)
         return response.cache_length
 

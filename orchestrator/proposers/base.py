@@ -37,6 +37,7 @@ class DraftContext:
     # Called just before the round waits on a draft call: the target's batch calls then stop
     # waiting for this session (it rejoins them with its Score; orchestrator.fleet.batching).
     away: Callable[[], None] | None = None
+    tenant: str = ""  # the request's tenant, sent on every model call (the services' fair eviction)
 
 
 @dataclass(frozen=True)

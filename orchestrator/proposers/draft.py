@@ -100,7 +100,8 @@ class DraftServiceProposer:
         return model_pb2.ProposeRequest(
             session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
             tokens=ctx.tokens[position:], k=k, sampling=ctx.sampling.message,
-            output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min, features=features)
+            output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min, features=features,
+            tenant=ctx.tenant)
 
     def lags(self, ctx: DraftContext) -> bool:
         """Whether the draft lacks so much of the committed text (a new request's prompt) that

@@ -154,7 +154,7 @@ class ParallelDraftProposer(DraftServiceProposer):
         request = model_pb2.ProposeRequest(
             session_id=ctx.session_id, cache_position=position, prefix_hash=prefix,
             tokens=drafted[-1:], k=min(ctx.k + 1, self.max_k), sampling=ctx.sampling.message,
-            output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min,
+            output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min, tenant=ctx.tenant,
         )
         client = self.replica.client
         self._pending = _Pending(asyncio.ensure_future(client.propose(request)), c, tuple(drafted), client,

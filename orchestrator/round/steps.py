@@ -39,7 +39,8 @@ def plan(turn: Turn) -> Round:
     rnd.drafting = turn.policy.decide(turn.session.target, rnd.remaining, first_round=not turn.tally.target_passes)
     rnd.tally.k = rnd.drafting.k
     rnd.ctx = DraftContext(turn.session.id, turn.tokens, turn.fps, len(turn.req.prompt_ids), rnd.tally.k,
-                           turn.sampling, turn.tally.seed, away=turn.away, draft_off=rnd.drafting.draft_off)
+                           turn.sampling, turn.tally.seed, away=turn.away, draft_off=rnd.drafting.draft_off,
+                           tenant=turn.req.tenant)
     if rnd.drafting.prefetch and turn.proposer.lags(rnd.ctx):
         # A new prompt: the draft is fed it while the target scores it (its first-round drafts
         # would cost the draft's prefill before the target's); drafting starts next round.
@@ -77,7 +78,7 @@ async def score(turn: Turn, rnd: Round) -> None:
         return client.score(model_pb2.ScoreRequest(
             session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
             tokens=[*ctx.tokens[position:], *drafted], k=len(drafted), sampling=ctx.sampling.message,
-            output_mode=ctx.sampling.output_mode, seed=ctx.seed, **fields))
+            output_mode=ctx.sampling.output_mode, seed=ctx.seed, tenant=ctx.tenant, **fields))
 
     with turn.trace.step("score"):
         rnd.reply = await target.call(send, len(ctx.tokens), wait_s=turn.config.target_wait_s, extra=len(drafted))
