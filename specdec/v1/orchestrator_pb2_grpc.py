@@ -54,6 +54,11 @@ class OrchestratorStub:
                 request_serializer=specdec_dot_v1_dot_orchestrator__pb2.EndSessionRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.EndSessionResponse.FromString,
                 _registered_method=True)
+        self.GetServedModel = channel.unary_unary(
+                '/specdec.v1.Orchestrator/GetServedModel',
+                request_serializer=specdec_dot_v1_dot_orchestrator__pb2.GetServedModelRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.ServedModel.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -91,6 +96,15 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServedModel(self, request, context):
+        """The model this orchestrator serves: the target's name and context, and
+        what its chat template can do. Added later; older servers answer
+        UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +127,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.EndSession,
                     request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.EndSessionRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_orchestrator__pb2.EndSessionResponse.SerializeToString,
+            ),
+            'GetServedModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServedModel,
+                    request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.GetServedModelRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_orchestrator__pb2.ServedModel.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +242,33 @@ class Orchestrator:
             '/specdec.v1.Orchestrator/EndSession',
             specdec_dot_v1_dot_orchestrator__pb2.EndSessionRequest.SerializeToString,
             specdec_dot_v1_dot_orchestrator__pb2.EndSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServedModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Orchestrator/GetServedModel',
+            specdec_dot_v1_dot_orchestrator__pb2.GetServedModelRequest.SerializeToString,
+            specdec_dot_v1_dot_orchestrator__pb2.ServedModel.FromString,
             options,
             channel_credentials,
             insecure,
