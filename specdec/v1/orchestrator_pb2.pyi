@@ -181,7 +181,7 @@ class RoundTokens(_message.Message):
     def __init__(self, round: _Optional[int] = ..., source: _Optional[str] = ..., drafted_ids: _Optional[_Iterable[int]] = ..., drafted_texts: _Optional[_Iterable[str]] = ..., accepted: _Optional[int] = ..., extra_kind: _Optional[str] = ..., token_texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms", "drafted_per_round", "serialize_ms", "rounds", "pre_draft_hits", "pre_draft_misses", "draft_hidden_ms", "deadline_misses", "accepted_prediction_tokens", "rejected_prediction_tokens", "index", "feature_bytes")
+    __slots__ = ("session_id", "finish_reason", "proposer", "fallback_reason", "prompt_tokens", "reused_prompt_tokens", "new_tokens", "target_passes", "draft_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_round", "acceptance_by_position", "cache_misses", "ttft_ms", "total_ms", "draft_ms", "target_ms", "network_ms", "orchestrator_ms", "redis_ms", "bytes_sent", "bytes_received", "seed", "target_replica", "draft_replica", "overhead_p50_ms", "drafted_per_round", "serialize_ms", "rounds", "pre_draft_hits", "pre_draft_misses", "draft_hidden_ms", "deadline_misses", "accepted_prediction_tokens", "rejected_prediction_tokens", "index", "feature_bytes", "accepted_by_rank")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +221,7 @@ class Stats(_message.Message):
     REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FEATURE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_BY_RANK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     finish_reason: str
     proposer: str
@@ -260,10 +261,11 @@ class Stats(_message.Message):
     rejected_prediction_tokens: int
     index: int
     feature_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., serialize_ms: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., pre_draft_hits: _Optional[int] = ..., pre_draft_misses: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., deadline_misses: _Optional[int] = ..., accepted_prediction_tokens: _Optional[int] = ..., rejected_prediction_tokens: _Optional[int] = ..., index: _Optional[int] = ..., feature_bytes: _Optional[int] = ...) -> None: ...
+    accepted_by_rank: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., finish_reason: _Optional[str] = ..., proposer: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., draft_calls: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., cache_misses: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seed: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., overhead_p50_ms: _Optional[float] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., serialize_ms: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., pre_draft_hits: _Optional[int] = ..., pre_draft_misses: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., deadline_misses: _Optional[int] = ..., accepted_prediction_tokens: _Optional[int] = ..., rejected_prediction_tokens: _Optional[int] = ..., index: _Optional[int] = ..., feature_bytes: _Optional[int] = ..., accepted_by_rank: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("k", "drafted", "accepted", "committed", "total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms", "redis_write_ms", "bytes_sent", "bytes_received", "cache_misses", "pre_drafted", "pre_draft_discarded", "draft_hidden_ms", "source", "deadline_misses", "feature_bytes")
+    __slots__ = ("k", "drafted", "accepted", "committed", "total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms", "redis_ms", "redis_write_ms", "bytes_sent", "bytes_received", "cache_misses", "pre_drafted", "pre_draft_discarded", "draft_hidden_ms", "source", "deadline_misses", "feature_bytes", "tree", "accepted_ranks")
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +287,8 @@ class Round(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MISSES_FIELD_NUMBER: _ClassVar[int]
     FEATURE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_RANKS_FIELD_NUMBER: _ClassVar[int]
     k: int
     drafted: int
     accepted: int
@@ -306,7 +310,9 @@ class Round(_message.Message):
     source: str
     deadline_misses: int
     feature_bytes: int
-    def __init__(self, k: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., committed: _Optional[int] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., serialize_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., redis_write_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pre_drafted: _Optional[bool] = ..., pre_draft_discarded: _Optional[bool] = ..., draft_hidden_ms: _Optional[float] = ..., source: _Optional[str] = ..., deadline_misses: _Optional[int] = ..., feature_bytes: _Optional[int] = ...) -> None: ...
+    tree: bool
+    accepted_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, k: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., committed: _Optional[int] = ..., total_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., serialize_ms: _Optional[float] = ..., network_ms: _Optional[float] = ..., orchestrator_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., redis_write_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pre_drafted: _Optional[bool] = ..., pre_draft_discarded: _Optional[bool] = ..., draft_hidden_ms: _Optional[float] = ..., source: _Optional[str] = ..., deadline_misses: _Optional[int] = ..., feature_bytes: _Optional[int] = ..., tree: _Optional[bool] = ..., accepted_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk", "stats")
