@@ -6,10 +6,11 @@ with in-memory fakes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.kinds import DRAFT
-from orchestrator.round.grammar import Constraint
+from orchestrator.round.grammar import CompiledGrammar, Constraint
+from specdec.core.predicted_output import PredictionIndex
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.wire import sampling_to_proto
 from specdec.v1 import common_pb2
@@ -43,6 +44,10 @@ class TurnRequest:
     index: int = 0  # the choice this turn is (GenerateRequest.n); its seed is already derived
     # Sampled by the coupled sampler (specdec.core.verify); LoopConfig.couples decides.
     coupled: bool = False
+    # Built once per request off the event loop (orchestrator.api.bounds.prepare), shared by its
+    # choices: the constraint's compiled grammar and the prediction's n-gram index.
+    grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
+    prediction: PredictionIndex | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

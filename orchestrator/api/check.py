@@ -1,10 +1,14 @@
-"""Check: one target pass over prompt + guess tells what the target predicts at every position."""
+"""Check: one target pass over prompt + guess tells what the target predicts at every position.
+
+Its throwaway session takes a target slot like a stream does (policy.capacity.TargetAdmission),
+so Check and Predict are shed with the streams when every replica is full."""
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 
 from orchestrator.fleet.routing import Router
+from orchestrator.policy.capacity import TargetAdmission
 from specdec.core.fingerprint import EMPTY
 from specdec.core.sampling import SamplingParams
 from specdec.core.verify import verify_greedy
@@ -30,13 +34,26 @@ class CheckResult:
     next_id: int  # the target's prediction after the whole guess
 
 
-async def score_once(router: Router, tokens: list[int], k: int,
-                     sampling: SamplingParams, tenant: str = "") -> model_pb2.ScoreResponse:
-    """ONE target pass over `tokens` on a throwaway session: rows for the last k + 1 positions."""
-    target = await router.pick("target")
+async def score_once(router: Router, tokens: list[int], k: int, sampling: SamplingParams,
+                     tenant: str = "", admission: TargetAdmission | None = None,
+                     wait_s: float = 10.0) -> model_pb2.ScoreResponse:
+    """ONE target pass over `tokens` on a throwaway session: rows for the last k + 1 positions.
+    With `admission` the session holds a target slot for the call (RESOURCE_EXHAUSTED when full)."""
+    session_id = f"check-{uuid.uuid4().hex}"
+    if admission is None:
+        return await _score_on(await router.pick("target"), session_id, tokens, k, sampling, tenant)
+    place = await admission.place(router, session_id, "", 0, wait_s=wait_s)
+    try:
+        return await _score_on(place.client if place else None, session_id, tokens, k, sampling, tenant)
+    finally:
+        if place is not None:
+            admission.leave(place)
+
+
+async def _score_on(target, session_id: str, tokens: list[int], k: int, sampling: SamplingParams,
+                    tenant: str) -> model_pb2.ScoreResponse:
     if target is None:
         raise Unavailable("no target service replica is available")
-    session_id = f"check-{uuid.uuid4().hex}"
     request = model_pb2.ScoreRequest(
         session_id=session_id,
         cache_position=0,
@@ -55,7 +72,8 @@ async def score_once(router: Router, tokens: list[int], k: int,
 
 
 async def check(
-    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int, tenant: str = ""
+    router: Router, prompt_ids: list[int], guess_ids: list[int], max_k: int, tenant: str = "",
+    admission: TargetAdmission | None = None, wait_s: float = 10.0,
 ) -> CheckResult:
     """Score prompt + guess in ONE target pass, on a throwaway session."""
     if not guess_ids:
@@ -64,7 +82,7 @@ async def check(
         raise InvalidArgument(f"guess: {len(guess_ids)} tokens; at most {max_k} can be checked in one pass")
     # Temperature 1 without truncation: p is the model's own softmax.
     response = await score_once(router, prompt_ids + guess_ids, len(guess_ids),
-                                SamplingParams(temperature=1.0), tenant)
+                                SamplingParams(temperature=1.0), tenant, admission, wait_s)
     argmax = list(response.argmax_ids)  # [n + 1]
     probs = decode_probs(response.probs)  # [n + 1, vocab]
     verdict = verify_greedy(guess_ids, argmax)

@@ -15,6 +15,7 @@ import torch
 
 from orchestrator.api.check import score_once
 from orchestrator.fleet.routing import Router
+from orchestrator.policy.capacity import TargetAdmission
 from specdec.core.fingerprint import EMPTY
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.errors import InvalidArgument, Unavailable
@@ -53,12 +54,14 @@ def top_k_of(top_k: int) -> int:
 
 
 async def predict(router: Router, ids: list[int], sampling: SamplingParams, max_k: int,
-                  *, distributions: bool = False, tenant: str = "") -> Prediction:
-    """ONE target pass over `ids` (and one draft Propose with `distributions`)."""
+                  *, distributions: bool = False, tenant: str = "",
+                  admission: TargetAdmission | None = None, wait_s: float = 10.0) -> Prediction:
+    """ONE target pass over `ids` (and one draft Propose with `distributions`); with `admission`
+    it holds a target slot (orchestrator.api.check.score_once)."""
     if not ids:
         raise InvalidArgument("text: must not be empty")
     k = min(len(ids) - 1, max_k)
-    response = await score_once(router, ids, k, sampling, tenant)
+    response = await score_once(router, ids, k, sampling, tenant, admission, wait_s)
     draft_next = await _draft_next(router, ids, sampling, tenant) if distributions else None
     probs = decode_probs(response.probs)
     target_next = None

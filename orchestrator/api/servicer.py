@@ -1,7 +1,9 @@
 """The Orchestrator gRPC servicer: proto in, loop, proto out. Nothing else lives here.
 
-The tenant's quota (specdec.runtime.limits) comes first: the request's text bytes against
---max-request-bytes, then the tenant's rate and stream slots. Tokenising,
+The request's bounds (orchestrator.api.bounds: stop strings, prediction, grammar,
+top_logprobs) and the tenant's quota (specdec.runtime.limits) come first: the request's
+text bytes against --max-request-bytes, then the tenant's rate and stream slots (n for a
+request of n choices; Check and Predict take one, and a target slot too). Tokenising,
 chat templating and decoding run on a thread pool, off the event loop, so one
 huge request does not stall the other streams. A session is visible only to
 the tenant that created it (specdec.runtime.security.TENANT).
@@ -15,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from orchestrator.api import bounds as bounding
 from orchestrator.api import check as checking
 from orchestrator.api import predict as predicting
 from orchestrator.api import metrics
@@ -29,7 +32,7 @@ from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto
 from orchestrator.round.text import encode_prompt, encode_text
 from specdec.runtime.errors import InvalidArgument, OutOfRange
-from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, TenantQuota, TenantLimits
+from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, RequestLimits, TenantQuota, TenantLimits
 from specdec.runtime.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -53,10 +56,12 @@ T = TypeVar("T")
 
 
 def text_bytes(request: pb.GenerateRequest | pb.CheckRequest) -> int:
-    """UTF-8 bytes of every text field a request carries (checked before any tokenising)."""
+    """UTF-8 bytes of every text field a request carries, its constraint's included (checked
+    before any tokenising)."""
     size = len(request.prompt.encode()) + len(request.guess.encode())
     size += len(getattr(request, "prediction", "").encode())
     size += sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+    size += bounding.constraint_bytes(request)
     return size + sum(len(s.encode()) for s in getattr(request, "stop", ()))
 
 
@@ -132,7 +137,8 @@ MAX_TOP_LOGPROBS = 20
 
 
 def _constraint(config: LoopConfig, request: pb.GenerateRequest) -> Constraint | None:
-    """GenerateRequest.constraint, compiled once here so a bad grammar fails before the stream."""
+    """GenerateRequest.constraint; compiled next, off the loop (orchestrator.api.bounds.prepare), so a
+    bad grammar fails before the stream."""
     if not request.HasField("constraint"):
         return None
     if request.ignore_eos:
@@ -149,7 +155,6 @@ def _constraint(config: LoopConfig, request: pb.GenerateRequest) -> Constraint |
         if not value:
             raise InvalidArgument(f"constraint.{kind}: must not be empty")
         constraint = Constraint(kind, value)
-    config.grammars.matcher(constraint)  # raises INVALID_ARGUMENT naming the field
     return constraint
 
 
@@ -213,9 +218,10 @@ _SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     def __init__(self, config: LoopConfig, limits: TenantLimits | None = None,
-                 text_threads: int = 2) -> None:
+                 text_threads: int = 2, bounds: RequestLimits | None = None) -> None:
         self.config = config
         self.quota = TenantQuota(limits or TenantLimits())
+        self.bounds = bounds or RequestLimits()
         self._text_pool = ThreadPoolExecutor(max(1, text_threads), thread_name_prefix="text")
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
@@ -224,10 +230,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        bounding.check(request, self.bounds)
         self.quota.check_bytes(text_bytes(request))
         tenant = TENANT.get()
-        with self.quota.enter(tenant):
+        with self.quota.enter(tenant, streams=min(max(1, request.n), MAX_CHOICES)):
             req = await self._off_loop(turn_request, request, self.config, tenant)
+            req = await bounding.prepare(req, self.config.grammars, self.bounds, self._off_loop)
             reqs = choice_requests(req, request.n)
             if len(reqs) == 1:
                 responses = self._generate(req)
@@ -309,7 +317,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             ids = await self._off_loop(self._predict_ids, request.text)
             result = await predicting.predict(self.config.router, ids, sampling,
                                               self.config.target_max_k,
-                                              distributions=request.distributions, tenant=tenant)
+                                              distributions=request.distributions, tenant=tenant,
+                                              admission=self.config.admission,
+                                              wait_s=self.config.target_wait_s)
             return await self._off_loop(self._predict_response, result, top_k)
 
     def _predict_ids(self, text: str) -> list[int]:
@@ -350,7 +360,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         with self.quota.enter(tenant):
             prompt_ids, guess_ids = await self._off_loop(self._check_ids, request)
             result = await checking.check(self.config.router, prompt_ids, guess_ids,
-                                          self.config.target_max_k, tenant)
+                                          self.config.target_max_k, tenant, self.config.admission,
+                                          self.config.target_wait_s)
             return await self._off_loop(self._check_response, guess_ids, result)
 
     def _check_ids(self, request: pb.CheckRequest) -> tuple[list[int], list[int]]:

@@ -53,7 +53,7 @@ async def open_proposer(
             raise InvalidArgument("guess: required (non-empty) when proposer is PROPOSER_GUESS")
         return GuessProposer(req.guess_ids)
     if req.proposer == PREDICTED_OUTPUT:
-        return PredictedOutputProposer(req.guess_ids)
+        return PredictedOutputProposer(req.prediction if req.prediction is not None else req.guess_ids)
     if req.proposer == NONE:
         return NoProposer()
     raise InvalidArgument(f"proposer: unknown kind {req.proposer!r}; expected one of {', '.join(KINDS)}")

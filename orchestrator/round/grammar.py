@@ -18,20 +18,35 @@ A round (orchestrator.round.loop):
 The matcher lives for one turn in the orchestrator's memory: a resume or a
 retried turn regenerates the turn from its start, so it is rebuilt from the
 request, never stored.
+
+A constraint is compiled once per request, off the event loop, on the
+grammars' own threads and within --grammar-compile-s (`Grammars.compiled`;
+llguidance releases the GIL while it compiles): a `CompiledGrammar` holds a
+matcher at the grammar's start, its lexer warmed by a first mask, and every
+turn of the request (each choice when n > 1) starts from a copy of it. The
+last few compiled constraints are kept (an LRU, refusals included), so a
+schema sent with every request compiles once.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llguidance
 import llguidance.hf
 import numpy as np
+from prometheus_client import Counter
 
 from specdec.core import masks
 from specdec.runtime.errors import InvalidArgument
 
+COMPILES = Counter("specdec_grammar_compiles_total",
+                   "Constraints looked up for compiling, by outcome: compiled, refused (a bad grammar), "
+                   "cached (compiled or refused before: orchestrator.round.grammar.Grammars)", ["outcome"])
 JSON_OBJECT_SCHEMA = {"type": "object"}
 # Compact JSON without free whitespace: a free-whitespace grammar lets a weak model
 # fill its budget with blanks.
@@ -65,15 +80,31 @@ def to_grammar(constraint: Constraint) -> str:
     raise InvalidArgument(f"constraint: unknown kind {constraint.kind!r}")
 
 
-class Grammars:
-    """The orchestrator's grammar compiler: the tokenizer's byte table, built once (about 1 s)."""
+class CompiledGrammar:
+    """A checked grammar: a matcher at its start (its lexer warmed), copied for each turn."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids):
+    def __init__(self, start: llguidance.LLMatcher, vocab_size: int, eos_ids) -> None:
+        self._start, self._vocab_size, self._eos = start, vocab_size, eos_ids
+        self.matcher()  # a grammar that matches nothing fails here; the first mask warms the lexer
+
+    def matcher(self) -> TurnMatcher:
+        """A fresh matcher for one turn (a copy: no compiling)."""
+        return TurnMatcher(self._start.deep_copy, self._vocab_size, self._eos)
+
+
+class Grammars:
+    """The orchestrator's grammar compiler: the tokenizer's byte table, built once (about 1 s), and
+    the last `cache_size` constraints compiled, on `threads` threads of its own."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids, *, cache_size: int = 32, threads: int = 2):
         self._vocab_size = vocab_size  # 0: the tokenizer's own size (resolved on first use)
         self._hf = tokenizer
         self._eos = sorted(eos_ids)
         self._ll = None
         self._lock = threading.Lock()
+        self._cache: OrderedDict[Constraint, CompiledGrammar | str] = OrderedDict()  # str: the refusal
+        self._cache_size = cache_size
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="grammar")
 
     @property
     def vocab_size(self) -> int:
@@ -93,16 +124,60 @@ class Grammars:
             return str(self._hf.convert_ids_to_tokens(token)).encode()
         return raw
 
+    def warm(self) -> None:
+        """Build the tokenizer's byte table now (log-probabilities' bytes read it on the loop)."""
+        self._tokenizer()
+
     def matcher(self, constraint: Constraint) -> TurnMatcher:
         """A fresh matcher for one turn; INVALID_ARGUMENT naming the field if the grammar is bad."""
+        return self.compile(constraint).matcher()
+
+    async def compiled(self, constraint: Constraint, timeout_s: float) -> CompiledGrammar:
+        """`compile` on the grammars' threads; INVALID_ARGUMENT when it takes over `timeout_s`
+        (the compile goes on there and is cached: the same constraint again is served at once)."""
+        future = asyncio.wrap_future(self._pool.submit(self.compile, constraint))
+        try:
+            return await asyncio.wait_for(future, timeout_s if timeout_s > 0 else None)
+        except asyncio.TimeoutError:
+            raise InvalidArgument(f"constraint.{constraint.kind}: not compiled within {timeout_s:g} s "
+                                  "(--grammar-compile-s); simplify the grammar") from None
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """The constraint's grammar, checked and warmed (cached); INVALID_ARGUMENT naming the field
+        if it is bad. Runs on any thread; slow for a large grammar (use `compiled` on the loop)."""
+        with self._lock:
+            known = self._cache.get(constraint)
+            if known is not None:
+                self._cache.move_to_end(constraint)
+        if known is None:
+            try:
+                known = self._compile(constraint)
+            except InvalidArgument as exc:
+                known = str(exc)
+            self._keep(constraint, known)
+            COMPILES.labels("refused" if isinstance(known, str) else "compiled").inc()
+        else:
+            COMPILES.labels("cached").inc()
+        if isinstance(known, str):
+            raise InvalidArgument(known)
+        return known
+
+    def _keep(self, constraint: Constraint, compiled: CompiledGrammar | str) -> None:
+        with self._lock:
+            self._cache[constraint] = compiled
+            self._cache.move_to_end(constraint)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
         field = f"constraint.{constraint.kind}"
         try:
             grammar = to_grammar(constraint)
-            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
+            tokenizer = self._tokenizer()
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
             if is_error:
                 raise InvalidArgument(f"{field}: {messages[0] if messages else 'invalid'}")
-            tokenizer = self._tokenizer()
-            return TurnMatcher(lambda: llguidance.LLMatcher(tokenizer, grammar), self.vocab_size, self._eos)
+            return CompiledGrammar(llguidance.LLMatcher(tokenizer, grammar), self.vocab_size, self._eos)
         except InvalidArgument:
             raise
         except (ValueError, TypeError, RuntimeError) as exc:  # the compiler's own complaint

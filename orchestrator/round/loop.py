@@ -90,7 +90,9 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
                             max_k=config.max_k, adaptive_k=config.adaptive_k,
                             gate=config.speculation_gate and req.proposer != PREDICTED_OUTPUT)
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
-    grammar = GrammarHook(config.grammars.matcher(req.constraint)) if req.constraint is not None else None
+    # Compiled once per request off the loop (orchestrator.api.bounds); a copy of it per turn.
+    compiled = req.grammar or (config.grammars.compile(req.constraint) if req.constraint is not None else None)
+    grammar = GrammarHook(compiled.matcher()) if compiled is not None else None
     logprobs = LogprobsHook(req.top_logprobs) if req.logprobs else None
     hooks = tuple(h for h in (grammar, FeatureHook(), logprobs) if h is not None)
     turn = Turn(req, config, session, tally, trace, proposer, policy,

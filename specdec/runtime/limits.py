@@ -1,13 +1,18 @@
-"""Per-tenant quotas: request bytes, message sizes, per-tenant streams and rate, a total bound.
+"""Per-tenant quotas: request bytes, message sizes, per-tenant streams and rate, a total bound;
+and the bounds on the work one request may ask for.
 
-Each limit has a flag, a name that the RESOURCE_EXHAUSTED message carries,
+Each quota has a flag, a name that the RESOURCE_EXHAUSTED message carries,
 and a label on `specdec_limit_rejections_total`. The orchestrator's
 `TenantQuota` is checked before any tokenising (a stream's slot on a target
 replica is another matter: orchestrator.policy.capacity.TargetAdmission):
 
-    quota.check_bytes(request_bytes)     # --max-request-bytes
-    async with quota.enter(tenant):       # --max-streams-per-tenant, --rate-per-tenant,
-        ...                               # --max-in-flight
+    quota.check_bytes(request_bytes)      # --max-request-bytes
+    with quota.enter(tenant, streams=n):  # --max-streams-per-tenant, --rate-per-tenant,
+        ...                               # --max-in-flight (a request of n choices holds n)
+
+`RequestLimits` bound what one request makes the orchestrator do (stop strings,
+a prediction, a grammar and its compile time, top_logprobs); exceeding one is
+INVALID_ARGUMENT naming the field, the limit and its flag (orchestrator.api.bounds).
 """
 from __future__ import annotations
 
@@ -79,10 +84,13 @@ class TokenBucket:
 @dataclass(frozen=True)
 class TenantLimits:
     max_request_bytes: int = 1 << 20  # prompt + messages + guess + stop strings, UTF-8
-    max_streams_per_tenant: int = 128  # concurrent Generate/Check calls of one tenant; 0 = off
+    max_streams_per_tenant: int = 128  # concurrent streams of one tenant (n per Generate); 0 = off
     rate_per_tenant: float = 50.0  # calls a second per tenant (token bucket); 0 = off
     burst_per_tenant: float = 100.0
-    max_in_flight: int = 256  # concurrent Generate/Check calls in all; 0 = off
+    max_in_flight: int = 256  # concurrent streams in all; 0 = off
+    # Kept (multi-turn) session records per tenant in Redis; a new one past it is refused
+    # (RESOURCE_EXHAUSTED max_kept_sessions_per_tenant); 0 = off.
+    max_kept_sessions: int = 1000
 
     @property
     def grpc_receive_bytes(self) -> int:
@@ -122,24 +130,26 @@ class TenantQuota:
                          retry_after_s=1.0)
 
     @contextmanager
-    def enter(self, tenant: str) -> Iterator[None]:
-        """Hold one stream slot of `tenant` (and one of the total) for the call's duration."""
+    def enter(self, tenant: str, streams: int = 1) -> Iterator[None]:
+        """Hold `streams` stream slots of `tenant` (and as many of the total) for the call's
+        duration: a request of n choices runs n streams."""
         lim = self.limits
         self.rate(tenant)
-        if lim.max_in_flight and self.in_flight >= lim.max_in_flight:
-            raise reject("max_in_flight", f"{lim.max_in_flight} calls are in progress; retry later",
-                         retry_after_s=1.0)
+        needs = f" (this call runs {streams} streams)" if streams > 1 else ""
+        if lim.max_in_flight and self.in_flight + streams > lim.max_in_flight:
+            raise reject("max_in_flight", f"{lim.max_in_flight} streams in progress at most{needs}; "
+                         "retry later", retry_after_s=1.0)
         held = self._streams.get(tenant, 0)
-        if lim.max_streams_per_tenant and held >= lim.max_streams_per_tenant:
+        if lim.max_streams_per_tenant and held + streams > lim.max_streams_per_tenant:
             raise reject("max_streams_per_tenant",
-                         f"{lim.max_streams_per_tenant} concurrent calls per tenant", retry_after_s=1.0)
-        self._streams[tenant] = held + 1
-        self.in_flight += 1
+                         f"{lim.max_streams_per_tenant} concurrent streams per tenant{needs}", retry_after_s=1.0)
+        self._streams[tenant] = held + streams
+        self.in_flight += streams
         try:
             yield
         finally:
-            self.in_flight -= 1
-            left = self._streams[tenant] - 1
+            self.in_flight -= streams
+            left = self._streams[tenant] - streams
             if left:
                 self._streams[tenant] = left
             else:
@@ -153,4 +163,28 @@ def tenant_limits_from_args(args: argparse.Namespace) -> TenantLimits:
         rate_per_tenant=float(args.rate_per_tenant),
         burst_per_tenant=float(args.burst_per_tenant),
         max_in_flight=int(args.max_in_flight),
+        max_kept_sessions=int(args.max_kept_sessions_per_tenant),
+    )
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The work one request may ask for; each bound is INVALID_ARGUMENT naming it (0 = off)."""
+
+    max_stop_strings: int = 32  # stop strings in one request (every token is checked against each)
+    max_stop_bytes: int = 2048  # their UTF-8 bytes in all
+    max_prediction_bytes: int = 256 << 10  # a Predicted Outputs prediction's UTF-8 bytes
+    max_grammar_bytes: int = 64 << 10  # a constraint's text (JSON schema, regex, Lark grammar)
+    grammar_compile_s: float = 2.0  # longest wait for a constraint's grammar to compile
+    max_top_logprobs: int = 20  # alternatives per token (the model services' own bound is 20)
+
+
+def request_limits_from_args(args: argparse.Namespace) -> RequestLimits:
+    return RequestLimits(
+        max_stop_strings=int(args.max_stop_strings),
+        max_stop_bytes=int(args.max_stop_bytes),
+        max_prediction_bytes=int(args.max_prediction_bytes),
+        max_grammar_bytes=int(args.max_grammar_bytes),
+        grammar_compile_s=float(args.grammar_compile_s),
+        max_top_logprobs=int(args.max_top_logprobs),
     )

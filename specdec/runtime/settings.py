@@ -333,11 +333,16 @@ def limits_group() -> Group:
     return Group("limits (RESOURCE_EXHAUSTED, counted in specdec_limit_rejections_total)", (
         Flag("max-request-bytes", "UTF-8 bytes of prompt + messages + guess + stop strings, checked "
              "before tokenising", d.max_request_bytes, int),
-        Flag("max-streams-per-tenant", "concurrent Generate/Check calls per tenant, 0 = off",
+        Flag("max-streams-per-tenant", "concurrent streams per tenant (a Generate of n choices runs n; "
+             "Check and Predict one each), 0 = off",
              d.max_streams_per_tenant, int),
         Flag("rate-per-tenant", "calls a second per tenant (token bucket), 0 = off", d.rate_per_tenant, float),
         Flag("burst-per-tenant", "token bucket size", d.burst_per_tenant, float),
-        Flag("max-in-flight", "concurrent Generate/Check calls in all, 0 = off", d.max_in_flight, int),
+        Flag("max-in-flight", "concurrent streams in all (counted as --max-streams-per-tenant), 0 = off",
+             d.max_in_flight, int),
+        Flag("max-kept-sessions-per-tenant", "kept (multi-turn) session records one tenant may hold in Redis; "
+             "a new one past it is refused until the tenant ends one (EndSession) or one expires "
+             "(--record-ttl), 0 = off", d.max_kept_sessions, int),
     ))
 
 

@@ -43,3 +43,19 @@ def test_message_caps_follow_the_model() -> None:
     assert send >= 17 * 49_152 * 4 and send < 5 << 20
     assert 8192 * 10 <= receive < 1 << 20
 
+
+
+def test_a_call_of_n_streams_holds_n_slots() -> None:
+    quota = TenantQuota(TenantLimits(max_streams_per_tenant=4, max_in_flight=6, rate_per_tenant=0))
+    with pytest.raises(ResourceExhausted, match=r"^max_streams_per_tenant: .*\(this call runs 5 streams\)"):
+        with quota.enter("a", streams=5):
+            pass
+    with quota.enter("a", streams=3):
+        with pytest.raises(ResourceExhausted, match="^max_streams_per_tenant:"):
+            with quota.enter("a", streams=2):
+                pass
+        with quota.enter("b", streams=3):
+            with pytest.raises(ResourceExhausted, match="^max_in_flight:"):
+                with quota.enter("c"):
+                    pass
+    assert quota.in_flight == 0 and not quota._streams

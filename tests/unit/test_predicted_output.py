@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.core.predicted_output import PredictedOutputCursor
+from specdec.core.predicted_output import PredictedOutputCursor, PredictionIndex
 from specdec.core.rng import choice_seed
 
 
@@ -119,3 +119,58 @@ def test_choice_specs_and_the_merged_stream():
         assert sorted(cancelled) == ["x", "y", "z"]
 
     asyncio.run(fails_and_checks())
+
+
+def _scanned(prediction, output, max_ngram=3, min_ngram=1):
+    """The cursor's rule by a full scan of the prediction for every token (the reference)."""
+    position, anchor = 0, 0
+    for i, token in enumerate(output):
+        if position is not None and position < len(prediction) and prediction[position] == token:
+            position = anchor = position + 1
+            continue
+        position, out = None, output[:i + 1]
+        for n in range(min(max_ngram, len(out)), min_ngram - 1, -1):
+            starts = [s for s in range(len(prediction) - n + 1) if prediction[s:s + n] == out[-n:]]
+            later = [s + n for s in starts if s + n >= anchor]
+            if starts:
+                position = later[0] if later else starts[0] + n
+                break
+    return position
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_index_proposes_what_a_full_scan_finds(seed):
+    import random
+
+    rng = random.Random(seed)
+    vocab = rng.choice([3, 5, 50, 2**20, 2**40])  # 2**40: n-grams too wide to pack into one key
+    prediction = [rng.randrange(vocab) for _ in range(rng.randrange(0, 60))]
+    output = []
+    while len(output) < 80:  # follows the prediction for a while, edits, jumps, invents
+        r = rng.random()
+        if r < 0.5 and prediction:
+            start = rng.randrange(len(prediction))
+            output += prediction[start:start + rng.randrange(1, 8)]
+        else:
+            output.append(rng.randrange(vocab + 2))
+    for max_ngram, min_ngram in ((3, 1), (2, 2), (4, 1)):
+        cursor = PredictedOutputCursor(prediction, max_ngram, min_ngram)
+        for i, token in enumerate(output):
+            cursor.extend([token])
+            assert cursor.position == _scanned(prediction, output[:i + 1], max_ngram, min_ngram)
+
+
+def test_realigning_costs_nothing_like_the_predictions_length():
+    import time
+
+    # 1M tokens the output never follows: a scan per token would take minutes for 600 tokens.
+    prediction = [(7 * i) % 30011 for i in range(1_000_000)]
+    index = PredictionIndex(prediction)
+    started = time.perf_counter()
+    cursor = PredictedOutputCursor(index)
+    for t in range(600):
+        cursor.extend([40_000 + t])  # nowhere in the prediction
+        assert cursor.propose(4) == []
+    cursor.extend([7, 14])  # found again (a token's first occurrence after the anchor)
+    assert cursor.propose(2) == [21, 28]
+    assert time.perf_counter() - started < 2.0
