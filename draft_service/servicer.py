@@ -1,9 +1,12 @@
-"""DraftService: decode -> draft_service.drafting on the scheduler -> encode (Propose, ProposeBatch)."""
+"""DraftService: decode -> draft_service.drafting (a chain) or .trees (a token tree) on the scheduler
+-> encode (Propose, ProposeBatch). A feature head, and a model served through the stock forward, draft
+chains only (their response names no parents)."""
 from __future__ import annotations
 
 from typing import Any
 
 from draft_service.drafting import TOKENS_DRAFTED, TOKENS_PREFILLED, ProposeWork, check_p_min
+from draft_service.trees import TreeDrafts, TreeProposeWork
 from engine.host import SessionWork
 from specdec.runtime.errors import InvalidArgument
 from model_service.servicer import FEATURE_KIND, ModelServicerBase, fill_response
@@ -14,8 +17,13 @@ from specdec.v1 import model_pb2, model_pb2_grpc
 class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
     role = "draft"
 
-    def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork:
+    def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork | TreeProposeWork:
         req = self.decode(request)
+        if req.tree_nodes and not self.host.loaded.feature_dim and getattr(self.host.runner, "pooled", False):
+            if req.want_probs:
+                raise InvalidArgument("tree_nodes: a tree's drafts are verified by the target's own draws "
+                                      "(greedy or OUTPUT_MODE_COUPLED), not with q (OUTPUT_MODE_PROBS)")
+            return TreeProposeWork(self.host, req)
         features = None
         if request.HasField("features") and request.features.rows:
             dim = self.host.loaded.feature_dim
@@ -35,7 +43,11 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
         drafts = done.value
         TOKENS_DRAFTED.inc(len(drafts.tokens))
         TOKENS_PREFILLED.inc(len(request.tokens))
-        return fill_response(model_pb2.ProposeResponse(tokens=drafts.tokens), done, started, drafts.probs)
+        response = model_pb2.ProposeResponse(tokens=drafts.tokens)
+        if isinstance(drafts, TreeDrafts):
+            response.parents.extend(drafts.parents)
+            response.held.extend(drafts.held)
+        return fill_response(response, done, started, drafts.probs)
 
     async def Propose(self, request: model_pb2.ProposeRequest, context: Any) -> model_pb2.ProposeResponse:
         return await self._single(request)

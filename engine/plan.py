@@ -28,6 +28,10 @@ class OutputSpec:
     # The coupled sampler (specdec.core.sampling.coupled_draws): one draw per emitted position
     # with the Gumbel noise of (coupled_seed, the drawn token's absolute position); None = none.
     coupled_seed: int | None = None
+    # A token tree's expansion (draft_service.trees): the top `candidates` next tokens of every
+    # emitted position, ranked by the row's log-probability (sampled: of its sampling
+    # distribution, plus the coupled sampler's noise when coupled_seed is set); 0 = none.
+    candidates: int = 0
     top_prob: bool = False  # the top probability of the plain softmax (a draft's confidence)
     # Structured output: packed little-endian int32 bitmasks, one row of words per
     # emitted position (bit j of word w allows token 32 w + j); b"" = no mask. The
@@ -51,6 +55,15 @@ class RowPlan:
     # Return the normed final hidden state of every token of this row (RowOutput.hidden):
     # a target's features for a feature head, or a feature head's own predicted ones.
     hidden: bool = False
+    # The row's last tokens are token-tree nodes (engine.tree): their positions and what they see.
+    tree: Any = None
+
+    def positions(self) -> list[int]:
+        """The rotary position of each token: past, past + 1, ... (tree nodes: by depth)."""
+        n = len(self.tokens)
+        if self.tree is None:
+            return list(range(self.past, self.past + n))
+        return list(range(self.past, self.past + self.tree.first)) + list(self.tree.positions)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class RowOutput:
     top_prob: list[float] | None = None  # OutputSpec.top_prob
     logprobs: "RowLogprobs | None" = None  # OutputSpec.logprobs
     hidden: torch.Tensor | None = None  # [len(tokens), H] float32 on the CPU (RowPlan.hidden)
+    # OutputSpec.candidates: per emitted position, (token ids best first, their log-probabilities)
+    candidates: list[tuple[list[int], list[float]]] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ reserves address space only, pages are touched as blocks are first written.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from specdec.runtime.errors import ResourceExhausted
@@ -104,6 +106,15 @@ class SessionKV:
             for store in (*self.pool.keys, *self.pool.values):
                 store.index_copy_(0, dst, store.index_select(0, src))
         self.length = length
+
+    def move(self, sources: Sequence[int], start: int) -> None:
+        """Copy the K/V at positions `sources` to positions start, start + 1, ... (a tree's path)."""
+        if sources:
+            device = self.pool.device
+            src = torch.tensor([self.slots(p, 1)[0] for p in sources], dtype=torch.long).to(device)
+            dst = torch.tensor(self.slots(start, len(sources)), dtype=torch.long).to(device)
+            for store in (*self.pool.keys, *self.pool.values):
+                store.index_copy_(0, dst, store.index_select(0, src))
 
     def slots(self, start: int, n: int) -> list[int]:
         """Pool slots of positions start .. start + n - 1 (blocks must be reserved)."""

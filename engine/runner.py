@@ -82,7 +82,7 @@ class PooledRunner:
         for row in plan.rows:
             n = len(row.tokens)
             assert row.cache.length == row.past, "the scheduler crops a session to its past first"
-            spec.append((row.cache, row.past, n))
+            spec.append((row.cache, row.past, n, row.tree))
             emitted.extend(range(len(ids) + n - row.emit, len(ids) + n))
             if row.hidden:
                 hidden.extend(range(len(ids), len(ids) + n))
@@ -94,7 +94,7 @@ class PooledRunner:
                     features.append(torch.zeros(n, self.forward.feature_dim, dtype=self.forward.dtype,
                                                 device=self.device))
             ids.extend(row.tokens)
-            positions.extend(range(row.past, row.past + n))
+            positions.extend(row.positions())
         t, k = len(ids), len(emitted)
         padded = bucket(t, TOKEN_BUCKETS) if self.fixed_shapes else t
         ids.extend([0] * (padded - t))  # filler: token 0 at position 0, written to the scratch slot

@@ -64,7 +64,7 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
         u = torch.tensor([x for i in drawers for x in rows[i].output.uniforms], dtype=torch.float64)
         sampled = sample(p, u)  # [draws]
     coupled = {i: coupled_draws(scores, _noise_keys(rows[i])) for i, scores in scores_of.items()
-               if rows[i].output.coupled_seed is not None}
+               if rows[i].output.coupled_seed is not None and not rows[i].output.candidates}
     # 3. Confidence: the top probability of the plain softmax.
     confident = [i for i, row in enumerate(rows) if row.emit and row.output.top_prob]
     top = None
@@ -107,7 +107,35 @@ def outputs(rows: Sequence[RowPlan], logits: torch.Tensor) -> list[RowOutput]:
         ))
     for i in sorted(coupled):  # after every inverse-CDF draw, in row order
         result[i] = replace(result[i], sampled=[next(draws) for _ in range(rows[i].emit)])
+    for i, found in _candidates(rows, spans, logits, scores_of).items():
+        result[i] = replace(result[i], candidates=found)
     return result
+
+
+def _candidates(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor,
+                scores_of: dict[int, torch.Tensor]) -> dict[int, list[tuple[list[int], list[float]]]]:
+    """Each asking row's top next tokens per emitted position (OutputSpec.candidates), one
+    transfer per row: ranked by log q, or for a coupled row by log q + its Gumbel noise (the
+    tokens most likely to be the target's draws)."""
+    found = {}
+    for i, row in enumerate(rows):
+        n, (lo, hi) = row.output.candidates, spans[i]
+        if not n or hi == lo:
+            continue
+        if row.output.sampling.greedy:
+            lq = torch.log_softmax(logits[lo:hi].float(), dim=-1)
+        else:
+            x = scores_of[i] if i in scores_of else sampling_logits(logits[lo:hi], row.output.sampling)
+            lq = torch.log_softmax(x, dim=-1)
+        rank = lq.double()
+        if row.output.coupled_seed is not None and not row.output.sampling.greedy:
+            keys = _noise_keys(row)
+            rank = rank + torch.stack([rng.gumbel_noise(key, lq.shape[-1], lq.device) for key in keys])
+        top = torch.topk(rank, min(n, lq.shape[-1]), dim=-1).indices  # [emit, n]
+        ids, values = top.tolist(), lq.gather(1, top).tolist()
+        found[i] = [([t for t, v in zip(r, vals) if v > float("-inf")], [v for v in vals if v > float("-inf")])
+                    for r, vals in zip(ids, values)]  # never a token its distribution excludes
+    return found
 
 
 def _distributions(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor
@@ -148,11 +176,10 @@ def _distributions(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits
 
 
 def _noise_keys(row: RowPlan) -> list[int]:
-    """The coupled sampler's noise keys of a row's emitted positions: emitted position i predicts
-    the token at absolute index past + len(tokens) - emit + 1 + i."""
-    first = row.past + len(row.tokens) - row.emit + 1
-    keys = rng.gumbel_keys(row.output.coupled_seed, np.arange(first, first + row.emit, dtype=np.int64))
-    return [int(key) for key in keys]
+    """The coupled sampler's noise keys of a row's emitted positions: the logits of a token at
+    position P draw the token at absolute index P + 1 (a tree node's P is its depth's)."""
+    predicted = np.asarray(row.positions()[len(row.tokens) - row.emit:], dtype=np.int64) + 1
+    return [int(key) for key in rng.gumbel_keys(row.output.coupled_seed, predicted)]
 
 
 def _apply_masks(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: torch.Tensor) -> None:

@@ -50,6 +50,7 @@ from engine import metrics
 from engine.plan import OutputSpec, RowOutput, RowPlan, StepPlan
 from engine.pool import PoolExhausted
 from engine.sessions import CachedSession, SessionCaches
+from engine.tree import PendingTree, TreeRow
 from specdec.runtime.errors import CacheMiss, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,10 @@ class Step(NamedTuple):
     output: OutputSpec = OutputSpec()
     features: Any = None  # a feature head's input features, one per token ([len(tokens), H])
     hidden: bool = False  # hand back every fed token's normed hidden state (RowOutput.hidden)
+    # The last len(parents) tokens are token-tree nodes (engine.tree): each one's parent, an
+    # earlier node of the session's pending tree or of this step, or -1 (the last held token).
+    # Every tree node is emitted (emit >= len(parents)), so a step's tree is never split.
+    parents: Sequence[int] | None = None
 
 
 class Work(ABC, Generic[T]):
@@ -140,6 +145,7 @@ class _Job:
     chunk_emit: int = 0  # of `emit`, those in the next forward (engine.plan.RowPlan.emit)
     features: Any = None  # of the current step, the rows of `feed` (sliced along with it)
     hidden: bool = False
+    parents: Sequence[int] | None = None  # the current step's tree nodes (Step.parents)
     hidden_parts: list = field(default_factory=list)  # the current step's hidden states so far
     forward_s: float = 0.0
     forwards: int = 0
@@ -315,7 +321,10 @@ class Scheduler:
     def _plan(self, job: _Job, step: Step) -> None:
         job.feed, job.emit, job.output = list(step.tokens), step.emit, step.output
         job.features, job.hidden, job.hidden_parts = step.features, step.hidden, []
-        self._plan_chunk(job, job.session.length)
+        job.parents = step.parents or None
+        if job.parents is not None and step.emit < len(job.parents):
+            raise ValueError("a tree step emits every one of its nodes")
+        self._plan_chunk(job, job.session.stored)
 
     def _plan_chunk(self, job: _Job, position: int) -> None:
         job.chunk, job.chunk_emit = chunk_of(position, len(job.feed), job.emit, self.chunk)
@@ -325,7 +334,7 @@ class Scheduler:
         session = job.session
         while True:
             try:
-                session.cache.reserve(session.length + job.chunk)
+                session.cache.reserve(session.stored + job.chunk)
                 return True
             except PoolExhausted as exc:
                 if not self.store.evict_idle(busy | {job.work.session_id}, "budget"):
@@ -449,10 +458,10 @@ class Scheduler:
 
     def _step(self, batch: list[_Job]) -> None:
         plan = StepPlan([
-            RowPlan(job.session.cache, job.feed[:job.chunk], job.session.length, job.chunk_emit,
+            RowPlan(job.session.cache, job.feed[:job.chunk], job.session.stored, job.chunk_emit,
                     job.output if job.chunk == len(job.feed) else OutputSpec(),
                     features=job.features[:job.chunk] if job.features is not None else None,
-                    hidden=job.hidden)
+                    hidden=job.hidden, tree=self._tree_row(job))
             for job in batch
         ])
         tokens = plan.tokens
@@ -485,14 +494,14 @@ class Scheduler:
             if len(batch) >= job.rows:
                 job.rows, job.tokens = len(batch), tokens
             fed = job.feed[:job.chunk]
-            job.session.append(fed)
+            job.session.append(fed, job.parents if job.chunk == len(job.feed) else None)
             job.feed = job.feed[job.chunk:]
             if job.features is not None:
                 job.features = job.features[job.chunk:]
             if job.hidden and out.hidden is not None:
                 job.hidden_parts.append(out.hidden)
             if job.feed:  # the next prefill chunk of this step
-                self._plan_chunk(job, job.session.length)
+                self._plan_chunk(job, job.session.stored)
                 continue
             if job.hidden and len(job.hidden_parts) > 1:
                 out = replace(out, hidden=torch.cat(job.hidden_parts))
@@ -506,6 +515,16 @@ class Scheduler:
                 self._plan(job, step)
                 continue
             self._finish(job)
+
+    @staticmethod
+    def _tree_row(job: _Job) -> TreeRow | None:
+        """The last chunk of a tree step: where its nodes sit and what each sees (engine.tree)."""
+        if job.parents is None or job.chunk != len(job.feed):
+            return None
+        session = job.session
+        tree = session.tree if session.tree is not None else PendingTree(
+            session.length + job.chunk - len(job.parents), 0)
+        return tree.row(job.chunk - len(job.parents), job.parents)
 
     def _finish(self, job: _Job) -> None:
         self._running.remove(job)

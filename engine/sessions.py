@@ -31,6 +31,7 @@ from typing import Any
 from specdec.core import fingerprint as fp
 from specdec.runtime.errors import CacheMiss
 from engine import metrics
+from engine.tree import PendingTree
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +52,56 @@ class CachedSession:
     # predicted target feature there); valid while the session holds tail_length tokens.
     tail: Any = None
     tail_length: int = -1
+    tree: PendingTree | None = None  # fed token-tree nodes above the held prefix (engine.tree)
 
     @property
     def length(self) -> int:
+        """Tokens held (the cache contract's length)."""
         return len(self.fingerprints) - 1
 
+    @property
+    def stored(self) -> int:
+        """Positions the KV cache fills: the held tokens, then a pending tree's nodes."""
+        return self.length + (len(self.tree.tokens) if self.tree is not None else 0)
+
     def crop(self, length: int) -> None:
-        """Keep the first `length` tokens (absolute, so a retry is idempotent)."""
+        """Keep the first `length` tokens (absolute, so a retry is idempotent); a pending tree goes."""
+        if self.tree is not None:
+            self.tree = None
+            self.cache.crop(self.length)
         if length < self.length:
             self.cache.crop(length)
             del self.fingerprints[length + 1 :]
         if length < self.tail_length:
             self.tail, self.tail_length = None, -1
 
-    def append(self, tokens: Sequence[int]) -> None:
-        """Record tokens the cache has just been extended with."""
-        for token in tokens:
+    def append(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> None:
+        """Record tokens the cache has just been extended with; with `parents`, its last
+        len(parents) tokens are tree nodes, pending above the held prefix."""
+        chain = len(tokens) - len(parents) if parents else len(tokens)
+        if chain and self.tree is not None:  # acquire takes up or drops a tree before anything is fed
+            raise RuntimeError("tokens fed after a pending tree's nodes")
+        for token in tokens[:chain]:
             self.fingerprints.append(fp.extend(self.fingerprints[-1], token))
+        if parents:
+            if self.tree is None:
+                self.tree = PendingTree(self.length, self.fingerprints[-1])
+            self.tree.add(tokens[chain:], parents)
+
+    def take_path(self, cache_position: int, prefix_hash: int) -> bool:
+        """Hold the pending tree's path named by (cache_position, prefix_hash), if it has one: its
+        K/V moves into place after the prefix (engine.tree)."""
+        if self.tree is None or cache_position <= self.length:
+            return False
+        path = self.tree.find(cache_position - self.length, prefix_hash)
+        if path is None:
+            return False
+        tree = self.tree
+        self.cache.move([tree.base + node for node in path], tree.base)
+        self.tree = None
+        self.cache.crop(tree.base + len(path))
+        self.append([tree.tokens[node] for node in path])
+        return True
 
 
 class SessionCaches:
@@ -120,6 +154,8 @@ class SessionCaches:
                 f"session {session_id!r} holds nothing here (new, released, evicted, "
                 f"or the service restarted); resend all tokens with cache_position=0"
             )
+        elif cache_position > session.length and session.take_path(cache_position, prefix_hash):
+            metrics.CACHE_HITS.inc()  # a tree's path taken up
         elif cache_position > session.length:
             metrics.CACHE_MISSES.labels("beyond_held").inc()
             # Never the held length in the message: it would tell any caller how

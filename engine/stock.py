@@ -87,6 +87,10 @@ class StockRunner:
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """One forward of the plan's one row; its emitted logits ([emit, vocab])."""
         (row,) = plan.rows
+        if row.tree is not None:
+            raise FailedPrecondition("parents: this replica serves its model through the stock forward "
+                                     "(--max-batch 1, or an architecture the engine does not know), which "
+                                     "verifies chains only, not token trees")
         if row.hidden or row.features is not None:
             raise FailedPrecondition("features: this replica serves its model through the stock forward "
                                      "(--max-batch 1, or an architecture the engine does not know), which "

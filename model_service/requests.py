@@ -34,6 +34,11 @@ class ModelRequest:
     # OUTPUT_MODE_COUPLED: sampled tokens are drawn by the coupled sampler with this seed's
     # noise (specdec.core.sampling.coupled_draws); None = not coupled.
     coupled_seed: int | None = None
+    # Token trees. Score: the parent of each drafted token (-1: the last committed token); empty = a
+    # chain. Propose: the most tokens to draft as a tree (0 = a chain), and the candidates per node.
+    parents: tuple[int, ...] = ()
+    tree_nodes: int = 0
+    tree_width: int = 0
 
 
 def require_session_id(session_id: str) -> str:
@@ -91,4 +96,19 @@ def decode_request(request: Any, model: LoadedModel, limits: HostLimits) -> Mode
         sampling=sampling,
         want_probs=mode == common_pb2.OUTPUT_MODE_PROBS,
         coupled_seed=int(request.seed) if mode == common_pb2.OUTPUT_MODE_COUPLED else None,
+        parents=_parents(request, k),
+        tree_nodes=int(getattr(request, "tree_nodes", 0)),
+        tree_width=int(getattr(request, "tree_width", 0)),
     )
+
+
+def _parents(request: Any, k: int) -> tuple[int, ...]:
+    """ScoreRequest.parents, checked: none (a chain), or k entries each -1 or an earlier draft's index."""
+    parents = tuple(int(p) for p in getattr(request, "parents", ()))
+    if parents and len(parents) != k:
+        raise InvalidArgument(f"parents: {len(parents)} entries for k = {k} drafted tokens (one each, or none)")
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise InvalidArgument(f"parents[{i}] = {parent}: a parent is an earlier drafted token's index "
+                                  "or -1 (the last committed token)")
+    return parents

@@ -32,7 +32,7 @@ from orchestrator.api.settings import orchestrator_settings
 from orchestrator.round.text import load_tokenizer
 from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint
-from specdec.runtime.limits import request_limits_from_args, tenant_limits_from_args
+from specdec.runtime.limits import tenant_limits_from_args
 from specdec.runtime.security import service_client_from_args
 from specdec.runtime.server import configure_logging, options_from_args, serve
 from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, connect
@@ -149,6 +149,8 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         record_interval_s=max(0.0, float(args.record_interval_ms)) / 1e3,
         speculation_gate=bool(args.speculation_gate),
         sampler=args.sampler,
+        tree_nodes=max(0, args.tree_nodes),
+        tree_width=max(1, args.tree_width),
         costs=costs,
         admission=admission,
         target_wait_s=args.target_wait_s,
@@ -178,8 +180,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
     config = await build_config(args)
     limits = tenant_limits_from_args(args)
-    servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads,
-                                    bounds=request_limits_from_args(args))
+    servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)
     options = dataclasses.replace(options_from_args(args),
                                   max_receive_bytes=limits.grpc_receive_bytes)
     await serve(

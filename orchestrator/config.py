@@ -61,6 +61,10 @@ class LoopConfig:
     # How sampled requests verify: "auto" = coupled when seeded, rejection sampling when not;
     # "coupled" or "rejection" for all (TurnRequest.coupled; docs/api.md).
     sampler: str = "auto"
+    # Token trees (orchestrator.policy.drafting): turns that may branch draft a tree of at most
+    # tree_nodes tokens, tree_width candidates per node; 0 = chains only.
+    tree_nodes: int = 0
+    tree_width: int = 0
 
     def couples(self, params: SamplingParams, seed: int) -> bool:
         """Whether a sampled request with this seed (0 = none given) uses the coupled sampler."""

@@ -73,13 +73,19 @@ def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
     return ScoreExtras(bits, logprobs, features)
 
 
-def check_score(request: ModelRequest) -> None:
-    """Score's own limit: the first drafted token is scored by the logits of the
-    token before it, which must be in this request."""
+def check_score(request: ModelRequest, extras: ScoreExtras | None = None) -> None:
+    """Score's own limits: the first drafted token is scored by the logits of the token before it,
+    which must be in this request; a tree's rows are nodes, not a chain of fed tokens, so it takes
+    no grammar masks, log-probabilities or features (per node they are not served yet)."""
     if request.k > len(request.tokens) - 1:
         raise InvalidArgument(
             f"k {request.k} must be at most len(tokens) - 1 = {len(request.tokens) - 1}"
         )
+    if request.parents and extras is not None:
+        for name, value in (("allowed", extras.allowed), ("logprobs", extras.logprobs),
+                            ("features", extras.features)):
+            if value:
+                raise InvalidArgument(f"{name}: not with parents (a tree); send the drafts as a chain")
 
 
 class ScoreWork(Work[Scores]):
@@ -99,7 +105,8 @@ class ScoreWork(Work[Scores]):
         request = self.request
         return Step(request.tokens, request.k + 1, OutputSpec(
             request.sampling, probs=request.want_probs, coupled_seed=request.coupled_seed,
-            allowed=self.extras.allowed, logprobs=self.extras.logprobs), hidden=bool(self.extras.features))
+            allowed=self.extras.allowed, logprobs=self.extras.logprobs), hidden=bool(self.extras.features),
+            parents=request.parents or None)
 
     def advance(self, session: CachedSession, out: RowOutput) -> None:
         sampled = out.argmax if self.request.coupled_seed is not None and out.sampled is None else out.sampled

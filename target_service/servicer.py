@@ -16,8 +16,8 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
 
     def prepare(self, request: model_pb2.ScoreRequest) -> ScoreWork:
         req = self.decode(request)
-        check_score(req)
         extras = decode_extras(request, req.k, self.host.loaded.vocab_size)
+        check_score(req, extras)
         if extras.features and not self.features()[0]:
             raise FailedPrecondition("features: this replica serves its model through the stock forward "
                                      "(--max-batch 1, or an architecture the engine does not know) and "
@@ -32,7 +32,8 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float) -> model_pb2.ScoreResponse:
         TOKENS_SCORED.inc(len(request.tokens))
         scores = done.value
-        response = model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids, sampled_ids=scores.sampled_ids or ())
+        response = model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids, sampled_ids=scores.sampled_ids or (),
+                                           tree=bool(request.parents))
         if scores.logprobs is not None:
             lp = scores.logprobs
             response.logprobs.CopyFrom(common_pb2.Logprobs(

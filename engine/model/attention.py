@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.pool import KVPool, SessionKV
+from engine.tree import TreeRow
 
 # Query-count classes: a row joins the first class whose bound holds its tokens.
 GROUP_BOUNDS = (1, 16, 1 << 30)
@@ -126,26 +127,29 @@ class AttentionPlan:
     tokens: int  # T_padded
 
 
-def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], padded_tokens: int,
+def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeRow | None]], padded_tokens: int,
                    device: torch.device) -> AttentionPlan:
-    """rows: (session KV, past positions, new tokens) in packing order; blocks already reserved."""
+    """rows: (session KV, past positions, new tokens, tree or None) in packing order; blocks already
+    reserved. A tree row (engine.tree) always gets a mask of its own: its nodes see the held prefix
+    and their own ancestors, not the positions in between."""
     write: list[int] = []
     members: dict[tuple[int, int, int], list[int]] = {}
     starts = []
     at = 0
     bs = pool.block_size
-    singles = iter(one_query_lengths([past + 1 for _, past, n in rows if n == 1]))
+    singles = iter(one_query_lengths([past + 1 for _, past, n, tree in rows if n == 1 and tree is None]))
     # Per row: its KV's slots and its group. A decode row (one token, the common case; class 0)
     # is spelled out: this loop runs over every row of every forward.
-    for r, (kv, past, n) in enumerate(rows):
+    for r, (kv, past, n, tree) in enumerate(rows):
         starts.append(at)
         at += n
-        if n == 1:
+        if n == 1 and tree is None:
             write.append(kv.blocks[past // bs] * bs + past % bs)
             key = (0, next(singles), 1)
         else:
             write.extend(kv.slots(past, n))
-            key = (_query_class(n), key_bucket(past + n), query_rows(n))
+            q = max(n, 2) if tree is not None else n  # a tree's one-node step still needs its mask
+            key = (_query_class(q), key_bucket(past + n), query_rows(q))
         group = members.get(key)
         if group is None:
             members[key] = [r]
@@ -173,7 +177,7 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], pad
         nb = -(-length // bs)
         table_rows, lengths, pasts = [], [], []
         for r in member:
-            kv, past, n = rows[r]
+            kv, past, n, _ = rows[r]
             used = -(-(past + n) // bs)
             table_rows.append(kv.blocks[:used] + [0] * (nb - used))
             lengths.append(past + n)
@@ -193,9 +197,26 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int]], pad
             qpos = torch.minimum(pasts_t[:, None] + torch.arange(tq, device=device)[None, :],
                                  lengths_t[:, None] - 1)  # [size, tq]
             mask = (pos[None, None, :] <= qpos[:, :, None])[:, None]  # [size, 1, tq, length]
+            if any(rows[r][3] is not None for r in member):
+                mask = _tree_masks(mask, [rows[r][3] for r in member], length).to(device, non_blocking=True)
         groups.append(Group(tq, size, identity, q_index, real_src, real_dst, kv_index, length, mask))
     write_t = torch.tensor(write, dtype=torch.long).to(device, non_blocking=True)
     return AttentionPlan(write_t, groups, padded_tokens)
+
+
+def _tree_masks(mask: torch.Tensor, trees: Sequence[TreeRow | None], length: int) -> torch.Tensor:
+    """The group's causal masks ([size, 1, tq, length]) with each tree node's row replaced: the
+    held prefix (keys below its tree's base) and the storage positions of its path."""
+    mask = mask.cpu().clone()
+    keys = torch.arange(length)
+    for g, tree in enumerate(trees):
+        if tree is None:
+            continue
+        for j, seen in enumerate(tree.sees):
+            row = keys < tree.base
+            row[torch.tensor(seen, dtype=torch.long)] = True
+            mask[g, 0, tree.first + j] = row
+    return mask
 
 
 def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor,

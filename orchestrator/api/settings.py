@@ -8,7 +8,6 @@ from orchestrator.fleet.outliers import OutlierPolicy
 from specdec.runtime.settings import (
     APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,
 )
-from specdec.runtime.limits import RequestLimits
 from specdec.runtime.store import SESSION_TTL_S
 
 DEFAULT_PORT = 50050
@@ -41,6 +40,10 @@ ORCHESTRATOR = Group("orchestrator", (
          "seed (one seed, one text at any k, proposer, load or replica) and rejection sampling for those "
          "without (it accepts more drafts); 'coupled' or 'rejection' for every request (docs/api.md)",
          "auto", choices=["auto", "coupled", "rejection"]),
+    Flag("tree-nodes", "draft token trees of at most this many tokens (k deep) where a turn may branch: "
+         "the draft model, greedy or the coupled sampler, no grammar or log-probabilities; each round is "
+         "verified in one target forward (0 = chains only)", 0, int),
+    Flag("tree-width", "candidates per expanded token of a tree, and tokens expanded per depth", 3, int),
     Flag("max-new-tokens-limit", "largest max_new_tokens a request may ask for", 4096, int),
     Flag("rpc-timeout", "seconds before a model-service call counts as down", 60.0, float),
     Flag("startup-timeout", "seconds to wait for a target replica at start-up", 60.0, float),
@@ -85,27 +88,9 @@ def _gray() -> Group:
     ))
 
 
-def _bounds() -> Group:
-    """The work one request may ask for (specdec.runtime.limits.RequestLimits, orchestrator.api.bounds)."""
-    d = RequestLimits()
-    return Group("bounded work per request (INVALID_ARGUMENT naming the limit; 0 = off)", (
-        Flag("max-stop-strings", "stop strings in one request (each committed token is checked "
-             "against every one)", d.max_stop_strings, int),
-        Flag("max-stop-bytes", "UTF-8 bytes of a request's stop strings in all", d.max_stop_bytes, int),
-        Flag("max-prediction-bytes", "UTF-8 bytes of a Predicted Outputs prediction",
-             d.max_prediction_bytes, int),
-        Flag("max-grammar-bytes", "UTF-8 bytes of a constraint (JSON schema, regex or Lark grammar); "
-             "also counted in --max-request-bytes", d.max_grammar_bytes, int),
-        Flag("grammar-compile-s", "longest wait for a constraint's grammar to compile (off the event "
-             "loop; a slower one is refused, and kept once compiled)", d.grammar_compile_s, float),
-        Flag("max-top-logprobs", "top_logprobs: alternatives per token (the services serve at most 20)",
-             d.max_top_logprobs, int),
-    ))
-
-
 def orchestrator_settings(description: str) -> Settings:
     return Settings(
         prog="python -m orchestrator", description=description,
         groups=(server_group(DEFAULT_PORT), TENANT_SECURITY, SERVICE_CLIENT, limits_group(), ORCHESTRATOR,
-                _bounds(), BATCH_CALLS, _gray()),
+                BATCH_CALLS, _gray()),
     )

@@ -7,7 +7,9 @@ against the replicas' measured costs, orchestrator.policy.costs), and in both
 cases only where the speculation gate (orchestrator.policy.gate) measured
 drafting faster on the target replica at this load. The combined proposer then
 picks lookup or the draft model within that k (orchestrator.proposers.combined).
-The decision is a `Drafting`: k today; a tree's shape once trees exist.
+The decision is a `Drafting`: k, and for a turn that may branch (a draft
+model, greedy or the coupled sampler, no grammar or log-probabilities) a
+token tree's size, k deep.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ class Drafting:
     draft_off: bool = False
     # Round 1 may feed the draft the prompt alongside the target's Score instead of drafting first.
     prefetch: bool = False
+    # A token tree of at most this many tokens (k deep) instead of a chain of k; 0 = a chain.
+    tree_nodes: int = 0
+    tree_width: int = 0
 
 
 class Drafter(Protocol):
@@ -47,8 +52,9 @@ class DraftingPolicy:
     """
 
     def __init__(self, costs: CostBook, proposer: Drafter, *, request_k: int, default_k: int, max_k: int,
-                 adaptive_k: bool, gate: bool) -> None:
+                 adaptive_k: bool, gate: bool, tree: tuple[int, int] = (0, 0)) -> None:
         self.costs, self.proposer = costs, proposer
+        self.tree_nodes, self.tree_width = tree  # (0, 0): chains only
         self.adaptive = GoodputPolicy() if not request_k and adaptive_k and proposer.adaptive else None
         self.k_max = max_k if self.adaptive is not None else request_k or default_k
         # No k in the request: whether drafting pays on the target replica is measured by the gate.
@@ -73,7 +79,8 @@ class DraftingPolicy:
         k = max(0, min(k, remaining - 1))
         prefetch = (self.gated and k > 0 and not draft_off and first_round
                     and getattr(self.proposer, "prefetch", None) is not None)
-        return Drafting(k, draft_off, prefetch)
+        tree = k > 0 and not draft_off and self.tree_nodes > 0
+        return Drafting(k, draft_off, prefetch, self.tree_nodes if tree else 0, self.tree_width if tree else 0)
 
     def _follow(self, target: str) -> None:
         """The gate of the replica the session is on (its first round, or after a move)."""

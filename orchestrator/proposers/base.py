@@ -38,6 +38,10 @@ class DraftContext:
     # waiting for this session (it rejoins them with its Score; orchestrator.fleet.batching).
     away: Callable[[], None] | None = None
     tenant: str = ""  # the request's tenant, sent on every model call (the services' fair eviction)
+    # Draft a token tree of at most this many tokens, k deep, `tree_width` candidates per node
+    # (orchestrator.policy.drafting); 0 = a chain of k. Only the draft service branches.
+    tree_nodes: int = 0
+    tree_width: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class Proposal:
     pre_draft: PreDraft | None = None  # parallel mode: what became of this round's pre-draft
     source: str = ""  # the combined proposer: what proposed this round ("lookup" or "draft")
     deadline_misses: int = 0  # draft calls of this round that missed their deadline
+    # A token tree (the draft service's, when DraftContext.tree_nodes asked for one): each drafted
+    # token's parent (-1: the last committed token; parents first), and whether the draft holds it.
+    parents: list[int] | None = None
+    held: list[bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class Proposer(Protocol):
     replica: SessionReplica | None  # the draft replica holding the session's KV, if any
     adaptive: bool  # k may be chosen per round from measured acceptance and costs
     proposes: bool  # False: target-only, the loop asks for nothing
+    branches: bool  # it may draft a token tree when DraftContext.tree_nodes asks (the draft service)
     # A feature draft's relay (orchestrator.proposers.features): the loop asks Score for features and
     # hands them over; None for every other proposer.
     features: FeatureRelay | None

@@ -33,6 +33,7 @@ class CombinedProposer:
     name = COMBINED
     adaptive = False  # it chooses its own k within the request's k
     proposes = True
+    branches = True  # a draft round drafts a tree when asked; a lookup round is a chain
     free_guesses = True  # a plain epoch of the speculation gate still takes a lookup guess that pays
 
     def __init__(self, draft: DraftServiceProposer, lookup: PromptLookupProposer, book: CostBook,

@@ -50,6 +50,8 @@ class DraftServiceProposer:
     that long, fails the request with UNAVAILABLE.
     """
 
+    branches = True  # Propose drafts a tree when asked (a feature head answers with a chain)
+
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
                  fallback_reason: str = "", relays: Callable[[int], FeatureRelay] | None = None) -> None:
         self.replica = replica
@@ -101,7 +103,7 @@ class DraftServiceProposer:
             session_id=ctx.session_id, cache_position=position, prefix_hash=ctx.prefix_fps[position],
             tokens=ctx.tokens[position:], k=k, sampling=ctx.sampling.message,
             output_mode=ctx.sampling.output_mode, seed=ctx.seed, p_min=self.p_min, features=features,
-            tenant=ctx.tenant)
+            tenant=ctx.tenant, tree_nodes=ctx.tree_nodes if k else 0, tree_width=ctx.tree_width)
 
     def lags(self, ctx: DraftContext) -> bool:
         """Whether the draft lacks so much of the committed text (a new request's prompt) that
@@ -194,8 +196,11 @@ class DraftServiceProposer:
         probs = None
         if ctx.sampling.output_mode == common_pb2.OUTPUT_MODE_PROBS and drafted:
             probs = decode_probs(response.probs)  # [n, vocab]
+        tree = bool(response.parents)  # asked for a tree, and this replica drafts them
         return Proposal(drafted, probs, response.cache_length, reply.call, reply.cache_misses,
-                        deadline_misses=reply.deadline_misses)
+                        deadline_misses=reply.deadline_misses,
+                        parents=list(response.parents) if tree else None,
+                        held=list(response.held) if tree else None)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         pass  # the loop's GoodputPolicy learns the acceptance (adaptive k)

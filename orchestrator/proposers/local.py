@@ -21,6 +21,7 @@ class _Local:
     features: FeatureRelay | None = None
     adaptive = False
     proposes = True
+    branches = False
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         pass

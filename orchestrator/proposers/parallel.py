@@ -63,6 +63,8 @@ class _Pending:
 class ParallelDraftProposer(DraftServiceProposer):
     """The draft-service proposer with post-verify pre-drafting (see the module docstring)."""
 
+    branches = False  # its pre-draft assumes a chain: the next round's drafts follow this one's
+
     def __init__(self, replica: SessionReplica | None, *, max_k: int = MAX_K, **kwargs) -> None:
         super().__init__(replica, **kwargs)
         self.max_k = max_k

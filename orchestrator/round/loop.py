@@ -88,11 +88,10 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
                                        target=lambda: session.target.address)
     policy = DraftingPolicy(config.costs, proposer, request_k=req.k, default_k=config.default_k,
                             max_k=config.max_k, adaptive_k=config.adaptive_k,
-                            gate=config.speculation_gate and req.proposer != PREDICTED_OUTPUT)
+                            gate=config.speculation_gate and req.proposer != PREDICTED_OUTPUT,
+                            tree=_tree_shape(req, config, proposer))
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
-    # Compiled once per request off the loop (orchestrator.api.bounds); a copy of it per turn.
-    compiled = req.grammar or (config.grammars.compile(req.constraint) if req.constraint is not None else None)
-    grammar = GrammarHook(compiled.matcher()) if compiled is not None else None
+    grammar = GrammarHook(config.grammars.matcher(req.constraint)) if req.constraint is not None else None
     logprobs = LogprobsHook(req.top_logprobs) if req.logprobs else None
     hooks = tuple(h for h in (grammar, FeatureHook(), logprobs) if h is not None)
     turn = Turn(req, config, session, tally, trace, proposer, policy,
@@ -106,6 +105,15 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
                                   max_new_tokens=req.max_new_tokens)
     tally.new_tokens = len(delivered)
     return turn
+
+
+def _tree_shape(req: TurnRequest, config: LoopConfig, proposer) -> tuple[int, int]:
+    """(tree nodes, width) for a turn that may draft token trees, else (0, 0): a proposer that
+    branches, verified by the target's own tokens (greedy, or the coupled sampler), with no grammar
+    or log-probabilities (per node they are not served yet)."""
+    ok = (config.tree_nodes > 0 and getattr(proposer, "branches", False) and req.constraint is None
+          and not req.logprobs and (req.sampling.greedy or req.coupled))
+    return (config.tree_nodes, config.tree_width) if ok else (0, 0)
 
 
 async def _abort(turn: Turn, exc: BaseException) -> None:

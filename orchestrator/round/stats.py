@@ -56,6 +56,8 @@ class RoundTally(Breakdown):
     pre_drafted: bool = False  # parallel: drafts made during the previous round's verify
     pre_draft_discarded: bool = False  # parallel: a pre-draft was discarded, drafted anew
     source: str = ""  # what proposed the round's drafts ("draft", "lookup", "guess"; "" = none)
+    tree: bool = False  # the drafts were a token tree (drafted: its size; accepted: the path's depth)
+    accepted_ranks: list[int] = field(default_factory=list)  # each accepted token's rank among its siblings
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
         """Every field by name: the Stats.Round message's fields, and the round span's attributes."""
@@ -128,6 +130,7 @@ class Tally(Breakdown):
     drafted_per_round: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # ... and accepted it
+    accepted_by_rank: list[int] = field(default_factory=list)  # accepted tokens by rank among siblings
     ttft_ms: float = 0.0
     index: int = 0  # the choice (GenerateRequest.n)
     rounds: list[RoundTally] = field(default_factory=list)
@@ -173,17 +176,24 @@ class Tally(Breakdown):
         over = [r.total_ms - r.draft_ms - r.target_ms for r in self.rounds]
         return statistics.median(over) if over else 0.0
 
-    def add_verdict(self, n_drafted: int, verdict: Verdict) -> None:
+    def add_verdict(self, n_drafted: int, verdict: Verdict, depth: int | None = None) -> None:
+        """A round's verdict on n_drafted tokens; a tree's positions are its depths (`depth`: the
+        deepest), and its accepted tokens count by their rank among their siblings."""
         self.drafted_tokens += n_drafted
         self.accepted_tokens += verdict.accepted
         self.accepted_per_round.append(verdict.accepted)
         self.drafted_per_round.append(n_drafted)
-        while len(self.drafted_at) < n_drafted:
+        positions = n_drafted if depth is None else depth
+        while len(self.drafted_at) < positions:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
-        for i in range(n_drafted):
+        for i in range(positions):
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < verdict.accepted
+        for rank in getattr(verdict, "ranks", None) or [0] * verdict.accepted:
+            while len(self.accepted_by_rank) <= rank:
+                self.accepted_by_rank.append(0)
+            self.accepted_by_rank[rank] += 1
 
     def chunk_sent(self) -> None:
         """A chunk is about to go out: the first one fixes the time to first token."""

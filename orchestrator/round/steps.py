@@ -22,7 +22,7 @@ from orchestrator.round.state import Round, Turn
 from orchestrator.round.stats import RoundTally
 from specdec.core.kv import crop_lengths
 from specdec.core.stopping import STOP, clip_to_stop
-from specdec.core.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
+from specdec.core.verify import Verdict, verify_coupled, verify_greedy, verify_sampled, verify_tree
 from specdec.runtime.errors import FailedPrecondition
 from specdec.runtime.wire import decode_probs
 from specdec.v1 import model_pb2
@@ -40,6 +40,7 @@ def plan(turn: Turn) -> Round:
     rnd.tally.k = rnd.drafting.k
     rnd.ctx = DraftContext(turn.session.id, turn.tokens, turn.fps, len(turn.req.prompt_ids), rnd.tally.k,
                            turn.sampling, turn.tally.seed, away=turn.away, draft_off=rnd.drafting.draft_off,
+                           tree_nodes=rnd.drafting.tree_nodes, tree_width=rnd.drafting.tree_width,
                            tenant=turn.req.tenant)
     if rnd.drafting.prefetch and turn.proposer.lags(rnd.ctx):
         # A new prompt: the draft is fed it while the target scores it (its first-round drafts
@@ -53,8 +54,10 @@ async def propose(turn: Turn, rnd: Round) -> None:
     """Step 1: the proposer drafts (it recovers from its own failures); hooks may cut the drafts."""
     with turn.trace.step("propose"):
         rnd.proposal = await turn.proposer.propose(rnd.ctx)
-    rnd.drafted = rnd.proposal.tokens[: rnd.tally.k]
+    tree = rnd.proposal.parents is not None
+    rnd.drafted = list(rnd.proposal.tokens) if tree else rnd.proposal.tokens[: rnd.tally.k]
     rnd.own = len(rnd.drafted)
+    rnd.tally.tree = tree
     for hook in turn.hooks:
         hook.drafted(turn, rnd)
     source = rnd.proposal.source or turn.proposer.name
@@ -73,6 +76,8 @@ async def score(turn: Turn, rnd: Round) -> None:
         hook.before_score(turn, rnd)
     fields = {name: value for hook in turn.hooks for name, value in hook.score_fields(turn, rnd).items()}
     ctx, drafted, target = rnd.ctx, rnd.drafted, turn.session.target
+    if rnd.tally.tree:
+        fields["parents"] = rnd.proposal.parents
 
     def send(client: ModelClient, position: int):
         return client.score(model_pb2.ScoreRequest(
@@ -84,6 +89,9 @@ async def score(turn: Turn, rnd: Round) -> None:
         rnd.reply = await target.call(send, len(ctx.tokens), wait_s=turn.config.target_wait_s, extra=len(drafted))
     if ctx.sampling.coupled and len(rnd.reply.response.sampled_ids) != len(drafted) + 1:
         raise FailedPrecondition(f"sampling: target replica {target.address} returns no coupled draws "
+                                 "(an older service)")
+    if rnd.tally.tree and not rnd.reply.response.tree:
+        raise FailedPrecondition(f"parents: target replica {target.address} does not verify token trees "
                                  "(an older service)")
     for hook in turn.hooks:
         hook.scored(turn, rnd)
@@ -113,7 +121,10 @@ def verify(turn: Turn, rnd: Round) -> None:
     sampling on p and q; the policy and the proposer learn what the proposer got right."""
     sampling, response = rnd.ctx.sampling, rnd.reply.response
     with turn.trace.step("verify"):
-        if sampling.params.greedy:
+        if rnd.tally.tree:  # the target's own tokens: its argmax, or its coupled draws
+            own = response.argmax_ids if sampling.params.greedy else response.sampled_ids
+            rnd.verdict = verify_tree(rnd.drafted, rnd.proposal.parents, list(own))
+        elif sampling.params.greedy:
             rnd.verdict = verify_greedy(rnd.drafted, list(response.argmax_ids))
         elif sampling.coupled:
             rnd.verdict = verify_coupled(rnd.drafted, list(response.sampled_ids))
@@ -122,11 +133,21 @@ def verify(turn: Turn, rnd: Round) -> None:
             rnd.verdict = verify_sampled(rnd.drafted, _draft_q(rnd), rnd.p, seed=rnd.ctx.seed,
                                          position=len(rnd.ctx.tokens))
     verdict: Verdict = rnd.verdict
-    turn.tally.add_verdict(len(rnd.drafted), verdict)
+    depth = _depth(rnd.proposal.parents) if rnd.tally.tree else None
+    turn.tally.add_verdict(len(rnd.drafted), verdict, depth)
     rnd.tally.drafted, rnd.tally.accepted = len(rnd.drafted), verdict.accepted
+    rnd.tally.accepted_ranks = list(getattr(verdict, "ranks", ()))
     own_accepted = min(verdict.accepted, rnd.own)  # what the proposer itself got right
     turn.policy.observe(rnd.own, own_accepted)
     turn.proposer.observe(rnd.own, own_accepted)
+
+
+def _depth(parents: list[int]) -> int:
+    """A tree's depth (its deepest token's)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return max(depths, default=0)
 
 
 def _draft_q(rnd: Round) -> torch.Tensor | None:
@@ -168,13 +189,26 @@ async def commit(turn: Turn, rnd: Round) -> ChunkEvent | None:
 def _crop(turn: Turn, rnd: Round) -> None:
     """Both caches' bookkeeping after the verdict: what each service holds of the committed tokens."""
     before, proposal = len(turn.tokens), rnd.proposal
+    if rnd.tally.tree:  # the draft takes up the accepted path as far as it fed it (engine.tree)
+        held = proposal.held or []
+        draft_held = proposal.cache_length + sum(1 for _ in _held_prefix(rnd.verdict.path, held))
     # The draft's own cache holds its tokens, not grammar-forced ones after them.
-    draft_held = min(proposal.cache_length, before + rnd.own) if rnd.own < len(rnd.drafted) \
-        else proposal.cache_length
+    elif rnd.own < len(rnd.drafted):
+        draft_held = min(proposal.cache_length, before + rnd.own)
+    else:
+        draft_held = proposal.cache_length
     turn.session.target.held, draft_len = crop_lengths(
         committed_before=before, n_drafted=len(rnd.drafted), n_accepted=rnd.verdict.accepted,
         draft_held=draft_held, n_committed=len(rnd.committed))
     turn.proposer.crop(draft_len)
+
+
+def _held_prefix(path, held):
+    """The accepted path's nodes from depth 1 down while the draft holds them."""
+    for node in path:
+        if not held[node]:
+            return
+        yield node
 
 
 def _chunk(turn: Turn, rnd: Round) -> ChunkEvent:

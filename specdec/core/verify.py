@@ -103,6 +103,54 @@ def verify_coupled(
     return verify_greedy(drafted, target_draws)
 
 
+@dataclass(frozen=True)
+class TreeVerdict(Verdict):
+    """A tree round's verdict: `accepted` is the depth of the accepted path (Verdict.tokens: its
+    tokens, then the extra token)."""
+
+    path: tuple[int, ...] = ()  # the accepted drafted tokens' indices, from depth 1 down
+    ranks: tuple[int, ...] = ()  # each one's rank among its siblings (0 = its parent's first child)
+
+
+def verify_tree(
+    drafted: Sequence[int],  # [n] the tree's tokens, parents first
+    parents: Sequence[int],  # [n] each one's parent: an earlier index, or -1 (the last committed token)
+    target: Sequence[int],  # [n + 1] the target's token after the committed tokens, then after each node
+) -> TreeVerdict:
+    """Token trees: from the committed tokens, follow the child equal to the target's token there.
+
+    target[0] is the target's own token after the committed tokens (argmax, or its
+    coupled draw); target[i + 1] is its token after drafted[i] on that node's path.
+    Each step takes the child (first among equal siblings) whose token is the target's
+    own there; the extra token is the target's token after the last accepted node. The
+    committed tokens are therefore exactly target-only decoding's: greedy, or coupled
+    sampling (whose draw at a position depends only on the path before it), whatever
+    the tree. Siblings are drafted candidates, not independent samples, so a tree of a
+    draft's q is not verified by rejection sampling: only by the target's own tokens.
+    """
+    n = len(drafted)
+    if len(parents) != n or len(target) != n + 1:
+        raise ValueError(f"parents and target must have {n} and {n + 1} entries, got {len(parents)} and {len(target)}")
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"parents[{i}] = {parent} is not an earlier node or -1")
+        children.setdefault(parent, []).append(i)
+    node, path, ranks = -1, [], []
+    while True:
+        want = int(target[node + 1])
+        kids = children.get(node, [])
+        match = next((r for r, child in enumerate(kids) if int(drafted[child]) == want), None)
+        if match is None:
+            break
+        node = kids[match]
+        path.append(node)
+        ranks.append(match)
+    tokens = [int(drafted[i]) for i in path] + [int(target[node + 1])]
+    return TreeVerdict(accepted=len(path), tokens=tokens, extra_kind=RECOVERED if children.get(node) else BONUS,
+                       path=tuple(path), ranks=tuple(ranks))
+
+
 def count_accepted(
     p_drafted: torch.Tensor,  # [batch, k_max] p_i(d_i): target probability of each drafted token
     q_drafted: torch.Tensor | None,  # [batch, k_max] q_i(d_i); None = one-hot proposals (q = 1)

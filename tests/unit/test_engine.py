@@ -203,8 +203,8 @@ def test_attention_groups_depend_on_a_rows_own_shape() -> None:
         kv = pool.new_session()
         kv.reserve(past + n)
         kv.length = past
-        rows.append((kv, past, n))
-    plan = plan_attention(pool, rows, sum(n for _, _, n in rows), torch.device("cpu"))
+        rows.append((kv, past, n, None))
+    plan = plan_attention(pool, rows, sum(n for _, _, n, _ in rows), torch.device("cpu"))
     shapes = sorted((g.size, g.tq, g.length) for g in plan.groups)
     # 16 decode rows in one group; the Score rows by their key bucket and query count; the
     # prefill chunks of 64 and 40 tokens both padded to 64 queries (their own rounding), together.
@@ -324,3 +324,89 @@ def test_the_stock_runner_emits_the_last_positions_of_a_multi_token_step(tiny_pa
         want = loaded.model(torch.tensor([tokens])).logits[0, -3:]
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------- token trees (engine.tree)
+
+TREE_PREFIX = [5, 9, 13, 7, 21, 2, 40, 41, 60, 3]
+TREE_TOKENS = [100, 101, 102, 103, 104, 105]
+TREE_PARENTS = [-1, -1, 0, 0, 2, 1]  # a b | c d under a | e under c | f under b
+
+
+def _chain_logits(runner, tokens: list[int]) -> torch.Tensor:
+    """The last position's logits of `tokens` fed as one chain on a fresh cache."""
+    cache = runner.new_cache()
+    cache.reserve(len(tokens))
+    with torch.inference_mode():
+        out = runner.logits(StepPlan([RowPlan(cache, tokens, 0, 1)]))[-1]
+    cache.free()
+    return out
+
+
+def _paths(parents: list[int], tokens: list[int]) -> list[list[int]]:
+    paths = []
+    for i, parent in enumerate(parents):
+        paths.append((paths[parent] if parent >= 0 else []) + [tokens[i]])
+    return paths
+
+
+@pytest.mark.parametrize("company", [0, 5], ids=["alone", "among-5"])
+def test_a_tree_row_gives_every_node_its_paths_logits(runner, company) -> None:
+    """A Score-like row: the last held token, then six tree nodes; each node's logits are those of
+    the chain along its path (argmax equal, probabilities to 1e-5), whoever shares the forward."""
+    from engine.tree import PendingTree
+
+    cache = runner.new_cache()
+    held = TREE_PREFIX[:-1]
+    cache.reserve(len(TREE_PREFIX) + len(TREE_TOKENS))
+    with torch.inference_mode():
+        runner.logits(StepPlan([RowPlan(cache, held, 0, 1)]))
+    tree = PendingTree(len(TREE_PREFIX), 0).row(1, TREE_PARENTS)
+    row = RowPlan(cache, [TREE_PREFIX[-1], *TREE_TOKENS], len(held), len(TREE_TOKENS) + 1, tree=tree)
+    others = []
+    for i in range(company):
+        c = runner.new_cache()
+        c.reserve(30)
+        others.append(RowPlan(c, [7 + i] * (3 + i), 0, 1))
+    with torch.inference_mode():
+        logits = runner.logits(StepPlan([*others, row]))[company:]
+    for c in others:
+        c.cache.free() if hasattr(c.cache, "cache") else c.cache.free()
+    want = [_chain_logits(runner, TREE_PREFIX)] + [_chain_logits(runner, TREE_PREFIX + p)
+                                                   for p in _paths(TREE_PARENTS, TREE_TOKENS)]
+    for got, chain in zip(logits, want):
+        assert int(got.argmax()) == int(chain.argmax())
+        torch.testing.assert_close(torch.softmax(got, -1), torch.softmax(chain, -1), atol=1e-5, rtol=0)
+    cache.free()
+
+
+def test_a_session_takes_up_the_path_the_next_call_names(runner) -> None:
+    """Nodes stay pending above the held prefix; the next call's (cache_position, prefix_hash)
+    names a path, whose K/V moves into place: what follows is computed as after that chain."""
+    from engine.sessions import CachedSession
+    from specdec.core.fingerprint import fingerprint
+
+    cache = runner.new_cache()
+    session = CachedSession("tree", cache)
+    cache.reserve(len(TREE_PREFIX) + len(TREE_TOKENS) + 1)
+    with torch.inference_mode():
+        runner.logits(StepPlan([RowPlan(cache, TREE_PREFIX, 0, 1)]))
+    session.append(TREE_PREFIX)
+    from engine.tree import PendingTree
+
+    row = RowPlan(cache, TREE_TOKENS, session.stored, len(TREE_TOKENS),
+                  tree=PendingTree(session.length, 0).row(0, TREE_PARENTS))
+    with torch.inference_mode():
+        runner.logits(StepPlan([row]))
+    session.append(TREE_TOKENS, TREE_PARENTS)
+    assert session.length == len(TREE_PREFIX) and session.stored == len(TREE_PREFIX) + len(TREE_TOKENS)
+    path = [100, 102, 104]  # a, c, e
+    assert not session.take_path(len(TREE_PREFIX) + 3, fingerprint(TREE_PREFIX + [100, 103, 104]))
+    assert session.take_path(len(TREE_PREFIX) + 3, fingerprint(TREE_PREFIX + path))
+    assert session.length == session.stored == len(TREE_PREFIX) + 3 and session.tree is None
+    with torch.inference_mode():
+        after = runner.logits(StepPlan([RowPlan(cache, [77], session.stored, 1)]))[-1]
+    want = _chain_logits(runner, TREE_PREFIX + path + [77])
+    assert int(after.argmax()) == int(want.argmax())
+    torch.testing.assert_close(torch.softmax(after, -1), torch.softmax(want, -1), atol=1e-5, rtol=0)
+    cache.free()

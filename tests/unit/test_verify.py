@@ -145,3 +145,33 @@ def test_k0_sampling_follows_target_row() -> None:
     draws = [verify_sampled([], None, p, seed=s, position=0).tokens[0] for s in range(2000)]
     assert set(draws) == {1, 3}
     assert 0.75 < draws.count(3) / len(draws) < 0.85
+
+
+# --------------------------------------------------------------------- token trees
+
+
+def test_a_tree_accepts_the_path_of_the_targets_tokens() -> None:
+    from specdec.core.verify import verify_tree
+
+    #            a    b    c    d    e
+    drafted = [10, 11, 12, 13, 14]
+    parents = [-1, -1, 0, 0, 2]  # a, b under the root; c, d under a; e under c
+    # target[i]: the target's token after the root (i = 0) or after node i - 1.
+    # a (10), then d (13) under a, then 52 after d (a leaf): a bonus token.
+    v = verify_tree(drafted, parents, [10, 13, 0, 0, 52, 0])
+    assert v.path == (0, 3) and v.tokens == [10, 13, 52] and v.extra_kind == "bonus" and v.ranks == (0, 1)
+    # Nothing matches at the root: the target's own token, recovered (the root had children).
+    v = verify_tree(drafted, parents, [7, 0, 0, 0, 0, 0])
+    assert v.accepted == 0 and v.tokens == [7] and v.extra_kind == "recovered"
+    # The deepest path: a, c, e, then the target's token after e.
+    v = verify_tree(drafted, parents, [10, 12, 0, 14, 0, 77])  # after a: c; after c: e
+    assert v.path == (0, 2, 4) and v.tokens == [10, 12, 14, 77] and v.extra_kind == "bonus"
+    # A mismatch under c: recovered after c.
+    v = verify_tree(drafted, parents, [10, 12, 0, 15, 0, 0])
+    assert v.path == (0, 2) and v.tokens == [10, 12, 15] and v.extra_kind == "recovered"
+    # A chain is the tree whose parents are -1, 0, 1, ...: the same verdict as greedy verification.
+    from specdec.core.verify import verify_greedy
+    chain, target = [4, 5, 6], [4, 5, 9, 1]
+    assert verify_tree(chain, [-1, 0, 1], target).tokens == verify_greedy(chain, target).tokens
+    with pytest.raises(ValueError):
+        verify_tree([1, 2], [-1, 1], [0, 0, 0])

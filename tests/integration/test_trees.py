@@ -1,0 +1,74 @@
+"""Token trees end to end (tiny models, real processes, real Redis, the client library).
+
+An orchestrator started with --tree-nodes drafts a tree each round (draft_service.trees),
+the target verifies it in one forward (engine.tree), the accepted path is taken up by both
+services on the next call. Greedy output is target-only's, token for token, alone and among
+concurrent streams; a seeded sampled request (the coupled sampler) gives target-only's text for
+its seed; the rounds are trees (Round.tree) that accept deeper than depth 1 and off the first
+candidate (Stats.accepted_by_rank).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from client import Client
+from tests.integration.stack import Stack
+
+PROMPTS = ["The cat sat on the", "def add(a, b):\n    return", "mat is", "A quick brown fox",
+           "The capital of France is", "Please rewrite the following"]
+N_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def trees(tiny_pair, tmp_path_factory):
+    target_dir, draft_dir = tiny_pair
+    s = Stack(logs=tmp_path_factory.mktemp("trees"))
+    try:
+        t = s.start_service("target", "target", target_dir, register=False, wait=False)
+        d = s.start_service("draft", "draft", draft_dir, register=False, wait=False)
+        s.wait_serving("target", "draft")
+        s.start_orchestrator("orch", target_dir, targets=[t], drafts=[d],
+                             extra=("--tree-nodes", "10", "--tree-width", "3", "--rate-per-tenant", "0"))
+        yield s
+    finally:
+        s.stop()
+
+
+def test_tree_greedy_equals_target_only_alone_and_among_streams(trees) -> None:
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        reference = {p: c.complete(p, max_new_tokens=N_NEW, proposer="none").token_ids for p in PROMPTS}
+        rounds = deep = 0
+        ranks: list[int] = []
+        for p in PROMPTS:
+            for k in (2, 4):
+                out = c.complete(p, max_new_tokens=N_NEW, proposer="draft", k=k)
+                assert out.token_ids == reference[p], (p, k)
+                assert not out.stats.fallback_reason and out.stats.cache_misses == 0
+                tree_rounds = [r for r in out.stats.rounds if r.tree]
+                rounds += len(tree_rounds)
+                deep += sum(r.accepted >= 2 for r in tree_rounds)
+                ranks = [a + b for a, b in zip(ranks + [0] * 8, list(out.stats.accepted_by_rank) + [0] * 8)]
+        assert rounds > 0 and deep > 0, (rounds, deep)
+        assert sum(ranks[1:]) > 0, ranks  # trees accept other candidates than the first
+    # 12 streams at once, every one target-only's text.
+    jobs = PROMPTS * 2
+
+    def run(p: str):
+        with Client(trees.addresses["orch"], timeout=120) as c:
+            return c.complete(p, max_new_tokens=N_NEW, proposer="draft", k=3).token_ids
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        assert list(pool.map(run, jobs)) == [reference[p] for p in jobs]
+
+
+def test_tree_seeded_sampling_is_target_onlys_text_for_the_seed(trees) -> None:
+    options = dict(max_new_tokens=N_NEW, temperature=0.8, top_p=0.95)
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        for p in PROMPTS[:4]:
+            for seed in (3, 11):
+                want = c.complete(p, seed=seed, proposer="none", **options).token_ids
+                for proposer, k in (("draft", 3), ("default", 0)):
+                    got = c.complete(p, seed=seed, proposer=proposer, k=k, **options)
+                    assert got.token_ids == want, (p, seed, proposer)
