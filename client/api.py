@@ -87,7 +87,7 @@ class Completion:
 def build_request(
     prompt: str | None = None,
     *,
-    messages: Sequence[Mapping[str, str]] | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -113,6 +113,11 @@ def build_request(
     prediction: str = "",
     n: int = 1,
     ignore_eos: bool = False,
+    min_tokens: int = 0,
+    stop_token_ids: Sequence[int] = (),
+    skip_special_tokens: bool = True,
+    include_stop_str_in_output: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> pb.GenerateRequest:
     """A GenerateRequest. Give `prompt` or chat `messages` ({"role", "content"} dicts).
 
@@ -134,6 +139,9 @@ def build_request(
     n > 1 generates n choices (chunks carry `index`; the stream's `choice_stats` has
     each one's Stats); a broken stream resumes every unfinished choice from its own tokens.
     ignore_eos=True generates exactly max_new_tokens (an EOS is streamed like any token; for load tests).
+    vLLM's extensions: min_tokens (no EOS or stop token id among the first ones), stop_token_ids
+    (end the turn like an EOS), skip_special_tokens, include_stop_str_in_output. tools (OpenAI's
+    definitions) go to the chat template; a message may carry `tool_calls`, `tool_call_id`, `name`.
     """
     if proposer not in _PROPOSERS:
         raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
@@ -142,7 +150,7 @@ def build_request(
         sampling.top_p = top_p
     return pb.GenerateRequest(
         prompt=prompt or "",
-        messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages or ()],
+        messages=[_chat_message(m) for m in messages or ()],
         max_new_tokens=max_new_tokens,
         sampling=sampling,
         seed=seed,
@@ -163,7 +171,21 @@ def build_request(
         prediction=prediction,
         n=n,
         ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
+        stop_token_ids=list(stop_token_ids),
+        keep_special_tokens=not skip_special_tokens,
+        include_stop_str_in_output=include_stop_str_in_output,
+        tools=json.dumps(list(tools)) if tools else "",
     )
+
+
+def _chat_message(m: Mapping[str, Any]) -> pb.ChatMessage:
+    """{"role", "content"} and, for tool calling, "tool_calls" (a list or its JSON text),
+    "tool_call_id" and "name"."""
+    calls = m.get("tool_calls") or ""
+    return pb.ChatMessage(role=m["role"], content=m.get("content") or "",
+                          tool_calls=calls if isinstance(calls, str) else json.dumps(list(calls)),
+                          tool_call_id=m.get("tool_call_id") or "", name=m.get("name") or "")
 
 
 def _constraint(json_schema, json_object: bool, regex: str | None, lark: str | None) -> pb.Constraint | None:

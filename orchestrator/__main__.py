@@ -137,6 +137,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         tokenizer=tokenizer,
         eos_ids=frozenset(target_info.eos_token_ids),
         context_length=int(target_info.context_length),
+        model_name=target_info.model_name,
         vocab_size=int(target_info.vocab_size),
         max_k=max_k,
         target_max_k=int(target_info.max_k) or MAX_K,

@@ -39,6 +39,7 @@ class LoopConfig:
     tokenizer: Any
     eos_ids: frozenset[int]
     context_length: int
+    model_name: str = ""  # the target's (ModelInfo.model_name): the served model's id
     max_k: int = MAX_K  # largest k both services accept
     target_max_k: int = MAX_K  # largest k the target scores in one pass (bounds a Check guess)
     default_k: int = 5

@@ -48,6 +48,11 @@ class TurnRequest:
     # choices: the constraint's compiled grammar and the prediction's n-gram index.
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
     prediction: PredictionIndex | None = field(default=None, compare=False, repr=False)
+    # vLLM's request extensions (orchestrator.round.output, hooks.MinTokensHook).
+    min_tokens: int = 0  # no end token (EOS, stop_token_ids) among the first this many
+    stop_token_ids: tuple[int, ...] = ()  # end the turn like an EOS (finish "stop")
+    keep_special_tokens: bool = False  # special tokens' text in the output
+    include_stop_str_in_output: bool = False  # the text that ended the turn is output too
 
 
 @dataclass(frozen=True)

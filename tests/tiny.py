@@ -18,6 +18,22 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# A chat template that takes tools (Hermes-style <tool_call> tags, as Qwen2.5's): the tools in a
+# system turn, an assistant's calls as tagged JSON, tool results as user turns.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\nTools:\n' }}{% for t in tools %}{{ t | tojson }}{{ '\n' }}"
+    "{% endfor %}{{ 'Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}{{ '<|im_start|>assistant\n' }}"
+    "{%- for c in m.tool_calls %}{{ '<tool_call>' }}{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+    " | tojson }}{{ '</tool_call>' }}{% endfor %}{{ '<|im_end|>\n' }}"
+    "{%- elif m.role == 'tool' %}{{ '<|im_start|>user\n<tool_response>' + m.content + '</tool_response><|im_end|>\n' }}"
+    "{%- else %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
 _CORPUS = """The cat sat on the mat and the dog sat on the log.
 A quick brown fox jumps over the lazy dog while the cat watches.
 def add(a, b):

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from orchestrator.api import chat
 from orchestrator.api import bounds as bounding
 from orchestrator.api import check as checking
 from orchestrator.api import predict as predicting
@@ -30,7 +31,7 @@ from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTED_O
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto
-from orchestrator.round.text import encode_prompt, encode_text
+from orchestrator.round.text import encode_prompt, encode_text, tool_call_format
 from specdec.runtime.errors import InvalidArgument, OutOfRange
 from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, RequestLimits, TenantQuota, TenantLimits
 from specdec.runtime.security import TENANT
@@ -43,8 +44,7 @@ _PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_
 
 
 def _prompt_ids(config: LoopConfig, request: pb.GenerateRequest | pb.CheckRequest) -> list[int]:
-    messages = [(m.role, m.content) for m in request.messages]
-    ids = encode_prompt(config.tokenizer, request.prompt, messages)
+    ids = encode_prompt(config.tokenizer, request.prompt, chat.messages(request), chat.tools(request))
     if len(ids) >= config.context_length:
         raise OutOfRange(
             f"prompt: {len(ids)} tokens does not fit the target's context of {config.context_length}"
@@ -61,6 +61,7 @@ def text_bytes(request: pb.GenerateRequest | pb.CheckRequest) -> int:
     size = len(request.prompt.encode()) + len(request.guess.encode())
     size += len(getattr(request, "prediction", "").encode())
     size += sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+    size += chat.text_bytes(request)
     size += bounding.constraint_bytes(request)
     return size + sum(len(s.encode()) for s in getattr(request, "stop", ()))
 
@@ -94,6 +95,7 @@ def turn_request(request: pb.GenerateRequest, config: LoopConfig,
     if any(not s for s in request.stop):
         raise InvalidArgument("stop: stop strings must be non-empty")
     _check_choices(request)
+    _check_dialect(request, config)
     delivered = _delivered(request, len(prompt_ids), config)
     sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
     guess_ids: list[int] = []
@@ -130,7 +132,22 @@ def turn_request(request: pb.GenerateRequest, config: LoopConfig,
         tenant=tenant,
         parallel=_SPECULATION.get(request.speculation, None),
         coupled=config.couples(sampling, int(request.seed)),
+        min_tokens=int(request.min_tokens),
+        stop_token_ids=tuple(request.stop_token_ids),
+        keep_special_tokens=request.keep_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
     )
+
+
+def _check_dialect(request: pb.GenerateRequest, config: LoopConfig) -> None:
+    """min_tokens and stop_token_ids (vLLM's request extensions)."""
+    if request.min_tokens > request.max_new_tokens:
+        raise InvalidArgument(f"min_tokens: {request.min_tokens} is above max_new_tokens "
+                              f"({request.max_new_tokens})")
+    vocab = config.vocab_size or len(config.tokenizer)
+    bad = [t for t in request.stop_token_ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidArgument(f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})")
 
 
 MAX_TOP_LOGPROBS = 20
@@ -387,6 +404,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             next_id=result.next_id,
             next_text=decode([result.next_id]),
         )
+
+    async def GetServedModel(  # noqa: N802
+        self, request: pb.GetServedModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServedModel:
+        config = self.config
+        return pb.ServedModel(model_name=config.model_name, context_length=config.context_length,
+                              tool_call_format=tool_call_format(config.tokenizer),
+                              max_new_tokens_limit=config.max_new_tokens_limit)
 
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext

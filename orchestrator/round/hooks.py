@@ -5,17 +5,27 @@
   FeatureHook    a feature draft: asks Score for the target's features and hands
                  the committed positions' to the relay (orchestrator.proposers.features)
   LogprobsHook   asks Score for log-probabilities and gives each committed token its own
+  MinTokensHook  min_tokens: masks the end tokens (EOS, stop token ids) out of the target's p
+                 at the first min_tokens generated positions, ANDed with a grammar's mask
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
+
+import numpy as np
 
 from orchestrator.round.events import TokenLogprob
 from orchestrator.round.grammar import TurnMatcher
 from orchestrator.round.state import Round, RoundHook, Turn
+from specdec.core import masks
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2
+
+
+def _wire(words: np.ndarray) -> common_pb2.TokenMasks:
+    return common_pb2.TokenMasks(rows=len(words), bits=words.astype("<i4").tobytes())
 
 
 class GrammarHook(RoundHook):
@@ -32,8 +42,7 @@ class GrammarHook(RoundHook):
         rnd.drafted, rnd.own = rnd.masks.proposal(rnd.drafted), rnd.masks.sent
 
     def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
-        words = rnd.masks.words
-        return {"allowed": common_pb2.TokenMasks(rows=len(words), bits=words.astype("<i4").tobytes())}
+        return {"allowed": _wire(rnd.masks.words)}
 
     def committed(self, turn: Turn, rnd: Round) -> None:
         self.matcher.commit(rnd.committed)
@@ -115,3 +124,39 @@ class LogprobsHook(RoundHook):
             out.append(TokenLogprob(token, value, list(lp.top_ids[j * n:j * n + self.top]),
                                     list(lp.top_logprobs[j * n:j * n + self.top])))
         return out
+
+
+class MinTokensHook(RoundHook):
+    """min_tokens: none of the first `minimum` generated tokens is an end token.
+
+    The target's p at those positions is masked before it is sampled, the path a
+    grammar's mask takes (model.proto TokenMasks), so greedy takes the masked argmax and
+    sampling draws from the masked, renormalised p: the text is exactly the target's under
+    that mask, whatever was drafted (a drafted end token there has p = 0 and is rejected).
+    With a grammar the masks are ANDed into its own; where the grammar allows nothing but
+    an end token, its mask stands (a complete grammar ends the turn).
+    """
+
+    def __init__(self, minimum: int, end_ids: Collection[int], vocab_size: int) -> None:
+        self.minimum = minimum
+        self.keep = np.full(masks.words_per_position(vocab_size), -1, dtype=np.int32)
+        for token in end_ids:
+            masks.forbid(self.keep, token)
+        self.words: np.ndarray | None = None  # this round's own masks (no grammar)
+
+    def drafted(self, turn: Turn, rnd: Round) -> None:
+        self.words = None
+        window = self.minimum - (len(turn.tokens) - len(turn.req.prompt_ids))
+        if window <= 0:  # past the first min_tokens: nothing to mask (nothing sent)
+            return
+        if rnd.masks is not None:  # a grammar's masks, sent by its hook: AND into them
+            for row in rnd.masks.words[:window]:
+                both = row & self.keep
+                if both.any():
+                    row[:] = both
+            return
+        self.words = np.full((len(rnd.drafted) + 1, len(self.keep)), -1, dtype=np.int32)
+        self.words[:window] = self.keep
+
+    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+        return {"allowed": _wire(self.words)} if self.words is not None else {}

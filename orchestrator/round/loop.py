@@ -37,7 +37,7 @@ from orchestrator.proposers.factory import open_proposer
 from orchestrator.request import TurnRequest, WireSampling
 from orchestrator.round import steps
 from orchestrator.round.events import ChunkEvent
-from orchestrator.round.hooks import FeatureHook, GrammarHook, LogprobsHook
+from orchestrator.round.hooks import FeatureHook, GrammarHook, LogprobsHook, MinTokensHook
 from orchestrator.round.output import TextOut
 from orchestrator.round.sessions import Session, open_session
 from orchestrator.round.state import Turn
@@ -93,16 +93,20 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
     grammar = GrammarHook(config.grammars.matcher(req.constraint)) if req.constraint is not None else None
     logprobs = LogprobsHook(req.top_logprobs) if req.logprobs else None
-    hooks = tuple(h for h in (grammar, FeatureHook(), logprobs) if h is not None)
+    out = TextOut(config.tokenizer, req.prompt_ids, req.stop, eos_ids=() if req.ignore_eos else config.eos_ids,
+                  stop_ids=req.stop_token_ids, keep_special=req.keep_special_tokens,
+                  include_stop=req.include_stop_str_in_output)
+    # The minimum's mask goes into the grammar's (which its hook sends), so it comes after it.
+    minimum = MinTokensHook(req.min_tokens, out.end_ids, config.grammars.vocab_size) \
+        if req.min_tokens and out.end_ids else None
+    hooks = tuple(h for h in (grammar, minimum, FeatureHook(), logprobs) if h is not None)
     turn = Turn(req, config, session, tally, trace, proposer, policy,
                 WireSampling.encode(req.sampling, coupled=req.coupled),  # once per request, not per RPC
-                tokens, prefix_fingerprints(tokens), TextOut(config.tokenizer, req.prompt_ids, req.stop),
-                hooks, logprobs)
+                tokens, prefix_fingerprints(tokens), out, hooks, logprobs)
     delivered = tokens[len(req.prompt_ids):]
     if grammar is not None and delivered:
         grammar.replay(delivered)
-    turn.finish = turn.out.replay(delivered, eos_ids=() if req.ignore_eos else config.eos_ids,
-                                  max_new_tokens=req.max_new_tokens)
+    turn.finish = turn.out.replay(delivered, max_new_tokens=req.max_new_tokens)
     tally.new_tokens = len(delivered)
     return turn
 

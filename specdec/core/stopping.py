@@ -43,15 +43,17 @@ class StopStringHoldback:
     push(delta) returns (text safe to emit now, stop hit). Text from a stop
     string on is never emitted; after a hit every later push returns ("", True).
     A held-back tail that could still begin a stop string waits for more text;
-    flush() releases it when generation ends without a hit.
+    flush() releases it when generation ends without a hit. With `include` the stop string
+    itself is emitted too (vLLM's include_stop_str_in_output); text after it never is.
     """
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], include: bool = False) -> None:
         if isinstance(stop, str):
             raise TypeError("stop must be a sequence of strings, not a single string")
         if any(not s for s in stop):
             raise ValueError("stop strings must be non-empty")
         self.stop = tuple(stop)
+        self.include = include
         self._held = ""
         self.hit: str | None = None  # the stop string that ended generation
 
@@ -67,7 +69,7 @@ class StopStringHoldback:
         if first is not None:
             self._held = ""
             self.hit = first[1]
-            return buf[: first[0]], True
+            return buf[: first[0] + (len(first[1]) if self.include else 0)], True
         hold = self._partial_len(buf)
         self._held = buf[len(buf) - hold :]
         return buf[: len(buf) - hold], False
