@@ -6,6 +6,9 @@ Then any OpenAI client works with base_url=http://HOST:8000/v1, e.g.
     OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused").chat.completions.create(
         model="specdec", messages=[{"role": "user", "content": "Hi"}], stream=True)
 
+The model id is the target's own name (GET /v1/models lists it with its context length), or the
+names of --served-model-name; `specdec` is always accepted too.
+
 The playground page is on http://HOST:8000/playground (off with --no-playground); its
 pass quota is --playground-passes-per-minute target passes per visitor. Prometheus metrics
 are on their own port (--metrics-port), never on the API's.
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.app import create_app
     from gateway.guard import parse_hosts, parse_networks
     from gateway.playground import PlaygroundSettings
+    from gateway.served import parse_names
     from gateway.state import Settings
     from specdec.runtime.procs import watch_parent
 
@@ -46,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--max-body-bytes: must be >= 1")
     playground = None if args.no_playground else PlaygroundSettings(
         passes_per_minute=passes, trusted_proxies=parse_networks(args.trusted_proxies))
-    app = create_app(Settings(orchestrator=args.orchestrator, model_name=args.model_name,
+    app = create_app(Settings(orchestrator=args.orchestrator,
+                              served_model_names=parse_names(args.served_model_name),
                               default_max_tokens=int(args.default_max_tokens),
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),
                               tls_ca=args.tls_ca, tls_cert=args.client_cert, tls_key=args.client_key,

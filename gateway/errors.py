@@ -46,8 +46,11 @@ _PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature"
            "prediction": "prediction", "n": "n", "keep_session": "keep_session",
            "constraint.json_schema": "response_format", "constraint.json_object": "response_format",
            "constraint.regex": "constraint.regex", "constraint.lark": "constraint.lark",
-           "top_logprobs": "top_logprobs", "logprobs": "logprobs"}
+           "top_logprobs": "top_logprobs", "logprobs": "logprobs", "ignore_eos": "ignore_eos",
+           "min_tokens": "min_tokens", "stop_token_ids": "stop_token_ids", "tools": "tools"}
 _FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)?)(?::| must)")
+# A message's field ("messages[2].tool_calls: ...") is about the messages.
+_MESSAGE = re.compile(r"^messages\[\d+\]")
 
 
 class APIError(Exception):
@@ -86,7 +89,7 @@ def from_rpc_error(exc: grpc.RpcError, prompt_param: str = "messages") -> APIErr
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     match = _FIELD.match(details)
     param = _PARAMS.get(match.group(1)) if match else None
-    if param is None and details.startswith("prompt"):
+    if param is None and (details.startswith("prompt") or _MESSAGE.match(details)):
         param = prompt_param
     retry_after = _retry_after(exc) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
     return APIError(HTTP_STATUS.get(code, 500), details, param=param, code=code.name.lower(),

@@ -6,19 +6,25 @@ outside its range is a 400 naming it before anything reaches the orchestrator.
 Parameters fall into four groups (the README's OpenAI table lists each one):
 - supported: model, messages / prompt, max_tokens, max_completion_tokens,
   temperature, top_p, seed, stop, n (<= specdec.runtime.limits.MAX_CHOICES), best_of
-  (= n only), stream, stream_options.include_usage, prediction, response_format
-  (text, json_object, json_schema), logprobs, top_logprobs;
-- extensions: `speculation` {proposer, k, guess}, `constraint` {regex | lark}
+  (= n only), stream, stream_options (include_usage, continuous_usage_stats), prediction,
+  response_format (text, json_object, json_schema), logprobs, top_logprobs, tools and
+  tool_choice (gateway.tools), tool messages;
+- self-hosted servers' extensions (vLLM's and TGI's names): `ignore_eos`, `min_tokens`,
+  `stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`, `top_k` (-1 = off),
+  `min_p`: each exact under speculation (orchestrator.proto GenerateRequest);
+- specdec's extensions: `speculation` {proposer, k, guess}, `constraint` {regex | lark}
   (structured output beyond JSON), `keep_session` (keep this turn's
   session for later turns; its id comes back in `usage.speculation.session_id`),
   `session_id` (continue a kept session: the shared prefix is served from the
-  services' KV caches), `top_k`, `min_p`;
-- accepted and ignored: user, metadata, store, service_tier, parallel_tool_calls,
-  prompt_cache_key, safety_identifier;
+  services' KV caches);
+- accepted and ignored: user, metadata, store, service_tier, parallel_tool_calls (one call
+  per choice), prompt_cache_key, safety_identifier;
 - declared but not supported: accepted only at their neutral value (frequency_penalty 0,
-  logit_bias {}, tools [], echo false, ...), otherwise
+  repetition_penalty 1, logit_bias {}, echo false, ...), otherwise
   400 `unsupported_parameter`, since honouring them would change the output
-  distribution the verifier guarantees (or is not built yet).
+  distribution the verifier guarantees (or is not built yet). The penalties make p a
+  function of the tokens so far, which the services' sampling does not apply; a
+  gateway-side approximation would not be the distribution the verifier keeps exact.
 Anything else is 400 `unknown_parameter`.
 """
 from __future__ import annotations
@@ -45,8 +51,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0),
     "repetition_penalty": (None, 1),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "modalities": (None, ["text"]),
@@ -57,6 +61,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "verbosity": (None,),
     "web_search_options": (None,),
 }
+
+_PENALTY = ("it makes the target's p a function of the tokens so far, which the services' sampling "
+            "does not apply, so the output could not stay exactly the target's under speculation")
+_WHY = {"frequency_penalty": _PENALTY, "presence_penalty": _PENALTY, "repetition_penalty": _PENALTY}
 
 
 class _Strict(BaseModel):
@@ -169,9 +177,15 @@ class _Common(_Strict):
     constraint: GrammarConstraint | None = None
     session_id: str = Field("", max_length=MAX_SESSION_ID)
     keep_session: bool = False
-    top_k: int = Field(0, ge=0, le=INT32)
+    top_k: int = Field(0, ge=-1, le=INT32)  # vLLM's -1 = no truncation, as 0
     min_p: float = Field(0.0, ge=0, lt=1)
     repetition_penalty: float | None = Field(None, gt=0)
+    # vLLM's and TGI's extensions.
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0, le=UINT32)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32)]] | None = Field(None, max_length=64)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
 
 class ContentPart(BaseModel):
@@ -182,13 +196,31 @@ class ContentPart(BaseModel):
     text: str = ""
 
 
-class Message(_Strict):
-    """A chat message. Tool and function messages, and an assistant's tool calls, are not
-    supported (a 400 naming `messages`)."""
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str
 
-    role: Literal["system", "developer", "user", "assistant"]
+
+class ToolCall(_Strict):
+    """An assistant's tool call in the history (what an earlier response's `tool_calls` held)."""
+
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(_Strict):
+    """A chat message: system, developer, user, assistant (with its `tool_calls`) or a tool's
+    result (`role: "tool"`, with the `tool_call_id` it answers). A response's message sent back
+    as is may carry `refusal` and `annotations` (ignored)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
 
 
 class ChatRequest(_Common):
@@ -222,7 +254,8 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
 
 
 def parse(model: type[_Common], body: Any) -> _Common:
@@ -246,8 +279,9 @@ def parse(model: type[_Common], body: Any) -> _Common:
         if isinstance(value, BaseModel):
             value = value.model_dump(exclude_none=True)
         if value not in allowed:
-            raise invalid(f"{name}: not supported by this server (only {allowed[-1]!r} is accepted)",
-                          param=name, code="unsupported_parameter")
+            why = _WHY.get(name, "")
+            raise invalid(f"{name}: not supported by this server (only {allowed[-1]!r} is accepted)"
+                          + (f": {why}" if why else ""), param=name, code="unsupported_parameter")
     if request.stream_options is not None and not request.stream:
         raise invalid("stream_options: only allowed when stream is true", param="stream_options")
     best_of = getattr(request, "best_of", None)
@@ -299,22 +333,30 @@ def structured_options(request: _Common) -> dict[str, Any]:
     return out
 
 
-def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
+def chat_messages(request: ChatRequest) -> list[dict[str, Any]]:
+    """The messages as client.build_request takes them (tool calls and results included)."""
     out = []
     for i, message in enumerate(request.messages):
-        role = _ROLES[message.role]  # the schema allows only these roles
-        content = message.content
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if part.type != "text":
-                    raise invalid(f"messages[{i}].content: only text parts are supported, "
-                                  f"got {part.type!r}", param="messages",
-                                  code="unsupported_parameter")
-                parts.append(part.text)
-            content = "".join(parts)
-        out.append({"role": role, "content": content or ""})
+        entry: dict[str, Any] = {"role": _ROLES[message.role],  # the schema allows only these roles
+                                 "content": _text(i, message.content)}
+        if message.tool_calls:
+            entry["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+        if message.tool_call_id:
+            entry["tool_call_id"] = message.tool_call_id
+        if message.name and message.role == "tool":
+            entry["name"] = message.name
+        out.append(entry)
     return out
+
+
+def _text(i: int, content: str | list[ContentPart] | None) -> str:
+    if not isinstance(content, list):
+        return content or ""
+    for part in content:
+        if part.type != "text":
+            raise invalid(f"messages[{i}].content: only text parts are supported, "
+                          f"got {part.type!r}", param="messages", code="unsupported_parameter")
+    return "".join(part.text for part in content)
 
 
 def completion_prompt(request: CompletionRequest) -> str:
@@ -340,7 +382,7 @@ def generate_options(request: _Common, default_max_tokens: int) -> dict[str, Any
         # The OpenAI default is 1.0 (sampling); send 0 for greedy.
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=request.top_p,
-        top_k=request.top_k,
+        top_k=max(request.top_k, 0),
         min_p=request.min_p,
         seed=request.seed or 0,
         stop=stop,
@@ -354,11 +396,22 @@ def generate_options(request: _Common, default_max_tokens: int) -> dict[str, Any
         # Continuing a session keeps it too; otherwise a turn is single-turn and
         # leaves nothing behind (see GenerateRequest.keep_session).
         keep_session=request.keep_session or bool(request.session_id),
+        ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens,
+        stop_token_ids=list(request.stop_token_ids or ()),
+        skip_special_tokens=request.skip_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
         **structured_options(request),
     )
 
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def usage_so_far(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """stream_options.continuous_usage_stats: the counts on every chunk (vLLM's shape)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def _speculation(stats) -> dict[str, Any]:

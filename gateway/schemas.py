@@ -67,13 +67,34 @@ class Usage(_Closed):
     speculation: SpeculationStats
 
 
-FinishReason = Literal["stop", "length", "passes"]
+class UsageSoFar(_Closed):
+    """stream_options.continuous_usage_stats: the counts so far, on every chunk (vLLM's extension)."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+FinishReason = Literal["stop", "length", "passes", "tool_calls"]
+
+
+class FunctionCall(_Closed):
+    name: str
+    arguments: str = Field(description="JSON text; under tool_choice required or a named function it "
+                                       "always parses and validates against the function's parameters")
+
+
+class ToolCallOut(_Closed):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
 
 
 class ChatMessageOut(_Closed):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="None when the message is tool calls only")
     refusal: None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Closed):
@@ -96,9 +117,25 @@ class ChatCompletion(_Completion):
     usage: Usage
 
 
+class FunctionCallDelta(_Closed):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Closed):
+    """A streamed tool call: the first delta of a call has its id, type and name; later ones
+    append to its arguments."""
+
+    index: int = Field(ge=0)
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(_Closed):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Closed):
@@ -113,7 +150,7 @@ class ChatCompletionChunk(_Completion):
 
     object: Literal["chat.completion.chunk"]
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
+    usage: Usage | UsageSoFar | None = None
 
 
 class TextChoice(_Closed):
@@ -128,7 +165,7 @@ class TextCompletion(_Completion):
 
     object: Literal["text_completion"]
     choices: list[TextChoice]
-    usage: Usage | None = None
+    usage: Usage | UsageSoFar | None = None
 
 
 REF = "#/components/schemas/{model}"  # where /openapi.json keeps each named schema

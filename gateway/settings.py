@@ -8,7 +8,10 @@ GATEWAY = Group("gateway", (
     Flag("orchestrator", "orchestrator gRPC address", "127.0.0.1:50050"),
     Flag("host", "address to bind (0.0.0.0 for all interfaces)", "127.0.0.1"),
     Flag("port", "HTTP port", 8000, int, env_aliases=("SPECDEC_GATEWAY_PORT",)),
-    Flag("model-name", "model id listed by /v1/models; requests must name it", "specdec"),
+    Flag("served-model-name", "the model ids requests may name, comma-separated: the first is the one "
+         "/v1/models lists first and responses report, the others aliases ('specdec' is always one); "
+         "empty = the target's own name (its model folder's, or SmolLM2-135M-Instruct)", "",
+         aliases=("model-name",), env_aliases=("SPECDEC_MODEL_NAME",)),
     Flag("default-max-tokens", "max_tokens when a request gives none", 256, int),
     Flag("request-timeout", "seconds one generation may take", 600.0, float),
     Flag("grace", "seconds open streams get to finish on SIGTERM", 10.0, float),

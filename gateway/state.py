@@ -13,13 +13,14 @@ from starlette.requests import Request
 from client import AsyncClient
 from gateway.guard import LOCAL_HOSTS, Credentials
 from gateway.playground import Playground, PlaygroundSettings
+from gateway.served import Served
 from specdec.runtime.security import aio_channel, channel_credentials
 
 
 @dataclass(frozen=True)
 class Settings:
     orchestrator: str = "127.0.0.1:50050"
-    model_name: str = "specdec"          # the id /v1/models lists and requests must name
+    served_model_names: tuple[str, ...] = ()  # ids (the first the primary); () = the target's name
     default_max_tokens: int = 256        # when a request gives neither max_tokens form
     timeout_s: float = 600.0             # deadline of one Generate call
     grace_s: float = 10.0                # streams get this long to finish on SIGTERM
@@ -38,6 +39,7 @@ class Gateway:
         self.settings = settings
         self.created = int(time.time())  # the model card's `created`
         self.credentials = Credentials()  # whether the orchestrator requires a token
+        self.served = Served(settings.served_model_names)  # the model ids, the target's name and context
         self.playground = Playground(settings.playground) if settings.playground is not None else None
         self.client: AsyncClient | None = None  # Generate streams
         self.channel: grpc.aio.Channel | None = None  # health, Check, Predict, EndSession

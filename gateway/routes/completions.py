@@ -3,7 +3,7 @@
 The route waits for the stream's first chunk before answering, so a request the orchestrator
 rejects gets its HTTP status and an OpenAI error body, streaming or not. A client that
 disconnects mid-stream cancels the gRPC call, and the orchestrator frees the session's KV on
-both services.
+both services. The stream's events are gateway.chunks'; tool calls are gateway.tools'.
 """
 from __future__ import annotations
 
@@ -14,25 +14,19 @@ from collections.abc import AsyncIterator
 
 import grpc
 from fastapi import APIRouter, Request
-from prometheus_client import Counter
 from sse_starlette import EventSourceResponse
 from starlette.responses import JSONResponse, Response
 
-from gateway import logprobs, state
-from gateway.errors import APIError, first_chunk, from_rpc_error, invalid
+from gateway import logprobs, state, tools
+from gateway.chunks import Chunks, choice_stats, sse
+from gateway.errors import first_chunk, from_rpc_error, invalid
 from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
     generate_options, parse, usage,
 )
-from gateway.routes.models import no_such_model
 from gateway.schemas import (
     ChatCompletion, ChatCompletionChunk, TextCompletion, request_body, responses,
 )
-
-_TEXT = "\x00specdec-text\x00"  # placeholder split out of the precomputed chunk JSON
-
-DISCONNECTS = Counter("specdec_http_stream_disconnects_total",
-                      "Streams the HTTP client left before the end (generation cancelled)")
 
 router = APIRouter()
 
@@ -54,26 +48,30 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     settings = gw.settings
     req = parse(ChatRequest if chat else CompletionRequest, await _body(request))
     options = generate_options(req, settings.default_max_tokens)
+    auth = request.headers.get("authorization")
+    metadata = (("authorization", auth),) if auth else None
+    info = await gw.served.learn(gw.channel, metadata)
+    plan = tools.plan(req, info.tool_call_format if info is not None else None) if chat else None
+    options.update(tools.options(plan))
     if chat:
         options["messages"] = chat_messages(req)
     else:
         options["prompt"] = completion_prompt(req)
-    if req.model != settings.model_name:
-        raise no_such_model(req.model)
+    gw.served.check(req.model)
     prompt_param = "messages" if chat else "prompt"
-    auth = request.headers.get("authorization")
-    metadata = (("authorization", auth),) if auth else None
     stream = gw.client.generate(metadata=metadata, **options)
     first, events = await first_chunk(stream, prompt_param)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    n = options["n"]
+    n, model = options["n"], gw.served.primary
     if not req.stream:
         texts, entries = await _collect(first, events, stream, n, prompt_param)
-        return JSONResponse(_whole(ident, chat, settings.model_name, texts,
-                                   _choice_stats(stream, n), entries))
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    body = _sse(_Chunks(ident, chat, n, settings.model_name, include_usage), first, events,
-                stream, prompt_param)
+        return JSONResponse(_whole(ident, chat, model, texts, choice_stats(stream, n), entries, plan))
+    opts = req.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    writer = Chunks(ident, chat, n, model, include_usage=include_usage, plan=plan,
+                    continuous=include_usage and opts.continuous_usage_stats,
+                    prompt_tokens=first.start_index if first is not None else 0)
+    body = sse(writer, first, events, stream, prompt_param)
     return EventSourceResponse(body, sep="\n", ping=15, shutdown_grace_period=settings.grace_s)
 
 
@@ -97,117 +95,20 @@ async def _collect(first, events: AsyncIterator, stream, n: int,
 
 
 def _whole(ident: str, chat: bool, model: str, texts: list[str], stats: list,
-           entries: list[list]) -> dict:
+           entries: list[list], plan: tools.ToolPlan | None = None) -> dict:
     choices = []
     for index, (text, st, lps) in enumerate(zip(texts, stats, entries)):
         finish = FINISH_REASONS.get(st.finish_reason, st.finish_reason)
         if chat:
-            choices.append({"index": index, "message": {"role": "assistant", "content": text,
-                                                        "refusal": None},
-                            "logprobs": logprobs.chat(lps), "finish_reason": finish})
+            choices.append({"index": index, "message": tools.message(plan, text),
+                            "logprobs": logprobs.chat(lps),
+                            "finish_reason": tools.finish_reason(plan, text, finish)})
         else:
             choices.append({"index": index, "text": text, "logprobs": logprobs.completion(lps),
                             "finish_reason": finish})
     return {"id": ident, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model,
             "system_fingerprint": None, "choices": choices, "usage": usage(stats)}
-
-
-class _Chunks:
-    """The JSON of one streamed generation's chunks. With n > 1 the choices' chunks interleave,
-    each with its `index`; a choice's finish chunk goes out as soon as its Stats has come."""
-
-    def __init__(self, ident: str, chat: bool, n: int, model: str, include_usage: bool) -> None:
-        self.chat, self.n, self.include_usage = chat, n, include_usage
-        self.base = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": int(time.time()), "model": model, "system_fingerprint": None}
-        if include_usage:
-            self.base["usage"] = None
-        # Text chunks are the precomputed JSON with the text spliced in.
-        self.spliced = [self.chunk(i, {"content": _TEXT} if chat else _TEXT).split(json.dumps(_TEXT))
-                        for i in range(n)]
-        self.ended: set[int] = set()
-        self.offsets = [0] * n  # completions' text_offset: characters streamed so far per choice
-
-    def chunk(self, index: int, delta_or_text, finish=None, lps=None) -> str:
-        if self.chat:
-            choice = {"index": index, "delta": delta_or_text, "logprobs": lps,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": delta_or_text, "logprobs": lps,
-                      "finish_reason": finish}
-        return json.dumps({**self.base, "choices": [choice]})
-
-    def opening(self) -> list[str]:
-        """Chat's first chunk of each choice: the assistant's role."""
-        return [self.chunk(i, {"role": "assistant", "content": ""}) for i in range(self.n)
-                ] if self.chat else []
-
-    def finished(self, stream) -> list[str]:
-        """The finish chunks of the choices whose Stats came since the last call."""
-        out = []
-        for index in sorted(set(stream.choice_stats) - self.ended):
-            self.ended.add(index)
-            st = stream.choice_stats[index]
-            out.append(self.chunk(index, {} if self.chat else "",
-                                  FINISH_REASONS.get(st.finish_reason, st.finish_reason)))
-        return out
-
-    def text(self, piece) -> str:
-        if piece.logprobs:  # built whole: the log-probabilities ride along
-            if self.chat:
-                line = self.chunk(piece.index, {"content": piece.text},
-                                  lps=logprobs.chat(piece.logprobs))
-            else:
-                line = self.chunk(piece.index, piece.text,
-                                  lps=logprobs.completion(piece.logprobs, self.offsets[piece.index]))
-            self.offsets[piece.index] += len(piece.text)
-            return line
-        head, tail = self.spliced[piece.index]
-        return head + json.dumps(piece.text) + tail
-
-    def usage(self, stream) -> str:
-        return json.dumps({**self.base, "choices": [], "usage": usage(_choice_stats(stream, self.n))})
-
-
-async def _sse(chunks: _Chunks, first, events: AsyncIterator, stream,
-               prompt_param: str) -> AsyncIterator[str]:
-    """`data:` lines of one streamed generation, ending with `[DONE]`."""
-    finished = False
-    try:
-        for line in chunks.opening():
-            yield line
-        if first is not None and (first.text or first.logprobs):
-            yield chunks.text(first)
-        async for piece in events:
-            for line in chunks.finished(stream):
-                yield line
-            if piece.text or piece.logprobs:  # an EOS has no text, but its log-probability
-                yield chunks.text(piece)
-        for line in chunks.finished(stream):
-            yield line
-        if chunks.include_usage:
-            yield chunks.usage(stream)
-        yield "[DONE]"
-        finished = True
-    except grpc.RpcError as exc:
-        finished = True
-        yield json.dumps(from_rpc_error(exc, prompt_param).body())
-    finally:
-        if not finished:
-            DISCONNECTS.inc()
-        # The client went away (this generator is cancelled) or the stream ended:
-        # cancelling the call makes the orchestrator release both services' KV.
-        stream.cancel()
-
-
-def _choice_stats(stream, n: int) -> list:
-    """The choices' Stats in index order (an orchestrator without n sends one, index 0)."""
-    stats = stream.choice_stats
-    if sorted(stats) != list(range(n)):
-        raise APIError(502, f"the orchestrator sent stats for choices {sorted(stats)} of {n}",
-                       code="bad_gateway")
-    return [stats[i] for i in range(n)]
 
 
 async def _body(request: Request):

@@ -1,32 +1,31 @@
-"""GET /v1/models and /v1/models/{model_id}: the one model this gateway serves."""
+"""GET /v1/models and /v1/models/{model_id}: the model this gateway serves, under each of its ids."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from gateway import state
-from gateway.errors import APIError
+from gateway.served import no_such_model
 
 router = APIRouter()
 
 
+def _authorization(request: Request):
+    auth = request.headers.get("authorization")
+    return (("authorization", auth),) if auth else None
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
-    return {"object": "list", "data": [_model_card(state.of(request))]}
+    gw = state.of(request)
+    await gw.served.learn(gw.channel, _authorization(request))
+    return {"object": "list", "data": gw.served.cards(gw.created)}
 
 
 @router.get("/v1/models/{model_id}")
 async def model(model_id: str, request: Request) -> dict:
     gw = state.of(request)
-    if model_id != gw.settings.model_name:
-        raise no_such_model(model_id)
-    return _model_card(gw)
-
-
-def _model_card(gw: state.Gateway) -> dict:
-    return {"id": gw.settings.model_name, "object": "model", "created": gw.created,
-            "owned_by": "specdec"}
-
-
-def no_such_model(name: str) -> APIError:
-    return APIError(404, f"The model {name!r} does not exist (this server serves the model "
-                         "listed by /v1/models)", param="model", code="model_not_found")
+    await gw.served.learn(gw.channel, _authorization(request))
+    for card in gw.served.cards(gw.created):
+        if card["id"] == model_id:
+            return card
+    raise no_such_model(model_id, gw.served.ids)

@@ -43,7 +43,8 @@ COMPLETION_PARAMS = {
     "temperature", "top_p", "user",
 }
 EXTENSIONS = {"speculation", "constraint", "session_id", "keep_session", "top_k", "min_p",
-              "repetition_penalty"}
+              "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
+              "include_stop_str_in_output"}
 
 
 def _chat(gw, **body) -> tuple[int, dict]:  # noqa: F811 - the fixture, passed in
@@ -65,7 +66,9 @@ def test_openapi_publishes_every_parameter_with_its_range(spec):
     assert CHAT_PARAMS | EXTENSIONS <= set(chat), CHAT_PARAMS - set(chat)
     assert COMPLETION_PARAMS | EXTENSIONS <= set(completion), COMPLETION_PARAMS - set(completion)
     assert schemas["ChatRequest"]["additionalProperties"] is False
-    assert chat["top_k"]["maximum"] == 2**31 - 1 and chat["top_k"]["minimum"] == 0
+    assert chat["top_k"]["maximum"] == 2**31 - 1 and chat["top_k"]["minimum"] == -1  # vLLM's -1: off
+    assert chat["min_tokens"]["maximum"] == 2**32 - 1 and "continuous_usage_stats" in schemas[
+        "StreamOptions"]["properties"]
     assert schemas["Speculation"]["properties"]["k"]["maximum"] == 2**32 - 1
     assert chat["temperature"]["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": 2}
     assert chat["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 16}
@@ -101,7 +104,9 @@ def test_responses_validate_against_the_published_models(gw):  # noqa: F811
     ({"speculation": {"k": 2**63}}, "speculation.k"),
     ({"speculation": {"k": -1}}, "speculation.k"),
     ({"speculation": {"proposer": "oracle"}}, "speculation.proposer"),
-    ({"top_k": -1}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"max_tokens": 2**32}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": 2**63}, "max_completion_tokens"),
@@ -143,7 +148,8 @@ def test_completions_overflow_and_best_of(gw):  # noqa: F811
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    # The tiny template takes no tools: tool_choice auto (the default with tools) cannot be served.
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tool_choice"),
     (dict(frequency_penalty=0.5), "frequency_penalty"),
     (dict(extra_body={"repetition_penalty": 1.3}), "repetition_penalty"),
 ])

@@ -79,7 +79,8 @@ def test_unknown_and_unsupported_parameters():
         parse(ChatRequest, {**BASE[ChatRequest], "frobnicate": 1})
     assert (err.value.code, err.value.param) == ("unknown_parameter", "frobnicate")
     with pytest.raises(APIError) as err:
-        parse(ChatRequest, {**BASE[ChatRequest], "tool_choice": "required"})
-    assert (err.value.code, err.value.param) == ("unsupported_parameter", "tool_choice")
+        parse(ChatRequest, {**BASE[ChatRequest], "repetition_penalty": 1.3})
+    assert (err.value.code, err.value.param) == ("unsupported_parameter", "repetition_penalty")
+    assert "function of the tokens so far" in err.value.message  # says why
     parse(ChatRequest, {**BASE[ChatRequest], "response_format": {"type": "text"}, "tools": [],
                         "logprobs": False, "user": "u", "store": True})
