@@ -26,7 +26,7 @@ from orchestrator.api.choices import SharedPrefill, choice_requests, merged, res
 from orchestrator.round.grammar import Constraint
 from orchestrator.round.events import ChunkEvent, RoundDetail, TokenLogprob
 from orchestrator.round.loop import generate
-from orchestrator.round.sessions import forget_session
+from orchestrator.round.sessions import forget_session, retry_redis
 from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
@@ -251,6 +251,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.quota.check_bytes(text_bytes(request))
         tenant = TENANT.get()
         with self.quota.enter(tenant, streams=min(max(1, request.n), MAX_CHOICES)):
+            if request.keep_session and not request.session_id:
+                await self._room_to_keep(tenant)
             req = await self._off_loop(turn_request, request, self.config, tenant)
             req = await bounding.prepare(req, self.config.grammars, self.bounds, self._off_loop)
             reqs = choice_requests(req, request.n)
@@ -265,6 +267,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                                    + [self._choice(s, shared) for s in reqs[1:]])
             async for response in responses:
                 yield response
+
+    async def _room_to_keep(self, tenant: str) -> None:
+        """A new kept session: RESOURCE_EXHAUSTED past the tenant's --max-kept-sessions-per-tenant
+        (counted in Redis; concurrent new ones may pass it by the tenant's streams in flight)."""
+        count = getattr(self.config.store, "kept", None)  # None: a store that does not count
+        if self.quota.limits.max_kept_sessions and count is not None:
+            held = await retry_redis(lambda: count(tenant), self.config.redis_outage_s, "kept sessions")
+            self.quota.check_kept(held)
 
     async def _choice(self, req: TurnRequest, shared: SharedPrefill) -> AsyncIterator[pb.GenerateResponse]:
         """Choice i > 0 of n: waits for choice 0's prefill, then runs from its fork."""

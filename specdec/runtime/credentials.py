@@ -17,7 +17,9 @@ each container or pod mounts its own folder and nothing else:
                      orchestrator.env (SPECDEC_SERVICE_TOKEN, its Redis user and password)
     target/, draft/  ca.crt, server.crt/key (server use only), model.env (the service token's
                      SHA-256, never the token; a Redis user that may write only the registry)
-    redis/           ca.crt, server.crt/key, redis.conf (TLS only; ACL users, passwords as SHA-256)
+    redis/           ca.crt, server.crt/key, redis.conf (TLS only; ACL users, passwords as SHA-256;
+                     --redis-maxmemory with maxmemory-policy volatile-lru: only keys with a TTL
+                     are evicted, least recently used first, i.e. idle sessions' records)
     gateway/         ca.crt
 
 Role folders are 0755 and their files 0644 so that a container's non-root user
@@ -39,6 +41,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import secrets as random
 import sys
 from collections.abc import Iterable
@@ -52,6 +55,8 @@ DEFAULT_HOSTS = {"orchestrator": ("orchestrator",), "target": ("target", "target
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")  # every server: the in-container probes dial these
 REDIS_USERS = {"orchestrator": "orchestrator", "target": "model", "draft": "model"}
 DEFAULT_PREFIX = "specdec:"
+# Redis's memory bound (under the Kubernetes pod's 1 GiB limit, with room for copy-on-write).
+DEFAULT_REDIS_MAXMEMORY = "512mb"
 # What the single-certificate layout kept at the top of DIR (every container mounted all of it).
 LEGACY_FILES = ("server.crt", "server.key", "client.crt", "client.key", "tokens", "specdec.env",
                 "redis.conf")
@@ -211,7 +216,10 @@ def _load_state(folder: Path) -> dict:
 
 
 def _redis_conf(state: dict) -> bytes:
-    """TLS only; no default user; the orchestrators own the prefix, model services only the registry."""
+    """TLS only; no default user; the orchestrators own the prefix, model services only the registry.
+    A memory bound that evicts only keys with a TTL (every key specdec writes has one), least
+    recently used first: idle sessions' records, which a client rebuilds by sending the whole
+    conversation again; the registry is rewritten every heartbeat (docs/operations.md)."""
     prefix = state["redis_prefix"]
 
     def passwords(user: str) -> str:
@@ -221,6 +229,8 @@ def _redis_conf(state: dict) -> bytes:
         "port 0\ntls-port 6379\ntls-auth-clients no\n"
         "tls-cert-file /secrets/server.crt\ntls-key-file /secrets/server.key\n"
         "tls-ca-cert-file /secrets/ca.crt\n"
+        f"maxmemory {state.get('redis_maxmemory', DEFAULT_REDIS_MAXMEMORY)}\n"
+        "maxmemory-policy volatile-lru\nmaxmemory-samples 10\n"
         "user default off\n"
         f"user orchestrator on {passwords('orchestrator')} ~{prefix}* resetchannels "
         "+@all -@admin -@dangerous\n"
@@ -284,8 +294,10 @@ def _new_secrets(state: dict) -> dict:
 
 
 def generate(folder: Path, *, hosts: Iterable[str] = (), tenants=("default",), force: bool = False,
-             redis_prefix: str = DEFAULT_PREFIX) -> dict:
+             redis_prefix: str = DEFAULT_PREFIX, redis_maxmemory: str = DEFAULT_REDIS_MAXMEMORY) -> dict:
     """Write a new CA and every role's files into `folder`; returns {tenant: token}."""
+    if not re.fullmatch(r"[0-9]+(k|kb|m|mb|g|gb)?", redis_maxmemory.lower()):
+        raise ValueError(f"--redis-maxmemory: {redis_maxmemory!r} is not a Redis size (e.g. 512mb)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -296,7 +308,8 @@ def generate(folder: Path, *, hosts: Iterable[str] = (), tenants=("default",), f
     ca, ca_key = _new_ca()
     _private(folder / "ca.key", _pem_key(ca_key))
     _write(folder / "ca.crt", ca)
-    state = _new_secrets({"hosts": role_hosts(hosts), "redis_prefix": redis_prefix})
+    state = _new_secrets({"hosts": role_hosts(hosts), "redis_prefix": redis_prefix,
+                          "redis_maxmemory": redis_maxmemory})
     _issue_leaves(folder, state["hosts"])
     tokens = {tenant: random.token_urlsafe(32) for tenant in tenants}
     _write(_role_dir(folder, "orchestrator") / "tokens",
@@ -357,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(repeatable; default 'default')")
     p.add_argument("--redis-prefix", default=DEFAULT_PREFIX,
                    help="the deployment's --redis-prefix, which the Redis users' key patterns name")
+    p.add_argument("--redis-maxmemory", default=DEFAULT_REDIS_MAXMEMORY,
+                   help="redis.conf's maxmemory (evicting idle sessions' records past it: volatile-lru)")
     p.add_argument("--force", action="store_true", help="replace existing secrets (a new CA: "
                    "every process must restart at once)")
     mode = p.add_mutually_exclusive_group()
@@ -380,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                                              else ROLLOUT.format(folder=folder)), file=sys.stderr)
             return 0
         tokens = generate(folder, hosts=args.host, tenants=args.tenant or ("default",),
-                          force=args.force, redis_prefix=args.redis_prefix)
+                          force=args.force, redis_prefix=args.redis_prefix,
+                          redis_maxmemory=args.redis_maxmemory)
     except (FileExistsError, FileNotFoundError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -113,6 +113,14 @@ class TenantQuota:
             raise reject("max_request_bytes",
                          f"the request's text is {size} bytes, above this server's limit of {cap}")
 
+    def check_kept(self, held: int) -> None:
+        """A new kept session for a tenant already holding `held` (counted in Redis: SessionStore.kept)."""
+        cap = self.limits.max_kept_sessions
+        if cap and held >= cap:
+            raise reject("max_kept_sessions_per_tenant",
+                         f"{cap} kept sessions per tenant are held; end one (EndSession) or let one "
+                         "expire, or send the request without keep_session")
+
     def rate(self, tenant: str) -> None:
         """Take one call from the tenant's bucket (every public call, EndSession included)."""
         lim = self.limits

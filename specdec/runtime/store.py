@@ -9,7 +9,15 @@ MULTI/EXEC transaction, so any orchestrator replica can resume a session from
 Redis alone and never sees a half-written round. A kept session (multi-turn)
 lives for the session TTL after its last write; a single-turn one only for a
 short TTL (it is deleted when its stream finishes, the TTL covers a stream
-that never finishes).
+that never finishes). Kept sessions are also counted per tenant (`kept`: a
+sorted set per tenant, each session scored with its record's expiry), so the
+orchestrator can cap them (--max-kept-sessions-per-tenant).
+
+Every key carries a TTL (records, registry entries, the registry index, the
+kept-session sets): a Redis with `maxmemory-policy volatile-lru` (the
+generated redis.conf, specdec.runtime.credentials) evicts the least recently
+used, which are idle sessions' records; the registry is rewritten every
+heartbeat and read by every request (docs/operations.md, "Redis memory").
 
 Services register (address, role, model, tokenizer fingerprint, load) under a
 key with a TTL that a heartbeat refreshes; a replica that stops beating drops
@@ -161,11 +169,24 @@ class SessionStore:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.single_turn_ttl_s = min(single_turn_ttl_s, ttl_s)
-        self._saves: list[tuple[str, dict, int, asyncio.Future]] = []  # gathered for the next MULTI
+        # (key, fields, TTL, future, (kept-set key or None, session id)), gathered for the next MULTI
+        self._saves: list[tuple[str, dict, int, asyncio.Future, tuple[str | None, str]]] = []
         self.save_batches = 0  # MULTI/EXECs sent for saves (the batching's own count)
 
     def _key(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
+
+    def _kept_key(self, tenant: str) -> str:
+        return f"{self.prefix}kept:{tenant}"
+
+    async def kept(self, tenant: str) -> int:
+        """How many kept (multi-turn) sessions `tenant` holds (records past their TTL are not counted)."""
+        key = self._kept_key(tenant)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", time.time())
+        pipe.zcard(key)
+        _, count = await _guard("kept sessions count", self._url, pipe.execute())
+        return int(count)
 
     async def load(self, session_id: str) -> SessionRecord | None:
         h = await _guard("session load", self._url, self._r.hgetall(self._key(session_id)))
@@ -180,34 +201,48 @@ class SessionStore:
         future = loop.create_future()
         if not self._saves:
             loop.call_soon(lambda: loop.create_task(self._write_saves()))
+        kept = self._kept_key(record.tenant) if record.multi_turn else None
         self._saves.append((self._key(record.session_id), record.to_hash(),
-                            self.ttl_s if record.multi_turn else self.single_turn_ttl_s, future))
+                            self.ttl_s if record.multi_turn else self.single_turn_ttl_s, future,
+                            (kept, record.session_id)))
         await future
         return record
 
     async def _write_saves(self) -> None:
         saves, self._saves = self._saves, []
         pipe = self._r.pipeline(transaction=True)
-        for key, mapping, ttl, _ in saves:
+        now = time.time()
+        for key, mapping, ttl, _, (kept, session_id) in saves:
             pipe.hset(key, mapping=mapping)
             pipe.expire(key, ttl)
+            if kept is not None:  # counted per tenant until the record's own expiry
+                pipe.zadd(kept, {session_id: now + ttl})
+                pipe.expire(kept, ttl)
         self.save_batches += 1
         try:
             await _guard("session save", self._url, pipe.execute())
         except BaseException as exc:  # every save of the batch shares the failure
-            for *_, future in saves:
+            for _, _, _, future, _ in saves:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else StoreUnavailable(
                         "the session store is unavailable (session save)"))
             if not isinstance(exc, Exception):
                 raise
             return
-        for *_, future in saves:
+        for _, _, _, future, _ in saves:
             if not future.done():
                 future.set_result(None)
 
     async def delete(self, session_id: str) -> bool:
-        n = await _guard("session delete", self._url, self._r.delete(self._key(session_id)))
+        """Delete a record (and, a kept one, its place in its tenant's count)."""
+        key = self._key(session_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hmget(key, ["tenant", "keep"])
+        pipe.delete(key)
+        (tenant, keep), n = await _guard("session delete", self._url, pipe.execute())
+        if keep == b"1":
+            await _guard("session delete", self._url,
+                         self._r.zrem(self._kept_key((tenant or b"").decode()), session_id))
         return bool(n)
 
     async def ping(self) -> None:
