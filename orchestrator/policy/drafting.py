@@ -9,7 +9,10 @@ drafting faster on the target replica at this load. The combined proposer then
 picks lookup or the draft model within that k (orchestrator.proposers.combined).
 The decision is a `Drafting`: k, and for a turn that may branch (a draft
 model, greedy or the coupled sampler, no grammar or log-probabilities) a
-token tree's size, k deep.
+token tree's size, k deep, from the target's verify-cost surface
+(specdec.core.speedup.tree_size): as large as --tree-nodes while the verify
+costs at most a quarter more than the chain's; under load, where every row's
+extra tokens are paid for by all, a chain.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Protocol
 from orchestrator.fleet.remote import Call, Reply, SessionReplica
 from orchestrator.policy.costs import CostBook
 from orchestrator.policy.gate import SpeculationGate
-from specdec.core.speedup import GoodputPolicy
+from specdec.core.speedup import GoodputPolicy, tree_size
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ class DraftingPolicy:
         k = max(0, min(k, remaining - 1))
         prefetch = (self.gated and k > 0 and not draft_off and first_round
                     and getattr(self.proposer, "prefetch", None) is not None)
-        tree = k > 0 and not draft_off and self.tree_nodes > 0
-        return Drafting(k, draft_off, prefetch, self.tree_nodes if tree else 0, self.tree_width if tree else 0)
+        nodes = self._tree_nodes(target, k) if k > 0 and not draft_off and self.tree_nodes > 0 else 0
+        return Drafting(k, draft_off, prefetch, nodes, self.tree_width if nodes else 0)
 
     def _follow(self, target: str) -> None:
         """The gate of the replica the session is on (its first round, or after a move)."""
@@ -102,6 +105,12 @@ class DraftingPolicy:
         draft = replica.address if replica is not None else None
         self.adaptive.pooled = self.costs.acceptance(draft) if draft else None  # the draft's sessions so far
         return self.adaptive.choose(self.costs.round_costs(target.address, draft), self.k_max)
+
+    def _tree_nodes(self, target: SessionReplica, k: int) -> int:
+        """A tree's size from the target's verify-cost surface (specdec.core.speedup.tree_size)."""
+        replica = self.proposer.replica
+        costs = self.costs.round_costs(target.address, replica.address if replica is not None else None)
+        return tree_size(costs, k, self.tree_nodes)
 
     def learn(self, target: SessionReplica, draft_call: Call | None, reply: Reply, drafted: int) -> None:
         """Every session's calls teach the per-replica cost table what forwards cost."""

@@ -222,6 +222,28 @@ def best_goodput_k(accept: Sequence[float], costs: RoundCosts, k_max: int, margi
     return best
 
 
+# A token tree may cost this much more to verify than the chain of k it replaces: a tree of n
+# tokens, k deep, measured 1.97 tokens per pass at n = 8 and 2.18 at n = 16 against a chain of
+# k = 4's 1.69 on the embedded models (docs/benchmarks.md), a gain that pays for a dearer verify
+# only up to about this much.
+TREE_VERIFY_SLACK = 0.25
+
+
+def tree_size(costs: RoundCosts | None, k: int, budget: int, slack: float = TREE_VERIFY_SLACK) -> int:
+    """A token tree's size for a round that would draft a chain of k: the largest n <= budget whose
+    verify over every row's n + 1 tokens costs at most (1 + slack) x the chain's over its k + 1.
+    With nothing measured yet, the budget. 0 (a chain) when no tree larger than k fits: under load
+    on a compute-bound target every extra token is paid for by every row."""
+    if k <= 0 or budget <= k:
+        return 0
+    if costs is None:
+        return budget
+    rows = max(1.0, costs.rows)
+    limit = (1.0 + slack) * costs.verify_ms(rows * (k + 1))
+    fits = [n for n in range(k + 1, budget + 1) if costs.verify_ms(rows * (n + 1)) <= limit]
+    return max(fits, default=0)
+
+
 class PooledAcceptance:
     """Acceptance by position over many sessions (one draft replica), decaying so it follows drift.
 

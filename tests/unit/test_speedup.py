@@ -168,3 +168,20 @@ def test_pooled_acceptance_is_a_new_sessions_prior() -> None:
     assert k_fresh <= 1 and k_informed >= 4  # the 0.5 prior vs what the pool measured
     informed.observe(4, 0)  # this session's own rounds count, and feed the pool
     assert pooled.tested[0] > pooled.tested[1]
+
+
+def test_a_trees_size_follows_the_verify_cost_surface() -> None:
+    from specdec.core.speedup import RoundCosts, tree_size
+
+    def costs(rows: float, per_token: float) -> RoundCosts:
+        return RoundCosts(verify_ms=lambda t: 40.0 + per_token * t, rows=rows)
+
+    assert tree_size(None, 4, 16) == 16  # nothing measured: the budget
+    assert tree_size(costs(1, 0.5), 4, 16) == 16  # a flat surface (one row on a CPU): the whole budget
+    # 40 + 2.5 (n + 1) <= 1.25 (40 + 12.5): n + 1 <= 10.25
+    assert tree_size(costs(1, 2.5), 4, 16) == 9
+    # Eight rows on a compute-bound target: every row's extra tokens cost all of them; the tree
+    # shrinks to about the chain (40 + 20 (n + 1) <= 1.25 x 140).
+    assert tree_size(costs(8, 2.5), 4, 16) == 5
+    assert tree_size(RoundCosts(verify_ms=lambda t: 10.0 * t, rows=16), 8, 16) == 10  # linear: n + 1 <= 11.25
+    assert tree_size(costs(1, 0.5), 0, 16) == 0 and tree_size(costs(1, 0.5), 4, 4) == 0
