@@ -32,7 +32,6 @@ from specdec.core.rng import Purpose, uniform
 from specdec.runtime.errors import CacheMiss, InvalidArgument
 from model_service.requests import ModelRequest
 
-TOKENS_DRAFTED = Counter("specdec_tokens_drafted_total", "Tokens returned by Propose")
 TOKENS_PREFILLED = Counter(
     "specdec_tokens_prefilled_total", "Committed tokens fed to the draft by Propose"
 )

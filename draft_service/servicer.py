@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draft_service.drafting import TOKENS_DRAFTED, TOKENS_PREFILLED, ProposeWork, check_p_min
+from draft_service.drafting import TOKENS_PREFILLED, ProposeWork, check_p_min
 from draft_service.trees import TreeDrafts, TreeProposeWork
 from engine.host import SessionWork
 from specdec.runtime.errors import InvalidArgument
@@ -41,7 +41,6 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
 
     def respond(self, request: model_pb2.ProposeRequest, done: SessionWork, started: float) -> model_pb2.ProposeResponse:
         drafts = done.value
-        TOKENS_DRAFTED.inc(len(drafts.tokens))
         TOKENS_PREFILLED.inc(len(request.tokens))
         response = model_pb2.ProposeResponse(tokens=drafts.tokens)
         if isinstance(drafts, TreeDrafts):

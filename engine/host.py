@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from engine import selfcheck
+from engine import metrics, selfcheck
 from engine.model.linear import calibrate
 from engine.model.llama import LlamaForward, unsupported
 from engine.model.loader import LoadedModel
@@ -140,6 +140,7 @@ class ModelHost:
     def __init__(self, loaded: LoadedModel, limits: HostLimits, *, replica_id: str = "",
                  on_fatal: Callable[[str], None] | None = None):
         self.loaded = loaded
+        metrics.MODEL["name"] = loaded.name  # vLLM's model_name label (engine.metrics.KV_USAGE)
         self.limits = limits
         self.replica_id = replica_id
         self.device = loaded.device

@@ -34,6 +34,17 @@ CACHE_BYTES = Gauge("specdec_cache_bytes", "Bytes held by all sessions' KV cache
 EVICTIONS = Counter(
     "specdec_cache_evictions_total", "Sessions dropped by the service", ["reason"]
 )  # reason: max_sessions, budget, ttl
+# vLLM's name for the KV caches' fill (dashboards written for vLLM read it): CACHE_BYTES over the
+# service's byte budget (--max-cache-bytes), 1 = full; `model_name` is the loaded model's.
+KV_USAGE = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage as a fraction of the byte budget (1 = full)",
+                 ["model_name", "engine"])
+MODEL = {"name": ""}  # set by engine.host.ModelHost
+
+
+def kv_usage(nbytes: int, budget: int) -> None:
+    KV_USAGE.labels(MODEL["name"], "0").set(nbytes / budget if budget > 0 else 0.0)
+
+
 CACHE_HITS = Counter(
     "specdec_cache_hits_total", "Requests served from the session's cached prefix (cache_position > 0)"
 )

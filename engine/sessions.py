@@ -307,3 +307,4 @@ class SessionCaches:
     def _publish(self) -> None:
         metrics.ACTIVE_SESSIONS.set(len(self._sessions))
         metrics.CACHE_BYTES.set(self.nbytes)
+        metrics.kv_usage(self.nbytes, self.budget_bytes)

@@ -179,7 +179,10 @@ async def _first_info(router: Router, role: str, timeout_s: float):
 async def main_async(args: argparse.Namespace) -> None:
     from orchestrator.api.servicer import OrchestratorServicer
 
+    from orchestrator.api import metrics
+
     config = await build_config(args)
+    metrics.bind(config)  # vLLM's model_name label; running and waiting from the admission
     limits = tenant_limits_from_args(args)
     servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)
     options = dataclasses.replace(options_from_args(args),

@@ -310,7 +310,7 @@ def dashboard_metric_names(dashboard: dict) -> set[str]:
     walk(dashboard)
     names = set()
     for expr in exprs:
-        names |= set(re.findall(r"\b(specdec_[a-z0-9_]+)", expr))
+        names |= set(re.findall(r"\b(specdec_[a-z0-9_]+|vllm:[a-z0-9_]+)", expr))
     return names
 
 
