@@ -11,7 +11,19 @@ OLDEST_TRANSFORMERS ?= 5.17.0
 OLDEST_HUB ?= 1.33.0
 OLDEST_DIR := $(VENV)/oldest-transformers
 
-.PHONY: install demo playground test test-oldest-transformers bench-quick proto config-docs clean
+# guidellm (python -m benchmarks.serving) with the packages it adds, pinned, overlaid on the venv
+# (PYTHONPATH): not in pyproject's extras, since its click~=8.4 conflicts with check-jsonschema's
+# click>=8.5; --no-deps so that it takes the venv's torch and transformers, never another torch.
+GUIDELLM_DIR := $(VENV)/guidellm
+GUIDELLM_PACKAGES := guidellm==0.8.1 Faker==40.63.0 aiofiles==25.1.0 aiologic==0.17.1 click==8.4.2 \
+  culsans==0.10.0 datasets==5.2.0 dill==0.4.1 eval_type_backport==0.4.0 ftfy==6.3.1 h2==4.4.1 \
+  hpack==4.2.0 html5tagger==2.0.0 httpcore==1.0.9 httptools==0.9.0 httpx==0.29.0 hyperframe==6.1.0 \
+  loguru==0.7.3 more-itertools==11.2.1 msgpack==1.2.4 multidict==6.9.1 multiprocess==0.70.19 \
+  pandas==3.1.1 pyarrow==26.0.1 pydantic-settings==2.16.3 python-dotenv==1.2.4 sanic==25.12.1 \
+  sanic-routing==23.12.0 tracerite==2.6.5 ujson==6.1.0 uvloop==0.23.0 wcwidth==0.9.4 websockets==17.4 \
+  wrapt==2.5.2 xxhash==4.1.0
+
+.PHONY: install demo playground test test-oldest-transformers guidellm bench-quick proto config-docs clean
 
 install: $(VENV)/.installed
 
@@ -32,7 +44,7 @@ demo: install
 playground: install
 	$(VENV)/bin/specdec up
 
-test: install
+test: install guidellm
 	$(PY) -m pytest -q -rs --durations=40
 	$(MAKE) test-oldest-transformers
 
@@ -47,6 +59,14 @@ $(OLDEST_DIR)/.installed: Makefile
 	  transformers==$(OLDEST_TRANSFORMERS) huggingface-hub==$(OLDEST_HUB) httpx==0.28.1 httpcore==1.0.9
 	$(PY) -c "import sys; sys.path.insert(0, '$(OLDEST_DIR)'); import transformers; \
 	  assert transformers.__version__ == '$(OLDEST_TRANSFORMERS)', transformers.__version__"
+	touch $@
+
+guidellm: install $(GUIDELLM_DIR)/.installed
+
+$(GUIDELLM_DIR)/.installed: Makefile
+	$(PY) -m pip install --quiet --no-deps --target $(GUIDELLM_DIR) --upgrade $(GUIDELLM_PACKAGES)
+	PYTHONPATH=$(CURDIR)/$(GUIDELLM_DIR) $(PY) -c "import guidellm.cli, torch; \
+	  assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 bench-quick: install

@@ -227,7 +227,9 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
         say(f"threads       {split.describe(available_cores())}")
     launch.target_folder, launch.target_threads = Path(target_folder), threads["target"]
     ports = {"target": free_port(), "draft": free_port()}
-    models = {"target": target_folder, "draft": args.draft_model}
+    # The embedded target is named by the service itself (SmolLM2-135M-Instruct, the API's model
+    # id), not by its converted folder; the conversion is cached, so it is not done twice.
+    models = {"target": args.target_model or None, "draft": args.draft_model}
     started = {role: launch.processes.start(role, service_argv(
                    role, port, model=models[role], threads=threads[role], **common),
                    env=child_env(threads[role]))
