@@ -113,10 +113,10 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
 
 def _tree_shape(req: TurnRequest, config: LoopConfig, proposer) -> tuple[int, int]:
     """(tree nodes, width) for a turn that may draft token trees, else (0, 0): a proposer that
-    branches, verified by the target's own tokens (greedy, or the coupled sampler), with no grammar
-    or log-probabilities (per node they are not served yet)."""
+    branches, verified by the target's own tokens (greedy, or the coupled sampler), with no grammar,
+    min_tokens mask or log-probabilities (per node they are not served yet)."""
     ok = (config.tree_nodes > 0 and getattr(proposer, "branches", False) and req.constraint is None
-          and not req.logprobs and (req.sampling.greedy or req.coupled))
+          and not req.min_tokens and not req.logprobs and (req.sampling.greedy or req.coupled))
     return (config.tree_nodes, config.tree_width) if ok else (0, 0)
 
 
