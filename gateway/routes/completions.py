@@ -2,15 +2,18 @@
 
 The route waits for the stream's first chunk before answering, so a request the orchestrator
 rejects gets its HTTP status and an OpenAI error body, streaming or not. A client that
-disconnects mid-stream cancels the gRPC call, and the orchestrator frees the session's KV on
-both services. The stream's events are gateway.chunks'; tool calls are gateway.tools'.
+disconnects cancels the gRPC call, and the orchestrator frees the session's KV on both
+services: mid-stream (the SSE response notices), or before a response that is not streamed
+(the route watches the connection while it waits: uvicorn does not cancel a handler whose
+client left). The stream's events are gateway.chunks'; tool calls are gateway.tools'.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 from fastapi import APIRouter, Request
@@ -18,7 +21,7 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import JSONResponse, Response
 
 from gateway import logprobs, state, tools
-from gateway.chunks import Chunks, choice_stats, sse
+from gateway.chunks import DISCONNECTS, Chunks, choice_stats, sse
 from gateway.errors import first_chunk, from_rpc_error, invalid
 from gateway.protocol import (
     FINISH_REASONS, ChatRequest, CompletionRequest, chat_messages, completion_prompt,
@@ -60,12 +63,19 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     gw.served.check(req.model)
     prompt_param = "messages" if chat else "prompt"
     stream = gw.client.generate(metadata=metadata, **options)
-    first, events = await first_chunk(stream, prompt_param)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     n, model = options["n"], gw.served.primary
     if not req.stream:
-        texts, entries = await _collect(first, events, stream, n, prompt_param)
-        return JSONResponse(_whole(ident, chat, model, texts, choice_stats(stream, n), entries, plan))
+        async def whole() -> Response:
+            first, events = await first_chunk(stream, prompt_param)
+            texts, entries = await _collect(first, events, stream, n, prompt_param)
+            return JSONResponse(_whole(ident, chat, model, texts, choice_stats(stream, n), entries, plan))
+
+        return await _unless_disconnected(request, stream, whole())
+    opened = await _unless_disconnected(request, stream, first_chunk(stream, prompt_param))
+    if isinstance(opened, Response):
+        return opened
+    first, events = opened
     opts = req.stream_options
     include_usage = bool(opts and opts.include_usage)
     writer = Chunks(ident, chat, n, model, include_usage=include_usage, plan=plan,
@@ -73,6 +83,32 @@ async def _generate(request: Request, *, chat: bool) -> Response:
                     prompt_tokens=first.start_index if first is not None else 0)
     body = sse(writer, first, events, stream, prompt_param)
     return EventSourceResponse(body, sep="\n", ping=15, shutdown_grace_period=settings.grace_s)
+
+
+async def _unless_disconnected(request: Request, stream, work: Awaitable):
+    """`work`'s result; cancelled with the gRPC stream (the generation) if the HTTP client
+    disconnects first, and then an empty 499 that nobody reads."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        left = not task.done()  # the client left, or this handler is being cancelled
+        if left:
+            task.cancel()
+            stream.cancel()
+    if left:
+        await asyncio.gather(task, return_exceptions=True)  # its own clean-up
+        DISCONNECTS.inc()
+        return Response(status_code=499)
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Until the HTTP client disconnects (its body was read: the next ASGI message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.1)  # a server that sends something else: do not spin
 
 
 async def _collect(first, events: AsyncIterator, stream, n: int,
