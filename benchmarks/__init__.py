@@ -4,7 +4,10 @@
              `generate`, where a round's time goes, the RTT sweep (`python -m benchmarks.run`)
 - load/      many concurrent streams, batched and unbatched, against the physical limit
              (`python -m benchmarks.load`)
-- features/  one request feature end to end: structured output, seeded sampling
+- serving/   a standard load generator (guidellm) against a running gateway: TTFT, ITL, end-to-end
+             latency and throughput at fixed concurrencies and a Poisson rate, target-only and the
+             default configuration side by side (`python -m benchmarks.serving --gateway URL`)
+- features/  one request feature end to end: structured output, seeded sampling, tool calls
 - micro/     one component alone: verify and lookup, the engine's forward, batching, and what
              gRPC, TLS and the HTTP gateway cost
 - faults/    hung and slow replicas, overload, huge prompts and request bodies
