@@ -32,7 +32,7 @@ from orchestrator.api.settings import orchestrator_settings
 from orchestrator.round.text import load_tokenizer
 from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint
-from specdec.runtime.limits import tenant_limits_from_args
+from specdec.runtime.limits import request_limits_from_args, tenant_limits_from_args
 from specdec.runtime.security import service_client_from_args
 from specdec.runtime.server import configure_logging, options_from_args, serve
 from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, connect
@@ -184,7 +184,8 @@ async def main_async(args: argparse.Namespace) -> None:
     config = await build_config(args)
     metrics.bind(config)  # vLLM's model_name label; running and waiting from the admission
     limits = tenant_limits_from_args(args)
-    servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads)
+    servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads,
+                                    bounds=request_limits_from_args(args))
     options = dataclasses.replace(options_from_args(args),
                                   max_receive_bytes=limits.grpc_receive_bytes)
     await serve(

@@ -8,6 +8,7 @@ from orchestrator.fleet.outliers import OutlierPolicy
 from specdec.runtime.settings import (
     APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,
 )
+from specdec.runtime.limits import RequestLimits
 from specdec.runtime.store import SESSION_TTL_S
 
 DEFAULT_PORT = 50050
@@ -88,9 +89,27 @@ def _gray() -> Group:
     ))
 
 
+def _bounds() -> Group:
+    """The work one request may ask for (specdec.runtime.limits.RequestLimits, orchestrator.api.bounds)."""
+    d = RequestLimits()
+    return Group("bounded work per request (INVALID_ARGUMENT naming the limit; 0 = off)", (
+        Flag("max-stop-strings", "stop strings in one request (each committed token is checked "
+             "against every one)", d.max_stop_strings, int),
+        Flag("max-stop-bytes", "UTF-8 bytes of a request's stop strings in all", d.max_stop_bytes, int),
+        Flag("max-prediction-bytes", "UTF-8 bytes of a Predicted Outputs prediction",
+             d.max_prediction_bytes, int),
+        Flag("max-grammar-bytes", "UTF-8 bytes of a constraint (JSON schema, regex or Lark grammar); "
+             "also counted in --max-request-bytes", d.max_grammar_bytes, int),
+        Flag("grammar-compile-s", "longest wait for a constraint's grammar to compile (off the event "
+             "loop; a slower one is refused, and kept once compiled)", d.grammar_compile_s, float),
+        Flag("max-top-logprobs", "top_logprobs: alternatives per token (the services serve at most 20)",
+             d.max_top_logprobs, int),
+    ))
+
+
 def orchestrator_settings(description: str) -> Settings:
     return Settings(
         prog="python -m orchestrator", description=description,
         groups=(server_group(DEFAULT_PORT), TENANT_SECURITY, SERVICE_CLIENT, limits_group(), ORCHESTRATOR,
-                BATCH_CALLS, _gray()),
+                _bounds(), BATCH_CALLS, _gray()),
     )

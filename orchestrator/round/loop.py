@@ -91,7 +91,9 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
                             gate=config.speculation_gate and req.proposer != PREDICTED_OUTPUT,
                             tree=_tree_shape(req, config, proposer))
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
-    grammar = GrammarHook(config.grammars.matcher(req.constraint)) if req.constraint is not None else None
+    # Compiled once per request off the loop (orchestrator.api.bounds); a copy of it per turn.
+    compiled = req.grammar or (config.grammars.compile(req.constraint) if req.constraint is not None else None)
+    grammar = GrammarHook(compiled.matcher()) if compiled is not None else None
     logprobs = LogprobsHook(req.top_logprobs) if req.logprobs else None
     out = TextOut(config.tokenizer, req.prompt_ids, req.stop, eos_ids=() if req.ignore_eos else config.eos_ids,
                   stop_ids=req.stop_token_ids, keep_special=req.keep_special_tokens,
