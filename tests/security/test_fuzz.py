@@ -2,6 +2,11 @@
 
 Only documented statuses may come back (never UNKNOWN or INTERNAL), every server
 stays up, and a normal request afterwards returns the same text as before.
+Generate's fuzz sets every field that makes the orchestrator work or keep state:
+constraints (valid, broken and over --max-grammar-bytes), logprobs and top_logprobs,
+stop lists past --max-stop-strings and --max-stop-bytes, predictions past
+--max-prediction-bytes, keep_session, resume_from and delivered, min_tokens and
+stop_token_ids.
 The CI budget is about 2,100 requests (~2 minutes on the tiny models);
 SPECDEC_FUZZ_EXAMPLES=N runs about N instead.
 """
@@ -20,8 +25,8 @@ from specdec.v1 import common_pb2, model_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.integration.stack import Stack
 
-BUDGET = {"Score": 300, "Propose": 300, "Release": 150, "Generate": 350, "Check": 250,
-          "Predict": 150, "EndSession": 150, "raw": 650}  # 2,300 requests
+BUDGET = {"Score": 300, "Propose": 300, "Release": 150, "Generate": 450, "Check": 250,
+          "Predict": 150, "EndSession": 150, "raw": 650}  # 2,400 requests
 SCALE = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "0")) / sum(BUDGET.values()) or 1.0
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
@@ -39,6 +44,9 @@ METHODS = {
     "EndSession": ("orch", "/specdec.v1.Orchestrator/EndSession"),
 }
 SEEN: collections.Counter = collections.Counter()
+BOUNDS = ("--max-stop-strings", "--max-stop-bytes", "--max-prediction-bytes", "--max-grammar-bytes",
+          "--max-top-logprobs")
+HIT: collections.Counter = collections.Counter()  # each bound's refusals
 REFERENCE = {"prompt": "the quick brown fox", "max_new_tokens": 12}
 BEFORE: dict[str, str] = {}  # the reference text before the fuzz
 
@@ -64,7 +72,8 @@ def fuzz_stack(tiny_pair, tmp_path_factory):
         s.start_orchestrator("orch", target_dir, targets=[s.addresses["target"]],
                              drafts=[s.addresses["draft"]],
                              extra=("--rate-per-tenant", "0", "--max-streams-per-tenant", "0",
-                                    "--max-new-tokens-limit", "24", "--max-request-bytes", "20000"))
+                                    "--max-new-tokens-limit", "24", "--max-request-bytes", "20000",
+                                    "--max-grammar-bytes", "2048", "--max-prediction-bytes", "4096"))
         channels = {name: grpc.insecure_channel(address) for name, address in s.addresses.items()}
         yield s, channels
         for channel in channels.values():
@@ -88,6 +97,7 @@ def raw_call(channels, method: str, payload: bytes) -> grpc.StatusCode:
         code = exc.code()
         assert code in ALLOWED, f"{method}: {code.name}: {exc.details()}"
         assert "Error" not in (exc.details() or ""), exc.details()  # no exception class names
+        HIT.update(b for b in BOUNDS if f"({b})" in (exc.details() or ""))
     SEEN[(method, code.name)] += 1
     return code
 
@@ -143,26 +153,81 @@ text = st.one_of(st.text(max_size=60), st.sampled_from(["", "hello world", "\x00
                  st.text(min_size=5000, max_size=6000))
 
 
+SCHEMAS = ['{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}',
+           '{"type": "string", "maxLength": 3}', '{"enum": ["x", "y"]}', "{not json", "[]", "3",
+           '{"type": "nonsense"}', '{"$ref": "#/nowhere"}']
+REGEXES = ["[a-z]{1,4}", "(yes|no)", "[0-9]+", "[", "((((", "a{99999}", "\\", "$^"]
+LARKS = ['start: "x" | "y"', "start: /[0-9]+/", "start: nothing", "start: start", "%%%", "start:"]
+GOOD = {"json_schema": SCHEMAS[:3], "regex": REGEXES[:3], "lark": LARKS[:2]}
+grammar_text = st.one_of(st.text(max_size=40), st.text(min_size=2100, max_size=2500))  # over 2048
+
+
+@st.composite
+def constraint(draw, valid: bool) -> pb.Constraint:
+    kind = draw(st.sampled_from(["json_schema", "json_object", "regex", "lark"]))
+    if kind == "json_object":
+        return pb.Constraint(json_object=draw(st.booleans()))
+    if valid:
+        return pb.Constraint(**{kind: draw(st.sampled_from(GOOD[kind]))})
+    known = {"json_schema": SCHEMAS, "regex": REGEXES, "lark": LARKS}[kind]
+    return pb.Constraint(**{kind: draw(st.one_of(st.sampled_from(known), grammar_text))})
+
+
+# A few stop strings, past --max-stop-strings (32), or past --max-stop-bytes (2048).
+stops = st.one_of(st.lists(st.text(min_size=1, max_size=3), max_size=3),
+                  st.lists(st.text(min_size=1, max_size=4), min_size=30, max_size=40),
+                  st.lists(st.text(min_size=300, max_size=400), min_size=5, max_size=8))
+predictions = st.one_of(st.just(""), st.text(max_size=40), st.text(min_size=4090, max_size=4200))
+
+
+@st.composite
+def delivered(draw) -> list[pb.Delivered]:
+    return [pb.Delivered(index=draw(st.one_of(st.integers(0, 3), u32)),
+                         token_ids=draw(st.one_of(vocab_tokens, st.lists(i32, max_size=5))),
+                         finished=draw(st.booleans()))
+            for _ in range(draw(st.integers(0, 3)))]
+
+
+def with_state_and_work(draw, msg: pb.GenerateRequest, valid: bool) -> pb.GenerateRequest:
+    """The fields that make the orchestrator compile, index, log-prob or keep state, each half the
+    time: `valid` ones (the work runs) or anything (the checks run)."""
+    if draw(st.booleans()):
+        msg.constraint.CopyFrom(draw(constraint(valid)))
+    if draw(st.booleans()):
+        msg.logprobs = valid or draw(st.booleans())
+        msg.top_logprobs = draw(st.integers(0, 5) if valid else st.one_of(st.integers(0, 25), u32))
+    if draw(st.booleans()):
+        msg.keep_session = draw(st.booleans())
+        if not valid:  # a resume of a made-up session, with made-up tokens
+            msg.resume_from = draw(st.one_of(st.just(0), st.integers(0, 60), u32))
+            msg.delivered.extend(draw(delivered()))
+    if draw(st.booleans()):
+        msg.min_tokens = draw(st.integers(0, msg.max_new_tokens) if valid else st.one_of(st.integers(0, 12), u32))
+        msg.stop_token_ids.extend(draw(st.lists(st.integers(0, 380) if valid else i32, max_size=4)))
+    return msg
+
+
 @st.composite
 def generate_request(draw):
     if draw(st.booleans()):  # well-formed apart from sampling, stops and guess: the loop runs
         msg = pb.GenerateRequest(
             prompt=draw(st.text(min_size=1, max_size=40).filter(str.strip)),
             max_new_tokens=draw(st.integers(1, 12)), seed=draw(st.integers(0, 2**64 - 1)),
-            stop=draw(st.lists(st.text(min_size=1, max_size=3), max_size=2)),
+            stop=draw(st.one_of(stops, *[st.lists(st.text(min_size=1, max_size=3), max_size=2)] * 4)),
             proposer=draw(st.integers(0, 4)), k=draw(st.integers(0, 6)),
             guess=draw(st.text(min_size=1, max_size=20)), round_tokens=draw(st.booleans()),
             max_target_passes=draw(st.one_of(st.integers(0, 4), u32)),
-            prediction=draw(st.one_of(st.just(""), st.text(max_size=20))), n=draw(st.integers(0, 3)))
+            prediction=draw(st.one_of(predictions, st.just(""), st.just(""))), n=draw(st.integers(0, 3)))
         if draw(st.booleans()):
             msg.sampling.CopyFrom(draw(sampling()))
-        return msg
+        return with_state_and_work(draw, msg, valid=True)
     msg = pb.GenerateRequest(
         prompt=draw(text), max_new_tokens=draw(st.one_of(st.integers(0, 30), u32)),
-        seed=draw(st.integers(0, 2**64 - 1)), stop=draw(st.lists(st.text(max_size=5), max_size=3)),
+        seed=draw(st.integers(0, 2**64 - 1)), stop=draw(st.one_of(stops, st.lists(st.text(max_size=5), max_size=3))),
         proposer=draw(st.integers(-1, 6)), k=draw(st.one_of(st.integers(0, 20), u32)),
         guess=draw(st.text(max_size=30)), session_id=draw(session_ids), strict=draw(st.booleans()),
-        prediction=draw(st.text(max_size=30)), n=draw(st.one_of(st.integers(0, 20), u32)))
+        prediction=draw(predictions), n=draw(st.one_of(st.integers(0, 20), u32)))
+    with_state_and_work(draw, msg, valid=False)
     if draw(st.booleans()):
         msg.messages.extend(pb.ChatMessage(role=draw(st.sampled_from(["user", "system", "assistant", "", "tool", "x" * 50])),
                                            content=draw(st.text(max_size=40)))
@@ -260,5 +325,7 @@ def test_servers_survive_and_answer_the_same(fuzz_stack) -> None:
     total = sum(SEEN.values())
     print(f"\nfuzz: {total} requests; " + ", ".join(
         f"{m} {c}: {n}" for (m, c), n in sorted(SEEN.items())))
+    print("bounds refused: " + ", ".join(f"{b} {HIT[b]}" for b in BOUNDS))
     if SCALE >= 1.0:
         assert total >= 2000
+        assert all(HIT[b] for b in BOUNDS), HIT  # the fuzz reaches every bound
