@@ -42,6 +42,7 @@ METHODS = {
     "Check": ("orch", "/specdec.v1.Orchestrator/Check"),
     "Predict": ("orch", "/specdec.v1.Orchestrator/Predict"),
     "EndSession": ("orch", "/specdec.v1.Orchestrator/EndSession"),
+    "GetServedModel": ("orch", "/specdec.v1.Orchestrator/GetServedModel"),
 }
 SEEN: collections.Counter = collections.Counter()
 BOUNDS = ("--max-stop-strings", "--max-stop-bytes", "--max-prediction-bytes", "--max-grammar-bytes",
