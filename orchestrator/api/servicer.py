@@ -1,9 +1,10 @@
 """The Orchestrator gRPC servicer: proto in, loop, proto out. Nothing else lives here.
 
-The request's bounds (orchestrator.api.bounds: stop strings, prediction, grammar,
-top_logprobs) and the tenant's quota (specdec.runtime.limits) come first: the request's
-text bytes against --max-request-bytes, then the tenant's rate and stream slots (n for a
-request of n choices; Check and Predict take one, and a target slot too). Tokenising,
+The tenant's rate comes first (a refused request costs a call too), then the request's
+bounds (orchestrator.api.bounds: stop strings, prediction, grammar, top_logprobs) and the
+tenant's quota (specdec.runtime.limits): the request's text bytes against
+--max-request-bytes, then the tenant's stream slots (n for a request of n choices; Check and
+Predict take one, and a target slot too). Tokenising,
 chat templating and decoding run on a thread pool, off the event loop, so one
 huge request does not stall the other streams. A session is visible only to
 the tenant that created it (specdec.runtime.security.TENANT).
@@ -247,10 +248,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        tenant = TENANT.get()
+        self.quota.rate(tenant)  # first: a refused request costs its tenant a call too
         bounding.check(request, self.bounds)
         self.quota.check_bytes(text_bytes(request))
-        tenant = TENANT.get()
-        with self.quota.enter(tenant, streams=min(max(1, request.n), MAX_CHOICES)):
+        with self.quota.enter(tenant, streams=min(max(1, request.n), MAX_CHOICES), rated=True):
             if request.keep_session and not request.session_id:
                 await self._room_to_keep(tenant)
             req = await self._off_loop(turn_request, request, self.config, tenant)
@@ -335,12 +337,13 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Predict(  # noqa: N802
         self, request: pb.PredictRequest, context: grpc.aio.ServicerContext
     ) -> pb.PredictResponse:
+        tenant = TENANT.get()
+        self.quota.rate(tenant)
         self.quota.check_bytes(len(request.text.encode()))
         top_k = predicting.top_k_of(request.top_k)
         sampling = predicting.predict_sampling(
             sampling_from_proto(request.sampling) if request.HasField("sampling") else None)
-        tenant = TENANT.get()
-        with self.quota.enter(tenant):
+        with self.quota.enter(tenant, rated=True):
             ids = await self._off_loop(self._predict_ids, request.text)
             result = await predicting.predict(self.config.router, ids, sampling,
                                               self.config.target_max_k,
@@ -382,9 +385,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Check(  # noqa: N802
         self, request: pb.CheckRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckResponse:
-        self.quota.check_bytes(text_bytes(request))
         tenant = TENANT.get()
-        with self.quota.enter(tenant):
+        self.quota.rate(tenant)
+        self.quota.check_bytes(text_bytes(request))
+        with self.quota.enter(tenant, rated=True):
             prompt_ids, guess_ids = await self._off_loop(self._check_ids, request)
             result = await checking.check(self.config.router, prompt_ids, guess_ids,
                                           self.config.target_max_k, tenant, self.config.admission,

@@ -6,8 +6,9 @@ and a label on `specdec_limit_rejections_total`. The orchestrator's
 `TenantQuota` is checked before any tokenising (a stream's slot on a target
 replica is another matter: orchestrator.policy.capacity.TargetAdmission):
 
+    quota.rate(tenant)                    # --rate-per-tenant: first, refused calls count too
     quota.check_bytes(request_bytes)      # --max-request-bytes
-    with quota.enter(tenant, streams=n):  # --max-streams-per-tenant, --rate-per-tenant,
+    with quota.enter(tenant, streams=n, rated=True):  # --max-streams-per-tenant,
         ...                               # --max-in-flight (a request of n choices holds n)
 
 `RequestLimits` bound what one request makes the orchestrator do (stop strings,
@@ -138,11 +139,12 @@ class TenantQuota:
                          retry_after_s=1.0)
 
     @contextmanager
-    def enter(self, tenant: str, streams: int = 1) -> Iterator[None]:
+    def enter(self, tenant: str, streams: int = 1, *, rated: bool = False) -> Iterator[None]:
         """Hold `streams` stream slots of `tenant` (and as many of the total) for the call's
-        duration: a request of n choices runs n streams."""
+        duration: a request of n choices runs n streams. `rated`: the call's `rate` was taken."""
         lim = self.limits
-        self.rate(tenant)
+        if not rated:
+            self.rate(tenant)
         needs = f" (this call runs {streams} streams)" if streams > 1 else ""
         if lim.max_in_flight and self.in_flight + streams > lim.max_in_flight:
             raise reject("max_in_flight", f"{lim.max_in_flight} streams in progress at most{needs}; "

@@ -134,3 +134,19 @@ def test_check_and_predict_take_a_target_slot(bounded):
         holder.join(120)
     assert stub.Check(pb.CheckRequest(prompt=PROMPT, guess=" mat"), timeout=30).positions
     assert stub.Predict(pb.PredictRequest(text=PROMPT), timeout=30).tokens
+
+
+def test_refused_requests_count_against_the_tenants_rate(stack, tiny_pair):
+    """A client spamming requests a bound refuses is rate-limited like any other (each refusal
+    still costs the orchestrator a message to parse)."""
+    address = stack.start_orchestrator("rated", tiny_pair[0], extra=(
+        "--rate-per-tenant", "1", "--burst-per-tenant", "3"))
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            stops = [f"s{i}" for i in range(33)]
+            codes = [_refused(lambda: _generate(stub, max_new_tokens=2, stop=stops)).code() for _ in range(6)]
+    finally:
+        stack.stop_one("rated")
+    assert codes[:3] == [grpc.StatusCode.INVALID_ARGUMENT] * 3
+    assert codes[3:] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
