@@ -868,7 +868,7 @@ def test_grafana_dashboard_is_well_formed():
     for panel in graphs:
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
-            assert re.search(r"\bspecdec_[a-z_]+", target["expr"]), target["expr"]
+            assert re.search(r"\b(specdec_|vllm:)[a-z_]+", target["expr"]), target["expr"]
             assert target["expr"].count("(") == target["expr"].count(")"), target["expr"]
         assert panel["datasource"]["uid"] == "${datasource}"
     titles = " ".join(p["title"].lower() for p in graphs)
