@@ -2,6 +2,7 @@
 
     python -m benchmarks.faults.attack_bench [--mb 8] [--victims 60] [--json out.json]
     python -m benchmarks.faults.attack_bench --gateway-only [--gateway-body-mb 100]
+    python -m benchmarks.faults.attack_bench --bounds-only [--tiny] [--runs 5]
 
 Tiny target + draft + orchestrator (loopback). One task sends short greedy
 Generates back to back and times each one's first chunk; phases alternate
@@ -15,6 +16,11 @@ context). Goal: the p99 delay <= 50 ms.
 The gateway entry (benchmarks.faults.gateway_attack): a --gateway-body-mb MB request body, declared
 and chunked, against the gateway's body limit. Goal: 413 within 1 s, gateway memory growth
 <= 20 MB.
+
+The bounds entry (benchmarks.faults.bounds_attack, --bounds or --bounds-only): 100,000 stop
+strings, a 1 MB prediction, a 1 MB JSON Schema, each refused with a clear error or served with
+another stream's worst chunk gap at most 1.5x its gap alone; with the default bounds and with
+every bound off.
 """
 from __future__ import annotations
 
@@ -114,15 +120,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway-body-mb", type=int, default=100,
                    help="size of the body sent to the gateway, MB (0 = skip that entry)")
     p.add_argument("--gateway-only", action="store_true", help="run the gateway entry alone")
+    p.add_argument("--bounds", action="store_true", help="also run the bounds entry (bounds_attack)")
+    p.add_argument("--bounds-only", action="store_true", help="run the bounds entry alone")
+    p.add_argument("--runs", type=int, default=5, help="bounds entry: victim streams per measurement")
+    p.add_argument("--tiny", action="store_true", help="bounds entry: the tiny test models, not the embedded")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    results = {} if args.gateway_only else run(args)
+    results = {} if args.gateway_only or args.bounds_only else run(args)
     for mode, r in results.items():
         print(f"{args.mb} MB prompts, {mode}: first token p50 {r['quiet_p50_ms']:.1f} -> "
               f"{r['attack_p50_ms']:.1f} ms, p99 {r['quiet_p99_ms']:.1f} -> {r['attack_p99_ms']:.1f} ms "
               f"(p99 delay {r['p99_delay_ms']:+.1f} ms; {r['huge_requests']} huge requests: "
               f"{', '.join(r['huge_outcomes'])})")
-    if args.gateway_body_mb:
+    if args.bounds or args.bounds_only:
+        from benchmarks.faults import bounds_attack
+
+        results["bounds"] = bounds_attack.run(args.runs, tiny=args.tiny)
+        bounds_attack.report(results["bounds"])
+    if args.gateway_body_mb and not args.bounds_only:
         from benchmarks.faults import gateway_attack
 
         body = gateway_attack.run(args.gateway_body_mb)
