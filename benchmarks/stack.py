@@ -92,11 +92,11 @@ class Stack:
                                  trace_file=self._trace_file(name), extra=extra)
         return self._group().serve(name, argv, port, timeout=timeout)
 
-    def start(self, *, with_link: bool) -> None:
+    def start(self, *, with_link: bool, orchestrator_extra: tuple[str, ...] = ()) -> None:
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
         self.start_services()
         self.orchestrator_address = self.start_orchestrator(
-            self.target_address, self.draft_address, "orchestrator")
+            self.target_address, self.draft_address, "orchestrator", extra=orchestrator_extra)
         if with_link:
             self.links = [LinkEmulator(self.target_address, procs.free_port()),
                           LinkEmulator(self.draft_address, procs.free_port())]

@@ -13,6 +13,7 @@ from orchestrator.fleet.routing import Router
 from orchestrator.policy.capacity import TargetAdmission
 from orchestrator.policy.costs import CostBook
 from orchestrator.proposers.features import RelayCache
+from orchestrator.proposers.bridge import TextBridge
 from orchestrator.kinds import COMBINED
 from orchestrator.round.grammar import Grammars
 from specdec.core.sampling import SamplingParams
@@ -67,6 +68,11 @@ class LoopConfig:
     tree_nodes: int = 0
     tree_width: int = 0
 
+    @property
+    def draft_mode(self) -> str:
+        """How drafts reach the target: "shared-vocabulary" or "text" (re-encoded across tokenizers)."""
+        return "text" if self.bridge is not None else "shared-vocabulary"
+
     def couples(self, params: SamplingParams, seed: int) -> bool:
         """Whether a sampled request with this seed (0 = none given) uses the coupled sampler."""
         if params.greedy:
@@ -74,6 +80,9 @@ class LoopConfig:
         return self.sampler == "coupled" or (self.sampler == "auto" and seed != 0)
     vocab_size: int = 0  # the target's (ModelInfo.vocab_size): the width of grammar masks
     grammars: Grammars | None = None  # built from the tokenizer when None
+    # A draft with another tokenizer (--draft-tokenizer): the two tokenizers, which translate its drafts
+    # (orchestrator.proposers.translated.TextBridge); None = the draft shares the target's vocabulary.
+    bridge: TextBridge | None = None
     # Feature drafts: multi-turn sessions' feature relays between turns (orchestrator.proposers.features).
     relays: RelayCache = field(default_factory=RelayCache)
 

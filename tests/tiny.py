@@ -169,3 +169,45 @@ def build_feature_head(target: Path, out_dir: Path, *, feature_weight: float = 0
         dtype="float32", kind=drafts.EAGLE, recipe={"method": "tests.tiny: the target's layers + noise"})
     head.requires_grad_(False)
     return drafts.save(head, out_dir, manifest)
+
+
+def build_permuted_draft(target: Path, out_dir: Path, *, seed: int = 5, noise: float = 0.04) -> Path:
+    """A draft with another tokenizer that reads text as the target does: the target's tokenizer
+    with its non-special ids shuffled (the same pieces and merges, other ids: another
+    fingerprint), and the target's weights with the embedding rows moved to match, plus noise.
+    In the target's ids it is a good draft; its own ids share nothing with the target's."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    original = AutoTokenizer.from_pretrained(target)
+    spec = json.loads(original.backend_tokenizer.to_str())
+    specials = {t["id"] for t in spec["added_tokens"]}
+    vocab = spec["model"]["vocab"]
+    movable = sorted(i for i in vocab.values() if i not in specials)
+    shuffled = torch.randperm(len(movable), generator=torch.Generator().manual_seed(seed)).tolist()
+    new_id = {old: movable[j] for old, j in zip(movable, shuffled)} | {i: i for i in specials}
+    spec["model"]["vocab"] = {piece: new_id[i] for piece, i in vocab.items()}
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)), bos_token=original.bos_token,
+        eos_token=original.eos_token, unk_token=original.unk_token, pad_token=original.pad_token)
+    fast.chat_template = original.chat_template
+    fast.save_pretrained(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        order = torch.arange(embedding.shape[0])  # row new_id[i] of the draft = row i of the target
+        for old, new in new_id.items():
+            order[new] = old
+        embedding.copy_(embedding[order])
+        if not model.config.tie_word_embeddings:
+            head = model.get_output_embeddings().weight
+            head.copy_(head[order])
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+    model.save_pretrained(out_dir)
+    return out_dir

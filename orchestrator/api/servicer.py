@@ -425,7 +425,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         config = self.config
         return pb.ServedModel(model_name=config.model_name, context_length=config.context_length,
                               tool_call_format=tool_call_format(config.tokenizer),
-                              max_new_tokens_limit=config.max_new_tokens_limit)
+                              max_new_tokens_limit=config.max_new_tokens_limit,
+                              draft_mode=config.draft_mode)
 
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext

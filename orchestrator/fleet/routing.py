@@ -41,6 +41,7 @@ class Router:
         self.registry = registry
         self.static = {role: list(addrs) for role, addrs in static.items()}
         self.fingerprint = fingerprint
+        self.fingerprints: dict[str, str] = {}  # role -> its own tokenizer's, where it differs
         self.timeout_s = timeout_s
         # (address, role) -> a client; tests inject in-process fakes here.
         self._connect = connect or (lambda address, role: ModelClient(address, role, timeout_s=timeout_s))
@@ -67,11 +68,11 @@ class Router:
                 if not self._last_live.get(role) and not self.static.get(role):
                     raise
                 entries = None
+            expected = self.fingerprints.get(role, self.fingerprint)
             live = [
                 (e.address, e.load, e.seen)
                 for e in entries or ()
-                if not self.fingerprint or not e.tokenizer_fingerprint
-                or e.tokenizer_fingerprint == self.fingerprint
+                if not expected or not e.tokenizer_fingerprint or e.tokenizer_fingerprint == expected
             ]
             if live:
                 self._last_live[role] = live

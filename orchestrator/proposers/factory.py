@@ -14,6 +14,7 @@ from orchestrator.proposers.combined import CombinedProposer
 from orchestrator.proposers.parallel import ParallelDraftProposer
 from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.draft import DraftServiceProposer
+from orchestrator.proposers.translated import TranslatedDraftProposer
 from orchestrator.proposers.local import GuessProposer, NoProposer, PredictedOutputProposer, PromptLookupProposer
 from orchestrator.fleet.remote import place
 from orchestrator.kinds import COMBINED, DRAFT, GUESS, KINDS, LOOKUP, NONE, PREDICTED_OUTPUT
@@ -36,6 +37,13 @@ async def open_proposer(
             raise Unavailable("proposer: no draft service replica is available (strict)")
         parallel = config.parallel if req.parallel is None else req.parallel
         relays = lambda dim: config.relays.take(session_id, dim, prefix_fingerprints(req.prompt_ids))  # noqa: E731
+        if config.bridge is not None:  # a draft with another tokenizer: its text, re-encoded
+            draft = TranslatedDraftProposer(DraftServiceProposer(
+                replica, strict=req.strict,
+                fallback_reason="" if replica else "no draft service replica available"), config.bridge)
+            if req.proposer == DRAFT:
+                return draft
+            return CombinedProposer(draft, PromptLookupProposer(max_k=config.max_k), config.costs, target)
         if req.proposer == DRAFT and replica is not None and parallel:
             draft = ParallelDraftProposer(replica, strict=req.strict, max_k=config.max_k, relays=relays)
             await draft.learn_kind()  # a feature draft: the first Score brings the prompt's features

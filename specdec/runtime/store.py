@@ -319,16 +319,19 @@ class Expected:
 
     fingerprint: str = ""
     models: dict[str, str] = field(default_factory=dict)  # role -> model_name
+    # role -> its own tokenizer's fingerprint where it differs (a draft with another tokenizer)
+    fingerprints: dict[str, str] = field(default_factory=dict)
 
     def mismatch(self, entry: ServiceEntry) -> str:
         """Why `entry` is not one of ours ("" if it is)."""
-        if not self.fingerprint:
+        expected = self.fingerprints.get(entry.role, self.fingerprint)
+        if not expected:
             return ""
         if not entry.tokenizer_fingerprint:
             return "it has no tokenizer fingerprint"
-        if entry.tokenizer_fingerprint != self.fingerprint:
+        if entry.tokenizer_fingerprint != expected:
             return (f"its tokenizer fingerprint {entry.tokenizer_fingerprint[:12]} is not "
-                    f"{self.fingerprint[:12]}")
+                    f"{expected[:12]}")
         model = self.models.get(entry.role)
         if model and entry.model_name != model:
             return f"it serves {entry.model_name!r}, not {model!r}"

@@ -435,13 +435,15 @@ class GetServedModelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServedModel(_message.Message):
-    __slots__ = ("model_name", "context_length", "tool_call_format", "max_new_tokens_limit")
+    __slots__ = ("model_name", "context_length", "tool_call_format", "max_new_tokens_limit", "draft_mode")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODE_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     context_length: int
     tool_call_format: str
     max_new_tokens_limit: int
-    def __init__(self, model_name: _Optional[str] = ..., context_length: _Optional[int] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_limit: _Optional[int] = ...) -> None: ...
+    draft_mode: str
+    def __init__(self, model_name: _Optional[str] = ..., context_length: _Optional[int] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_limit: _Optional[int] = ..., draft_mode: _Optional[str] = ...) -> None: ...
