@@ -37,7 +37,7 @@ from gateway.playground import (
     RunCache, SampleBody, check_result, draw, parse_body, predict_result, replay,
     speedup_table,
 )
-from gateway.quota import QuotaExhausted
+from gateway.playground.quota import QuotaExhausted
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 

@@ -1,14 +1,14 @@
 """The playground's pure parts: the pass quota, the sampling panel's samplers and test, the
-speed-up table (gateway.quota, gateway.sampling_panel, gateway.playground.speedup_table)."""
+speed-up table (gateway.playground.quota, gateway.playground.panel, gateway.playground.speedup_table)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gateway import sampling_panel as panel
+from gateway.playground import panel
 from gateway.errors import APIError
 from gateway.playground import RunCache, PredictBody, speedup_table
-from gateway.quota import PassQuota, QuotaExhausted
+from gateway.playground.quota import PassQuota, QuotaExhausted
 from specdec.core import speedup
 
 

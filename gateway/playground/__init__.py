@@ -7,7 +7,7 @@ through the station in five steps: one token per pass, all at once (Predict), yo
 token and its source), and the real thing (the speed-up model against the session's
 measured alpha, c, v; the sampling panel). Everything it shows comes from the orchestrator.
 
-Every endpoint that runs the target charges the visitor's pass quota (gateway.quota) in
+Every endpoint that runs the target charges the visitor's pass quota (gateway.playground.quota) in
 target passes; a visitor is the caller's address, or behind --trusted-proxies the address
 they forwarded (gateway.guard.client_address). A run whose result is a function of its
 request (greedy, or sampling with a seed) is kept in a small LRU cache; repeating it with
@@ -29,12 +29,12 @@ from starlette.requests import Request
 
 from gateway.errors import from_rpc_error, invalid
 from gateway.guard import Network, client_address
-from gateway.quota import PassQuota
+from gateway.playground.quota import PassQuota
 from specdec.core import speedup
 from specdec.core.bounds import MAX_K
 
 log = logging.getLogger("gateway.playground")
-STATIC = Path(__file__).resolve().parent / "static"
+STATIC = Path(__file__).resolve().parents[1] / "static"
 PREFIX = "/playground"
 MAX_NEW_TOKENS = 64  # per playground generation
 MAX_DRAWS = 20_000
@@ -273,7 +273,7 @@ def check_result(reply) -> dict:
 
 def draw(dist, body: SampleBody) -> dict:
     """The sampling panel's draws and test (CPU work: run off the event loop)."""
-    from gateway import sampling_panel as panel
+    from gateway.playground import panel
     from specdec.runtime.wire import decode_probs
 
     p = decode_probs(dist.target_next)[0]
