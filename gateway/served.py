@@ -1,8 +1,8 @@
 """The model ids this gateway answers to, and what the orchestrator says of its model.
 
 The first id is the served model's name: --served-model-name's first, else the target's own
-(Orchestrator.GetServedModel: its folder's name, or SmolLM2-135M-Instruct for the embedded
-default), as vLLM serves a model under its own id. The other names of --served-model-name are
+(Orchestrator.GetServedModel: its Hugging Face id ORG/NAME, its folder's name, or
+SmolLM2-135M-Instruct for the embedded default), as vLLM serves a model under its own id. The other names of --served-model-name are
 aliases, and so is `specdec`, the id every earlier gateway required. The orchestrator is asked
 once (when first needed, so a gateway may start before it); until it answers, a request's model
 id is not checked here (the orchestrator's own error then reaches the caller).

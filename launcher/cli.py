@@ -214,9 +214,13 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     """Start Redis (if none answers), target, draft, orchestrator; return the orchestrator address."""
     from engine.model.loader import resolve
 
+    # The models first, before anything starts: converts the embedded GGUF once (~15 s); a Hub id
+    # is fetched into the hub cache here, once, and the services (HF_HUB_OFFLINE=1) read it there.
+    target_folder, _ = resolve(args.target_model, args.target_revision, flag="--target-model")
+    if args.draft_model:
+        resolve(args.draft_model, args.draft_revision, flag="--draft-model")
     redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
     say(f"redis         {redis_url} (key prefix {launch.prefix})")
-    target_folder, _ = resolve(args.target_model)  # converts the embedded GGUF once (~15 s)
     common = dict(redis_url=redis_url, redis_prefix=launch.prefix, device=args.device)
     if args.threads:
         threads = {"target": args.threads, "draft": args.threads}
@@ -230,8 +234,11 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     # The embedded target is named by the service itself (SmolLM2-135M-Instruct, the API's model
     # id), not by its converted folder; the conversion is cached, so it is not done twice.
     models = {"target": args.target_model or None, "draft": args.draft_model}
+    own = {"target": dict(revision=args.target_revision if args.target_model else None,
+                          max_model_len=args.max_model_len),
+           "draft": dict(revision=args.draft_revision if args.draft_model else None)}
     started = {role: launch.processes.start(role, service_argv(
-                   role, port, model=models[role], threads=threads[role], **common),
+                   role, port, model=models[role], threads=threads[role], **own[role], **common),
                    env=child_env(threads[role]))
                for role, port in ports.items()}
     for role, proc in started.items():
@@ -242,7 +249,7 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
         port, tokenizer=target_folder, targets=[f"127.0.0.1:{ports['target']}"],
         drafts=[f"127.0.0.1:{ports['draft']}"], redis_url=redis_url, redis_prefix=launch.prefix,
         threads=1, default_proposer=args.default_proposer, default_k=args.default_k,
-        extra=["--parallel"] if args.parallel else [],
+        chat_template=args.chat_template, extra=["--parallel"] if args.parallel else [],
     ), port, timeout=args.timeout, env=child_env(1))
     say(f"orchestrator  {address}")
     return address
@@ -387,7 +394,7 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     weights and its thread count: the plain baseline every configuration must beat."""
     import torch
 
-    from engine.model.loader import load
+    from engine.model.loader import load, read_chat_template
     from orchestrator.round.text import encode_prompt
 
     stats = result["stats"]
@@ -398,6 +405,8 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     torch.set_num_threads(launch.target_threads)
     try:
         loaded = load(str(launch.target_folder), device=args.device)
+        if args.chat_template:  # the template the orchestrator applied
+            loaded.tokenizer.chat_template = read_chat_template(args.chat_template)
         messages = [(m["role"], m["content"]) for m in options.get("messages", ())]
         ids = encode_prompt(loaded.tokenizer, "" if messages else args.prompt, messages)
         model, n = loaded.model, stats.new_tokens
@@ -447,8 +456,17 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 LAUNCH = Group("launch", (
     Flag("port", "orchestrator port (a free one if taken)", 50050, int),
-    Flag("target-model", "target folder or .gguf; empty = the embedded SmolLM2-135M-Instruct", None),
-    Flag("draft-model", "draft folder or .gguf; empty = the draft service's own default", None),
+    Flag("target-model", "target folder, .gguf or Hugging Face id ORG/NAME (fetched into the hub cache "
+         "once, here, unless HF_HUB_OFFLINE is set; the services then read the cache); empty = the "
+         "embedded SmolLM2-135M-Instruct", None),
+    Flag("target-revision", "branch, tag or commit of a --target-model given as a Hugging Face id", "main"),
+    Flag("draft-model", "draft folder, .gguf or Hugging Face id ORG/NAME; empty = the draft service's own "
+         "default", None),
+    Flag("draft-revision", "branch, tag or commit of a --draft-model given as a Hugging Face id", "main"),
+    Flag("max-model-len", "the target's --max-model-len: cap the context length served (longer requests "
+         "are refused)", None, int, default_doc="the model's own"),
+    Flag("chat-template", "the orchestrator's --chat-template: a Jinja file rendering chat messages in "
+         "place of the target's own template", None),
     Flag("device", "cpu, cuda:0, ... for both services", "cpu"),
     Flag("threads", "torch threads per service (0 = split the cores: target ceil(n/2), draft the rest, "
          "orchestrator 1)", 0, int),

@@ -57,8 +57,9 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     model, num_layers = role.model_defaults(args.model, args.num_layers)
     try:
         loaded = loader.load(model, device=args.device, dtype=args.dtype,
-                             num_layers=int(num_layers) if num_layers is not None else None)
-    except (FileNotFoundError, ValueError) as exc:
+                             num_layers=int(num_layers) if num_layers is not None else None,
+                             revision=args.revision, max_model_len=args.max_model_len)
+    except (OSError, ValueError) as exc:  # no such folder or file, a Hub id not to be had, bad flags
         log.error("cannot load the model: %s", exc)
         return 2
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"

@@ -15,7 +15,13 @@ _D = HostLimits()
 
 def service_settings(role: Role) -> Settings:
     model = Group("model", (
-        Flag("model", f"local Hugging Face folder or .gguf file; omitted = {role.model_help}", None),
+        Flag("model", "local Hugging Face folder, .gguf file, or Hugging Face id ORG/NAME (an existing "
+             "local path wins; an id is read from the hub cache, HF_HOME / HF_HUB_CACHE, and fetched there "
+             f"unless HF_HUB_OFFLINE is set; HF_TOKEN for gated models); omitted = {role.model_help}", None),
+        Flag("revision", "branch, tag or commit of a --model given as a Hugging Face id", "main"),
+        Flag("max-model-len", "cap the context length (prompt + generated tokens) this service reports "
+             "in GetInfo and accepts; the orchestrator refuses longer requests", None, int,
+             default_doc="the model's own (max_position_embeddings)"),
         Flag("device", "cpu, cuda, cuda:N", "cpu"),
         Flag("dtype", "weights and KV dtype", None, choices=sorted(DTYPES),
              default_doc="float32, or the dtype a distilled draft folder names if the device supports it"),

@@ -70,11 +70,26 @@ def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHe
     return ReplicaHealth(deadlines, outliers), TargetAdmission(capacity, costs)
 
 
+def _tokenizer(args: argparse.Namespace) -> tuple[object, str]:
+    """(tokenizer, folder) of --tokenizer at --tokenizer-revision, with --chat-template's template."""
+    from engine.model.loader import read_chat_template, resolve
+
+    try:
+        path, _ = resolve(args.tokenizer, args.tokenizer_revision, flag="--tokenizer")
+        tokenizer, folder = load_tokenizer(str(path))
+        if args.chat_template:
+            tokenizer.chat_template = read_chat_template(args.chat_template)
+            log.info("chat template: %s", args.chat_template)
+    except (OSError, ValueError) as exc:  # no such folder, a Hub id not to be had, a broken template
+        raise StartupError(str(exc)) from None
+    return tokenizer, folder
+
+
 async def build_config(args: argparse.Namespace) -> LoopConfig:
     """Load the tokenizer, reach Redis and the services, check they all agree."""
     from orchestrator.config import LoopConfig
 
-    tokenizer, folder = load_tokenizer(args.tokenizer)
+    tokenizer, folder = _tokenizer(args)
     fingerprint = tokenizer_fingerprint(tokenizer)
     client = connect(args.redis_url)
     store = SessionStore(client, url=args.redis_url, prefix=args.redis_prefix, ttl_s=args.record_ttl)

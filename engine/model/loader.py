@@ -1,5 +1,6 @@
 """Load a causal LM for serving: a Hugging Face folder, a GGUF file, a draft
-folder (engine.model.drafts), or the embedded default.
+folder (engine.model.drafts), a Hugging Face id ORG/NAME at a revision (engine.model.hub:
+the hub cache, fetched there if needed; an existing local path wins), or the embedded default.
 
 GGUF files are de-quantised once (slow: ~15 s for the default) into a cached
 safetensors folder under ${SPECDEC_CACHE_DIR:-~/.cache/specdec}/models/, written
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from engine.model import drafts
+from engine.model import drafts, hub
 from engine.model.dtypes import DTYPES
 from specdec.core.fingerprint import tokenizer_fingerprint
 
@@ -143,23 +144,75 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def resolve(spec: str | None) -> tuple[Path, str]:
-    """(HF folder, display name) for a --model value; converts GGUF files."""
+def resolve(spec: str | None, revision: str | None = None, *,
+            flag: str = "--model") -> tuple[Path, str]:
+    """(HF folder, display name) for a --model value; converts GGUF files, fetches Hub ids.
+
+    A Hub id's name is the id itself (ORG/NAME): the model id the API serves it under.
+    `revision` applies to a Hub id only (default main); `flag` names the setting in errors.
+    """
     if not spec:
         gguf = embedded_gguf_path()
         return convert_gguf(gguf), gguf.name.split(".")[0]
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path), path.stem
-    if path.is_dir() and ((path / "config.json").is_file() or drafts.is_draft_folder(path)):
+    if hub.names_hub_model(spec):
+        folder = hub.snapshot(spec, revision, flag=flag)
+        if not _is_model_folder(folder):
+            raise hub.ModelUnavailable(
+                f"{flag} {spec} (revision {revision or hub.DEFAULT_REVISION}) has no config.json: not a "
+                "transformers model (a GGUF-only repository? download the .gguf and pass its path)")
+        return folder, spec
+    if path.is_dir() and _is_model_folder(path):
         return path, path.name
     raise FileNotFoundError(
-        f"--model {spec!r}: expected a local Hugging Face folder (with config.json) "
-        "or a .gguf file; nothing is downloaded"
+        f"{flag} {spec!r}: expected a local Hugging Face folder (with config.json), a .gguf file "
+        "or a Hugging Face id ORG/NAME"
     )
 
 
-def _load_distilled(folder: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
+def _is_model_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() or drafts.is_draft_folder(path)
+
+
+def read_chat_template(path: str | Path) -> str:
+    """A chat template file's text (--chat-template), checked to parse as Jinja."""
+    import jinja2
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"--chat-template {str(path)!r}: no such file")
+    text = file.read_text()
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template {str(path)!r}: not a Jinja template: line {exc.lineno}: "
+                         f"{exc.message}") from None
+    return text
+
+
+def capped_context(context: int, max_model_len: int | None) -> int:
+    """The context length served: the model's, or --max-model-len where that is smaller."""
+    if max_model_len is None:
+        return context
+    if max_model_len < 1:
+        raise ValueError(f"--max-model-len must be at least 1, got {max_model_len}")
+    if context and max_model_len > context:
+        raise ValueError(f"--max-model-len {max_model_len} exceeds the model's context length of "
+                         f"{context} (its max_position_embeddings)")
+    return max_model_len
+
+
+def _config_context(folder: Path) -> int:
+    """max_position_embeddings of the folder's config.json (0: unknown), read without loading it."""
+    try:
+        return int(json.loads((folder / "config.json").read_text()).get("max_position_embeddings") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _load_distilled(folder: Path, name: str, dtype: torch.dtype) -> tuple[Any, Any, str]:
     """(model, tokenizer, name) of a draft folder: its target's frozen parts + the trained tensors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -175,7 +228,7 @@ def _load_distilled(folder: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
     drafts.load_trained(model, folder)
     model.requires_grad_(False)
     kind = "eagle" if manifest.kind == drafts.EAGLE else "distilled"
-    return model, tokenizer, f"{folder.name}:{kind}-{manifest.num_layers}L-from-{manifest.target_name}"
+    return model, tokenizer, f"{name}:{kind}-{manifest.num_layers}L-from-{manifest.target_name}"
 
 
 def load(
@@ -184,22 +237,26 @@ def load(
     device: str = "cpu",
     dtype: str | None = "float32",
     num_layers: int | None = None,
+    revision: str | None = None,
+    max_model_len: int | None = None,
 ) -> LoadedModel:
-    """Load `spec` (folder, .gguf, or None for the embedded default) onto `device`.
+    """Load `spec` (folder, .gguf, Hub id at `revision`, or None for the embedded default) onto `device`.
 
     dtype None: float32, or the dtype a distilled draft folder names (where the device has it).
+    max_model_len: cap the context length served (GetInfo reports it, requests past it are refused).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    folder, name = resolve(spec)
+    folder, name = resolve(spec, revision)
     if dtype is None:
         dtype = drafts.serving_dtype(folder, device)
     torch_dtype = DTYPES[dtype]
+    capped_context(_config_context(folder), max_model_len)  # a bad --max-model-len: before the weights
     started = time.monotonic()
     if drafts.is_draft_folder(folder):  # a distilled draft: trained layers on its target's frozen parts
-        model, tokenizer, name = _load_distilled(folder, torch_dtype)
+        model, tokenizer, name = _load_distilled(folder, name, torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -221,7 +278,8 @@ def load(
         name=name,
         path=Path(folder),
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
-        context_length=int(getattr(model.config, "max_position_embeddings", 0) or 0),
+        context_length=capped_context(int(getattr(model.config, "max_position_embeddings", 0) or 0),
+                                      max_model_len),
         eos_token_ids=_eos_ids(model, tokenizer),
         tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
         parameter_count=sum(p.numel() for p in model.parameters()),

@@ -21,7 +21,7 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": gw.served.cards(gw.created)}
 
 
-@router.get("/v1/models/{model_id}")
+@router.get("/v1/models/{model_id:path}")  # a Hugging Face id has a slash: ORG/NAME
 async def model(model_id: str, request: Request) -> dict:
     gw = state.of(request)
     await gw.served.learn(gw.channel, _authorization(request))

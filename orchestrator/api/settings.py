@@ -17,8 +17,13 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("target", "static target address(es), comma-separated or repeated; the fallback when the "
          "Redis registry lists none", [], kind=APPEND),
     Flag("draft", "static draft address(es), comma-separated or repeated", [], kind=APPEND),
-    Flag("tokenizer", "the target's model folder or .gguf (for its tokenizer and chat template); "
-         "empty = the embedded default target", None),
+    Flag("tokenizer", "the target's model folder, .gguf or Hugging Face id ORG/NAME (for its tokenizer "
+         "and chat template; an id is read from the hub cache as the services' --model is); empty = the "
+         "embedded default target", None),
+    Flag("tokenizer-revision", "branch, tag or commit of a --tokenizer given as a Hugging Face id", "main"),
+    Flag("chat-template", "a Jinja file that renders chat messages in place of the tokenizer's own "
+         "template (the orchestrator applies it: the services see token ids only); omitted = the "
+         "target's own", None),
     Flag("record-ttl", "seconds a session's record is kept in Redis after its last turn (the model "
          "services free an idle KV cache after their own --kv-idle-ttl)", SESSION_TTL_S, int,
          aliases=("session-ttl",), env_aliases=("SPECDEC_SESSION_TTL",)),

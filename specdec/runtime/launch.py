@@ -91,6 +91,8 @@ def service_argv(
     port: int,
     *,
     model: str | Path | None = None,
+    revision: str | None = None,
+    max_model_len: int | None = None,
     device: str | None = None,
     dtype: str | None = None,
     num_layers: int | None = None,
@@ -104,7 +106,8 @@ def service_argv(
 ) -> list[str]:
     """`python -m {role}_service ...`; unset options keep the service's defaults."""
     return ["python", "-m", f"{role}_service", "--port", str(port), *_flags(
-        model=model, device=device, dtype=dtype, num_layers=num_layers, threads=threads,
+        model=model, revision=revision, max_model_len=max_model_len, device=device, dtype=dtype,
+        num_layers=num_layers, threads=threads,
         replica_id=replica_id, redis_url=redis_url, redis_prefix=redis_prefix,
         metrics_port=metrics_port, trace_file=trace_file,
     ), *extra]
@@ -114,6 +117,8 @@ def orchestrator_argv(
     port: int,
     *,
     tokenizer: str | Path | None = None,
+    tokenizer_revision: str | None = None,
+    chat_template: str | Path | None = None,
     targets: Iterable[str] = (),
     drafts: Iterable[str] = (),
     redis_url: str | None = None,
@@ -127,7 +132,8 @@ def orchestrator_argv(
 ) -> list[str]:
     """`python -m orchestrator ...`; with no targets/drafts it discovers them in Redis."""
     argv = ["python", "-m", "orchestrator", "--port", str(port), *_flags(
-        tokenizer=tokenizer, redis_url=redis_url, redis_prefix=redis_prefix, threads=threads,
+        tokenizer=tokenizer, tokenizer_revision=tokenizer_revision, chat_template=chat_template,
+        redis_url=redis_url, redis_prefix=redis_prefix, threads=threads,
         default_proposer=default_proposer, default_k=default_k, metrics_port=metrics_port,
         trace_file=trace_file,
     )]

@@ -130,7 +130,7 @@ def test_a_demo_that_cannot_start_says_why_in_one_line_and_keeps_the_logs_it_has
     missing = subprocess.run([*SPECDEC, "demo", "Hi", "--target-model", str(tmp_path / "no-such-model")],
                              capture_output=True, text=True, timeout=120, env=env)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr, missing.stderr
-    assert f"specdec demo: --model '{tmp_path / 'no-such-model'}'" in missing.stderr, missing.stderr
+    assert f"specdec demo: --target-model '{tmp_path / 'no-such-model'}'" in missing.stderr, missing.stderr
     assert not list(scratch.glob("specdec-up-*"))
     broken = tmp_path / "broken"
     broken.mkdir()
