@@ -217,8 +217,13 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
     # The models first, before anything starts: converts the embedded GGUF once (~15 s); a Hub id
     # is fetched into the hub cache here, once, and the services (HF_HUB_OFFLINE=1) read it there.
     target_folder, _ = resolve(args.target_model, args.target_revision, flag="--target-model")
+    # A draft with a tokenizer of its own (another family): the orchestrator is handed it, and runs
+    # the pair in draft mode "text" when it differs from the target's (orchestrator.proposers.bridge).
+    draft_tokenizer = []
     if args.draft_model:
-        resolve(args.draft_model, args.draft_revision, flag="--draft-model")
+        draft_folder, _ = resolve(args.draft_model, args.draft_revision, flag="--draft-model")
+        if (draft_folder / "tokenizer_config.json").is_file() or (draft_folder / "tokenizer.json").is_file():
+            draft_tokenizer = ["--draft-tokenizer", str(draft_folder)]
     redis_url = launch.redis_url = _ensure_redis(launch, args.redis_url)
     say(f"redis         {redis_url} (key prefix {launch.prefix})")
     common = dict(redis_url=redis_url, redis_prefix=launch.prefix, device=args.device)
@@ -249,7 +254,8 @@ def bring_up(args: argparse.Namespace, launch: Launch, say=print) -> str:
         port, tokenizer=target_folder, targets=[f"127.0.0.1:{ports['target']}"],
         drafts=[f"127.0.0.1:{ports['draft']}"], redis_url=redis_url, redis_prefix=launch.prefix,
         threads=1, default_proposer=args.default_proposer, default_k=args.default_k,
-        chat_template=args.chat_template, extra=["--parallel"] if args.parallel else [],
+        chat_template=args.chat_template,
+        extra=[*draft_tokenizer, *(["--parallel"] if args.parallel else [])],
     ), port, timeout=args.timeout, env=child_env(1))
     say(f"orchestrator  {address}")
     return address

@@ -30,6 +30,7 @@ from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.fleet.routing import Router
 from orchestrator.api.settings import orchestrator_settings
 from orchestrator.round.text import load_tokenizer
+from orchestrator.proposers.bridge import TextBridge
 from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint
 from specdec.runtime.limits import request_limits_from_args, tenant_limits_from_args
@@ -122,25 +123,12 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
     max_k = int(target_info.max_k) or MAX_K
     if target_info.max_request_tokens:  # a Score carries the k drafts and one committed token
         max_k = max(1, min(max_k, int(target_info.max_request_tokens) - 1))
+    bridge = _draft_tokenizer(args, tokenizer, fingerprint, expected, router)
     draft_info = await _first_info(router, "draft", 5.0)
     if draft_info is not None:
-        if (draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint
-                or draft_info.vocab_size != target_info.vocab_size):
-            raise StartupError(
-                f"draft {draft_info.model_name!r} and target {target_info.model_name!r} do not "
-                f"share a vocabulary (tokenizer fingerprints {draft_info.tokenizer_fingerprint[:12]} "
-                f"vs {target_info.tokenizer_fingerprint[:12]}, vocab sizes {draft_info.vocab_size} "
-                f"vs {target_info.vocab_size}); refusing to pair them"
-            )
+        bridge = _pair_draft(draft_info, target_info, bridge)
         expected.models["draft"] = draft_info.model_name
         max_k = min(max_k, int(draft_info.max_k) or max_k)
-        if draft_info.feature_dim and draft_info.feature_dim != target_info.feature_dim:
-            raise StartupError(
-                f"draft {draft_info.model_name!r} is a feature draft reading {draft_info.feature_dim}-wide "
-                f"target features ({draft_info.feature_kind}), but the target {target_info.model_name!r} "
-                + (f"returns {target_info.feature_dim}-wide ones" if target_info.feature_dim else
-                   "returns none (served through the stock forward, or an older service)")
-                + "; refusing to pair them")
     else:
         log.warning("no draft service answered; proposer 'draft' will fall back to target-only")
     log.info("target %s (vocab %d, context %d), draft %s, tokenizer %s",
@@ -170,7 +158,62 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         costs=costs,
         admission=admission,
         target_wait_s=args.target_wait_s,
+        bridge=bridge,
     )
+
+
+def _draft_tokenizer(args: argparse.Namespace, tokenizer, fingerprint: str, expected: Expected,
+                     router: Router) -> TextBridge | None:
+    """--draft-tokenizer: the draft's tokenizer, which the registry and the router then expect of
+    draft replicas. None when not given, or when it is the target's own."""
+    if not args.draft_tokenizer:
+        return None
+    from engine.model.loader import resolve
+
+    try:
+        path, _ = resolve(args.draft_tokenizer, flag="--draft-tokenizer")
+        draft_tokenizer, folder = load_tokenizer(str(path))
+    except (OSError, ValueError) as exc:  # no such folder, a Hub id not to be had, no tokenizer there
+        raise StartupError(str(exc)) from None
+    draft_fingerprint = tokenizer_fingerprint(draft_tokenizer)
+    if draft_fingerprint == fingerprint:
+        log.info("--draft-tokenizer %s is the target's tokenizer: drafts share its vocabulary", folder)
+        return None
+    expected.fingerprints["draft"] = router.fingerprints["draft"] = draft_fingerprint
+    return TextBridge(tokenizer, draft_tokenizer)
+
+
+def _pair_draft(draft, target, bridge: TextBridge | None) -> TextBridge | None:
+    """How the draft's tokens reach the target (the bridge, for a draft with another tokenizer),
+    or StartupError for a pair that cannot be served exactly."""
+    shared = (draft.tokenizer_fingerprint == target.tokenizer_fingerprint
+              and draft.vocab_size == target.vocab_size)
+    if draft.feature_dim and (not shared or draft.feature_dim != target.feature_dim):
+        raise StartupError(
+            f"draft {draft.model_name!r} is a feature draft reading {draft.feature_dim}-wide "
+            f"target features ({draft.feature_kind}), but the target {target.model_name!r} "
+            + ("has another tokenizer" if not shared else
+               f"returns {target.feature_dim}-wide ones" if target.feature_dim else
+               "returns none (served through the stock forward, or an older service)")
+            + "; refusing to pair them")
+    if shared:
+        log.info("draft %s shares the target's vocabulary: its tokens are verified as drafted",
+                 draft.model_name)
+        return None
+    if bridge is None:
+        raise StartupError(
+            f"draft {draft.model_name!r} and target {target.model_name!r} do not share a vocabulary "
+            f"(tokenizer fingerprints {draft.tokenizer_fingerprint[:12]} vs "
+            f"{target.tokenizer_fingerprint[:12]}, vocab sizes {draft.vocab_size} vs {target.vocab_size}); "
+            "give --draft-tokenizer (the draft's model folder or .gguf) to draft across tokenizers")
+    if tokenizer_fingerprint(bridge.draft) != draft.tokenizer_fingerprint:
+        raise StartupError(
+            f"--draft-tokenizer is not the tokenizer of the draft {draft.model_name!r} (fingerprints "
+            f"{tokenizer_fingerprint(bridge.draft)[:12]} vs {draft.tokenizer_fingerprint[:12]})")
+    log.info("draft %s has another tokenizer than the target: its drafted text is re-encoded in the "
+             "target's vocabulary and verified as a deterministic proposal (draft mode: text)",
+             draft.model_name)
+    return bridge
 
 
 async def _first_info(router: Router, role: str, timeout_s: float):

@@ -24,6 +24,9 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("chat-template", "a Jinja file that renders chat messages in place of the tokenizer's own "
          "template (the orchestrator applies it: the services see token ids only); omitted = the "
          "target's own", None),
+    Flag("draft-tokenizer", "the draft's model folder or .gguf, for a draft whose tokenizer differs from "
+         "the target's: its drafted text is re-encoded in the target's vocabulary and verified there, "
+         "exactly (orchestrator.proposers.translated); empty = the draft must share the target's", None),
     Flag("record-ttl", "seconds a session's record is kept in Redis after its last turn (the model "
          "services free an idle KV cache after their own --kv-idle-ttl)", SESSION_TTL_S, int,
          aliases=("session-ttl",), env_aliases=("SPECDEC_SESSION_TTL",)),
