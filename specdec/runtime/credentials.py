@@ -50,8 +50,10 @@ from pathlib import Path
 ORCHESTRATOR_ID = "spiffe://specdec/orchestrator"  # the client certificate the model services accept
 SERVER_ROLES = ("orchestrator", "target", "draft", "redis")
 ROLES = (*SERVER_ROLES, "gateway")
-DEFAULT_HOSTS = {"orchestrator": ("orchestrator",), "target": ("target", "target-cpu"),
-                 "draft": ("draft", "draft-cpu"), "redis": ("redis",)}
+# compose.yaml's names: its service names, and <container hostname>.<role network>, which each model
+# replica advertises (so that every replica of a scaled service is dialed at its own address).
+DEFAULT_HOSTS = {"orchestrator": ("orchestrator",), "target": ("target", "target-cpu", "*.target.specdec"),
+                 "draft": ("draft", "draft-cpu", "*.draft.specdec"), "redis": ("redis",)}
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")  # every server: the in-container probes dial these
 REDIS_USERS = {"orchestrator": "orchestrator", "target": "model", "draft": "model"}
 DEFAULT_PREFIX = "specdec:"
