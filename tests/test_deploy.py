@@ -1,4 +1,4 @@
-"""deploy/: the Kubernetes manifests (base + overlays, rendered here) and the Grafana dashboard.
+"""deploy/: the Kubernetes manifests (base + overlays + components, rendered here) and the Grafana dashboard.
 
 Offline: every rendered manifest validates strictly against the Kubernetes schemas that
 `kubernetes-validate` ships, and every pod spec meets the restricted Pod Security Standard;
@@ -6,7 +6,10 @@ probes target the ports the processes listen on; every SPECDEC_* name and flag u
 in the processes' own --help; grace periods cover the drain; every hop is TLS with tokens
 from the Secrets that deploy/k8s/secrets generates (rendered here from a fresh `specdec
 secrets` folder made with the recipe's --host names), each pod mounting only its own role's;
-NetworkPolicies let only orchestrators reach the model services.
+NetworkPolicies let only orchestrators reach the model services. Each role's model comes from
+the specdec-models ConfigMap: a folder on a volume (components/model-pvc) or a Hugging Face id
+fetched by an init container into the cache the process then reads offline (components/model-hub,
+with its egress policy); overlays/user-model fills it in, and a rendering made here mixes both.
 The live check of the dashboard's metric names is in tests/integration/test_gateway.py.
 """
 from __future__ import annotations
@@ -33,7 +36,9 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
-KUSTOMIZATIONS = {"base": "base", "cpu": "overlays/cpu", "gpu": "overlays/gpu"}
+KUSTOMIZATIONS = {"base": "base", "cpu": "overlays/cpu", "gpu": "overlays/gpu",
+                  "user-model": "overlays/user-model", "mixed": "overlays/test-mixed"}
+GPU_KUSTOMIZATIONS = {"gpu", "mixed"}
 ROLES = ("target", "draft", "orchestrator", "gateway")
 SECRETS = K8S / "secrets"  # only its kustomization.yaml is committed
 
@@ -89,7 +94,25 @@ def workdir() -> Path:
     shutil.copytree(K8S, root / "k8s", ignore=lambda d, names: [
         n for n in names if Path(d).resolve() == SECRETS and n != "kustomization.yaml"])
     generate(root / "k8s" / "secrets", hosts=recipe_hosts())
+    _write_mixed_overlay(root / "k8s" / "overlays" / "test-mixed")
     return root / "k8s"
+
+
+# One role from the Hub, the other from the volume: both components at once, on the GPU overlay.
+MIXED_MODELS = {"target": "Qwen/Qwen2.5-1.5B-Instruct", "target-revision": "v1.0",
+                "draft": "/models/qwen-draft", "draft-revision": "main"}
+
+
+def _write_mixed_overlay(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../gpu"],
+        "components": ["../../components/model-pvc", "../../components/model-hub"],
+        "patches": [{"path": "models.yaml"}]}))
+    (folder / "models.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "specdec-models"},
+        "data": MIXED_MODELS}))
 
 
 def _generate_secrets(folder: Path, spec: dict) -> list[dict]:
@@ -116,14 +139,18 @@ def _generate_secrets(folder: Path, spec: dict) -> list[dict]:
     return docs
 
 
-def render(folder: Path) -> list[dict]:
-    """The subset of kustomize these files use: resources, namespace, patches (by kind + name),
-    secretGenerator."""
+def render(folder: Path, docs: list[dict] | None = None) -> list[dict]:
+    """The subset of kustomize these files use: resources, components, namespace, patches (by
+    kind + name), secretGenerator. A Component works on `docs`, what its parent has accumulated."""
     spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    docs: list[dict] = []
+    docs = [] if docs is None else docs
     for entry in spec.get("resources", []):
         path = (folder / entry).resolve()
         docs += render(path) if path.is_dir() else _load(path)
+    for entry in spec.get("components", []):
+        path = (folder / entry).resolve()
+        assert yaml.safe_load((path / "kustomization.yaml").read_text())["kind"] == "Component", entry
+        docs = render(path, docs)
     docs += _generate_secrets(folder, spec)
     if "namespace" in spec:
         for doc in docs:
@@ -155,14 +182,18 @@ def _container(docs, role: str) -> dict:
 
 
 def _env(container: dict, docs) -> dict[str, str]:
-    """The container's environment: envFrom ConfigMaps/Secrets, then its own env (which wins)."""
+    """The container's environment: envFrom ConfigMaps/Secrets, then its own env (which wins), a
+    ConfigMap's key as its value (valueFrom configMapKeyRef; other valueFrom: "")."""
     env = {}
     for source in container.get("envFrom", []):
         if "configMapRef" in source:
             env.update(_find(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
         if "secretRef" in source:
             env.update(_secret_data(_find(docs, "Secret", source["secretRef"]["name"])))
-    env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+    for entry in container.get("env", []):
+        ref = entry.get("valueFrom", {}).get("configMapKeyRef")
+        env[entry["name"]] = (_find(docs, "ConfigMap", ref["name"])["data"][ref["key"]] if ref
+                              else entry.get("value", ""))
     return env
 
 
@@ -354,7 +385,7 @@ def test_devices_and_gpu_requests(name):
         container = _container(docs, role)
         pod = _find(docs, "Deployment", f"specdec-{role}")["spec"]["template"]["spec"]
         gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-        if name == "gpu" and role in ("target", "draft"):
+        if name in GPU_KUSTOMIZATIONS and role in ("target", "draft"):
             assert gpus == 1
             assert _env(container, docs)["SPECDEC_DEVICE"].startswith("cuda")
             assert pod["nodeSelector"] == {"specdec/pool": role}
@@ -383,8 +414,9 @@ def _module(container: dict) -> str:
     return command[2]
 
 
-def test_every_setting_and_flag_exists_in_the_processes_help():
-    docs = rendered("gpu")  # a superset of the base's names
+@pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
+def test_every_setting_and_flag_exists_in_the_processes_help(name):
+    docs = rendered(name)
     known_anywhere = set()
     for role in ROLES:
         container = _container(docs, role)
@@ -397,6 +429,13 @@ def test_every_setting_and_flag_exists_in_the_processes_help():
         for arg in _command(container)[3:]:
             if arg.startswith("--"):
                 assert re.search(rf"\s{re.escape(arg)}\b", text), f"{role}: {arg} not in --help"
+        for init in _pod(docs, role).get("initContainers", []):  # components/model-hub's fetch-model
+            text = _help(_module(init))
+            for entry in init.get("env", []):
+                if entry["name"].startswith("SPECDEC_"):
+                    assert entry["name"] in text, f"{role}/{init['name']}: {entry['name']} not in --help"
+            for arg in _command(init)[3:]:
+                assert arg.startswith("--") and re.search(rf"\s{re.escape(arg)}\b", text), (role, arg)
     shared = dict(_find(docs, "ConfigMap", "specdec-config")["data"])
     # Read by the Redis client of every server (specdec/runtime/store.py), not flags.
     for name in ("SPECDEC_REDIS_PASSWORD", "SPECDEC_REDIS_USERNAME"):
@@ -434,9 +473,10 @@ ORCHESTRATOR_TLS = {"SPECDEC_TLS_CERT": "server.crt", "SPECDEC_TLS_KEY": "server
                     "SPECDEC_AUTH_TOKENS": "tokens", "SPECDEC_SERVICE_TLS_CA": "ca.crt",
                     "SPECDEC_SERVICE_TLS_CERT": "client.crt", "SPECDEC_SERVICE_TLS_KEY": "client.key"}
 # The Secrets each pod may mount or read: its own role's, nothing else.
-OWN_SECRETS = {"target": {"specdec-target-tls", "specdec-target-env"},
-               "draft": {"specdec-draft-tls", "specdec-draft-env"},
-               "orchestrator": {"specdec-orchestrator-tls", "specdec-orchestrator-env"},
+# specdec-hf-token: the Hugging Face token of components/model-hub's init containers (optional).
+OWN_SECRETS = {"target": {"specdec-target-tls", "specdec-target-env", "specdec-hf-token"},
+               "draft": {"specdec-draft-tls", "specdec-draft-env", "specdec-hf-token"},
+               "orchestrator": {"specdec-orchestrator-tls", "specdec-orchestrator-env", "specdec-hf-token"},
                "gateway": {"specdec-ca"}, "redis": {"specdec-redis"}}
 
 
@@ -464,7 +504,7 @@ def _secrets_used(pod: dict) -> set[str]:
         for source in volume.get("projected", {}).get("sources", []):
             if "secret" in source:
                 names.add(source["secret"]["name"])
-    for container in pod["containers"]:
+    for container in _containers(pod):
         names |= {s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s}
         names |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
                   if "secretKeyRef" in e.get("valueFrom", {})}
@@ -854,6 +894,127 @@ def test_network_policies_let_only_orchestrators_reach_the_model_services():
                 for template in pods:
                     names = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
                     assert port["port"] in names, (policy["metadata"]["name"], port)
+
+
+# ------------------------------------------------------------------- models
+
+
+# What each rendering serves: specdec-models' keys (base/models.yaml and the overlays' patches).
+EXPECTED_MODELS = {"base": {"target": "", "draft": ""}, "cpu": {"target": "", "draft": ""},
+                   "gpu": {"target": "", "draft": ""},
+                   "user-model": {"target": "HuggingFaceTB/SmolLM2-360M-Instruct",
+                                  "draft": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+                   "mixed": {"target": MIXED_MODELS["target"], "draft": MIXED_MODELS["draft"]}}
+MODEL_SETTINGS = {"target": ("SPECDEC_MODEL", "SPECDEC_REVISION"), "draft": ("SPECDEC_MODEL", "SPECDEC_REVISION"),
+                  "orchestrator": ("SPECDEC_TOKENIZER", "SPECDEC_TOKENIZER_REVISION")}
+
+
+def _mount_of(container: dict, path: str) -> dict | None:
+    """The volumeMount whose mountPath holds `path` (the longest such)."""
+    hits = [m for m in container.get("volumeMounts", [])
+            if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    return max(hits, key=lambda m: len(m["mountPath"]), default=None)
+
+
+@pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
+def test_each_role_serves_the_model_its_key_names_from_where_it_is(name):
+    """A role's model and revision come from its specdec-models keys (the orchestrator's tokenizer
+    from the target's); a /models folder is on the read-only PVC mounted there, an id is fetched
+    into the volume where the process reads HF_HOME offline, by an init container with the same
+    model, revision and HF_HOME, and the Hub reachable."""
+    from launcher.fetch import is_hub_id
+
+    docs = rendered(name)
+    models = _find(docs, "ConfigMap", "specdec-models")["data"]
+    assert {role: models[role] for role in ("target", "draft")} == EXPECTED_MODELS[name]
+    for role, (model_var, revision_var) in MODEL_SETTINGS.items():
+        key = "target" if role == "orchestrator" else role
+        pod, container = _pod(docs, role), _container(docs, role)
+        env = _env(container, docs)
+        spec = env[model_var]
+        assert (spec, env[revision_var]) == (models[key], models[f"{key}-revision"]), role
+        inits = {c["name"]: c for c in pod.get("initContainers", [])}
+        if spec.startswith("/models/"):
+            mount = _mount_of(container, spec)
+            volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+            assert mount["readOnly"] and volume["persistentVolumeClaim"]["readOnly"], role
+            claim = _find(docs, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+            assert "ReadOnlyMany" in claim["spec"]["accessModes"]  # every replica, on any node
+        elif spec:
+            assert is_hub_id(spec), (role, spec)
+            fetch = inits["fetch-model"]
+            fetch_env = _env(fetch, docs)
+            assert (fetch_env[model_var], fetch_env[revision_var]) == (spec, env[revision_var]), role
+            assert _command(fetch)[:3] == ["python", "-m", "launcher.fetch"]
+            assert ("--tokenizer-only" in _command(fetch)) == (role == "orchestrator")  # no weights there
+            assert fetch_env["HF_HUB_OFFLINE"] == "0" and env["HF_HUB_OFFLINE"] == "1", role
+            assert fetch_env["HF_HOME"] == env["HF_HOME"], role
+            # The same pod volume, writable by the init container, under HF_HOME in both.
+            theirs, ours = _mount_of(fetch, fetch_env["HF_HOME"]), _mount_of(container, env["HF_HOME"])
+            assert theirs and ours and theirs["name"] == ours["name"] and not theirs.get("readOnly"), role
+            assert theirs["mountPath"] == ours["mountPath"]
+            token = next(e for e in fetch["env"] if e["name"] == "HF_TOKEN")["valueFrom"]["secretKeyRef"]
+            assert token["optional"] is True  # public models need none
+            assert "HF_TOKEN" not in env, role  # the serving process never holds it
+        else:
+            assert "fetch-model" not in inits and _mount_of(container, "/models/x") is None, role
+
+
+def test_launcher_fetch_runs_in_every_pod_that_fetches_and_matches_the_hub_loader():
+    """The init containers' module exists in the image's packages, and it fetches what the
+    services read (engine.model.hub's patterns, where that module is)."""
+    import launcher.fetch as fetch
+
+    assert (ROOT / "launcher" / "fetch.py").is_file()
+    hub = pytest.importorskip("engine.model.hub")
+    assert (fetch.FILES, fetch.WEIGHTS, fetch.LEGACY_WEIGHTS, fetch.DEFAULT_REVISION) == (
+        hub.FILES, hub.WEIGHTS, hub.LEGACY_WEIGHTS, hub.DEFAULT_REVISION)
+    for spec in ("Qwen/Qwen2.5-0.5B-Instruct", "a/b", "/models/x", "./x/y", "~/x", "a/b/c", "a/../b", "", "x"):
+        assert fetch.is_hub_id(spec) == hub.is_hub_id(spec), spec
+
+
+def _egress_allowed(policies: list[dict], source: dict, dest: dict | None, port: int, protocol: str = "TCP") -> bool:
+    """Whether a pod labelled `source` may open `port` on `dest` (pod labels in this namespace;
+    None: an address outside the cluster) under these NetworkPolicies' egress rules."""
+    selecting = [p["spec"] for p in policies if "Egress" in p["spec"].get("policyTypes", [])
+                 and _selects(p["spec"]["podSelector"], source)]
+    if not selecting:
+        return True
+    for spec in selecting:
+        for rule in spec.get("egress", []):
+            ports = rule.get("ports")
+            if ports and not any(p.get("port") == port and p.get("protocol", "TCP") == protocol for p in ports):
+                continue
+            peers = rule.get("to")
+            if not peers:
+                return True
+            if dest is not None and any(set(peer) == {"podSelector"} and _selects(peer["podSelector"], dest)
+                                        for peer in peers):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("name", ["user-model", "mixed"])
+def test_pods_that_fetch_reach_the_hub_dns_and_their_namespace_only(name):
+    docs = rendered(name)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = {role: _find(docs, "Deployment", f"specdec-{role}")["spec"]["template"]["metadata"]["labels"]
+              for role in ROLES}
+    labels["redis"] = _find(docs, "StatefulSet", "redis")["spec"]["template"]["metadata"]["labels"]
+    for role in ("target", "draft", "orchestrator"):
+        assert "fetch-model" in {c["name"] for c in _pod(docs, role)["initContainers"]}
+        source = labels[role]
+        assert _egress_allowed(policies, source, None, 443), role                  # the Hub
+        assert _egress_allowed(policies, source, None, 53, "UDP"), role            # DNS
+        assert _egress_allowed(policies, source, labels["redis"], 6379), role      # Redis
+        assert not _egress_allowed(policies, source, None, 6379), role             # nothing else out
+        assert not _egress_allowed(policies, source, None, 80), role
+    assert _egress_allowed(policies, labels["orchestrator"], labels["target"], 50061)
+    assert _egress_allowed(policies, labels["orchestrator"], labels["draft"], 50062)
+    # Pods that fetch nothing keep the base's open egress; the base itself restricts none.
+    assert _egress_allowed(policies, labels["gateway"], None, 80)
+    assert not [d for d in rendered("base") if d["kind"] == "NetworkPolicy"
+                and "Egress" in d["spec"].get("policyTypes", [])]
 
 
 # ------------------------------------------------------------------- dashboard
