@@ -20,9 +20,8 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
     def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork | TreeProposeWork:
         req = self.decode(request)
         if req.tree_nodes and not self.host.loaded.feature_dim and getattr(self.host.runner, "pooled", False):
-            if req.want_probs:
-                raise InvalidArgument("tree_nodes: a tree's drafts are verified by the target's own draws "
-                                      "(greedy or OUTPUT_MODE_COUPLED), not with q (OUTPUT_MODE_PROBS)")
+            # A tree's nodes are candidates (no q): verified by the target's own tokens, or, with
+            # OUTPUT_MODE_PROBS, by recursive rejection over siblings (verify_tree_sampled).
             return TreeProposeWork(self.host, req)
         features = None
         if request.HasField("features") and request.features.rows:

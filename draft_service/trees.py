@@ -4,9 +4,10 @@ One step per depth, as in dynamic draft trees: the committed tokens are fed,
 then at each depth the `width` best candidates (by the product of the draft's
 probabilities along their path) are fed together as tree nodes (engine.tree),
 each giving its `width` most likely next tokens as candidates of the next
-depth. Greedy ranks by the draft's probability; the coupled sampler by its
-probability perturbed with the noise the target draws that position with, so
-the candidates are the tokens most likely to be the target's draws. The
+depth. Greedy and rejection-sampled trees rank by the draft's probability; the
+coupled sampler by its probability perturbed with the noise the target draws
+that position with, so the candidates are the tokens most likely to be the
+target's draws. No q is returned: siblings are candidates, not samples. The
 `tree_nodes` best candidates of all depths form the tree (a candidate's
 ancestors always rank above it). Nodes that were fed stay pending in the
 draft's cache; the next call takes up the accepted path's (engine.tree).

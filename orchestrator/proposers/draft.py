@@ -193,10 +193,10 @@ class DraftServiceProposer:
         response = reply.response
         drafted = list(response.tokens)
         self._fed = len(ctx.tokens)  # read with the target's own features; the drafts with the head's
-        probs = None
-        if ctx.sampling.output_mode == common_pb2.OUTPUT_MODE_PROBS and drafted:
-            probs = decode_probs(response.probs)  # [n, vocab]
         tree = bool(response.parents)  # asked for a tree, and this replica drafts them
+        probs = None  # a tree's nodes are candidates, verified as one-hot proposals (verify_tree_sampled)
+        if ctx.sampling.output_mode == common_pb2.OUTPUT_MODE_PROBS and drafted and not tree:
+            probs = decode_probs(response.probs)  # [n, vocab]
         return Proposal(drafted, probs, response.cache_length, reply.call, reply.cache_misses,
                         deadline_misses=reply.deadline_misses,
                         parents=list(response.parents) if tree else None,

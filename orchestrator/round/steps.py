@@ -22,7 +22,8 @@ from orchestrator.round.state import Round, Turn
 from orchestrator.round.stats import RoundTally
 from specdec.core.kv import crop_lengths
 from specdec.core.stopping import STOP, clip_to_stop
-from specdec.core.verify import Verdict, verify_coupled, verify_greedy, verify_sampled, verify_tree
+from specdec.core.verify import (Verdict, verify_coupled, verify_greedy, verify_sampled, verify_tree,
+                                 verify_tree_sampled)
 from specdec.runtime.errors import FailedPrecondition
 from specdec.runtime.wire import decode_probs
 from specdec.v1 import model_pb2
@@ -121,9 +122,13 @@ def verify(turn: Turn, rnd: Round) -> None:
     sampling on p and q; the policy and the proposer learn what the proposer got right."""
     sampling, response = rnd.ctx.sampling, rnd.reply.response
     with turn.trace.step("verify"):
-        if rnd.tally.tree:  # the target's own tokens: its argmax, or its coupled draws
+        if rnd.tally.tree and (sampling.params.greedy or sampling.coupled):  # the target's own tokens
             own = response.argmax_ids if sampling.params.greedy else response.sampled_ids
             rnd.verdict = verify_tree(rnd.drafted, rnd.proposal.parents, list(own))
+        elif rnd.tally.tree:  # recursive rejection over siblings, on p per node
+            rnd.p = decode_probs(response.probs)
+            rnd.verdict = verify_tree_sampled(rnd.drafted, rnd.proposal.parents, rnd.p, seed=rnd.ctx.seed,
+                                              position=len(rnd.ctx.tokens))
         elif sampling.params.greedy:
             rnd.verdict = verify_greedy(rnd.drafted, list(response.argmax_ids))
         elif sampling.coupled:

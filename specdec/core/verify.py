@@ -125,8 +125,7 @@ def verify_tree(
     own there; the extra token is the target's token after the last accepted node. The
     committed tokens are therefore exactly target-only decoding's: greedy, or coupled
     sampling (whose draw at a position depends only on the path before it), whatever
-    the tree. Siblings are drafted candidates, not independent samples, so a tree of a
-    draft's q is not verified by rejection sampling: only by the target's own tokens.
+    the tree. Without a coupling, sampled trees go through verify_tree_sampled.
     """
     n = len(drafted)
     if len(parents) != n or len(target) != n + 1:
@@ -149,6 +148,58 @@ def verify_tree(
     tokens = [int(drafted[i]) for i in path] + [int(target[node + 1])]
     return TreeVerdict(accepted=len(path), tokens=tokens, extra_kind=RECOVERED if children.get(node) else BONUS,
                        path=tuple(path), ranks=tuple(ranks))
+
+
+def verify_tree_sampled(
+    drafted: Sequence[int],  # [n] the tree's tokens, parents first
+    parents: Sequence[int],  # [n] each one's parent: an earlier index, or -1
+    target_probs: torch.Tensor,  # [n + 1, vocab] p after the committed tokens, then after each node
+    *,
+    seed: int,
+    position: int,  # absolute position of a depth-1 node
+) -> TreeVerdict:
+    """Token trees for sampling without a coupling: recursive rejection over siblings.
+
+    From the committed tokens, the children of the current node are tried in order, each as a
+    one-hot proposal against the residual r (p there, less the siblings already rejected):
+    child c is accepted with probability r(c) / sum(r), else r(c) = 0 and the next is tried.
+    The first accepted child becomes the current node; if none is, the token is drawn from the
+    residual (recovered), and at a leaf from p (bonus). Sequential one-hot tests give each
+    sibling c_j exactly p(c_j) and every other token its p, whatever the siblings are, so the
+    output has the target's distribution for any tree made without the target's randomness.
+    Sibling j's test at absolute position P uses rng.uniform(seed, P, ACCEPT, j), the drawn
+    token rng.uniform(seed, P, RESAMPLE): a retried round decides the same.
+    """
+    n = len(drafted)
+    if len(parents) != n or target_probs.shape[0] != n + 1:
+        raise ValueError(f"parents and target_probs must have {n} and {n + 1} rows, "
+                         f"got {len(parents)} and {target_probs.shape[0]}")
+    _check_tokens(drafted, target_probs.shape[1])
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"parents[{i}] = {parent} is not an earlier node or -1")
+        children.setdefault(parent, []).append(i)
+    node, path, ranks = -1, [], []
+    while True:
+        at = position + len(path)
+        residual = target_probs[node + 1].double().clone()
+        accepted = None
+        for rank, child in enumerate(children.get(node, [])):
+            token, total = int(drafted[child]), float(residual.sum())
+            if total > 0 and rng.uniform(seed, at, Purpose.ACCEPT, rank) * total < float(residual[token]):
+                accepted = (rank, child)
+                break
+            residual[token] = 0.0
+        if accepted is None:
+            break
+        ranks.append(accepted[0])
+        node = accepted[1]
+        path.append(node)
+    u = torch.tensor([rng.uniform(seed, at, Purpose.RESAMPLE)], dtype=torch.float64)
+    extra = int(sample(residual[None], u)[0])
+    return TreeVerdict(accepted=len(path), tokens=[int(drafted[i]) for i in path] + [extra],
+                       extra_kind=RECOVERED if children.get(node) else BONUS, path=tuple(path), ranks=tuple(ranks))
 
 
 def count_accepted(

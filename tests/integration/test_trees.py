@@ -72,3 +72,16 @@ def test_tree_seeded_sampling_is_target_onlys_text_for_the_seed(trees) -> None:
                 for proposer, k in (("draft", 3), ("default", 0)):
                     got = c.complete(p, seed=seed, proposer=proposer, k=k, **options)
                     assert got.token_ids == want, (p, seed, proposer)
+
+
+def test_tree_sampling_without_a_seed_verifies_trees_by_rejection_over_siblings(trees) -> None:
+    """An unseeded sampled request drafts trees too (verify_tree_sampled; its distribution is
+    tested in tests/unit/test_tree_sampling.py): tree rounds, accepted paths, no fallback."""
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        tree_rounds = accepted = 0
+        for p in PROMPTS[:4]:
+            out = c.complete(p, max_new_tokens=N_NEW, temperature=0.7, proposer="draft", k=3)
+            assert len(out.token_ids) == N_NEW and not out.stats.fallback_reason
+            tree_rounds += sum(r.tree for r in out.stats.rounds)
+            accepted += sum(r.accepted for r in out.stats.rounds if r.tree)
+    assert tree_rounds > 0 and accepted > 0, (tree_rounds, accepted)
