@@ -198,6 +198,9 @@ def summarize_cell(records: list[dict]) -> dict:
     ks = [int(rd.get("k", 0)) for s in stats for rd in s.get("rounds") or []]
     if ks and first["proposer"] != "none":
         out.update(k_mean=statistics.fmean(ks), k_min=min(ks), k_max=max(ks))
+    trees = [int(rd.get("drafted", 0)) for s in stats for rd in s.get("rounds") or [] if rd.get("tree")]
+    if trees:  # token trees: their sizes (Stats.rounds[].drafted of the rounds that drafted a tree)
+        out.update(tree_rounds=len(trees), tree_nodes_mean=statistics.fmean(trees))
     width = first["k"] or (out.get("k_max") if is_adaptive(first) else 0)
     if first["proposer"] == "draft" and width:
         rates, acc, trials = per_position_acceptance(records, width)

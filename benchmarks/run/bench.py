@@ -8,7 +8,8 @@ rotated each time) so drift hits all alike:
              svc-draft-auto (k = 0: the orchestrator picks k each round),
              svc-lookup-k{K} (prompt lookup), svc-draft-par-k{K} (parallel
              speculation), svc-combined-k{K} (per round lookup, draft or neither;
-             k = 0: svc-combined-auto), svc-default (the orchestrator's defaults)
+             k = 0: svc-combined-auto), svc-default (the orchestrator's defaults),
+             svc-draft-tree{N}-k{K} (--tree-k: token trees, a second orchestrator)
   in-process hf-target (`model.generate`), hf-assisted-k{K} (`assistant_model=`
              with the same draft, constant K), hf-lookup-k{K}
              (`prompt_lookup_num_tokens=K`)
@@ -77,6 +78,7 @@ class Config:
     k: int = 0  # svc-draft: 0 = adaptive (the orchestrator picks k each round)
     parallel: bool = False  # svc-draft: parallel speculation (Speculation.PARALLEL)
     prediction: str = ""  # svc-prediction: "source" (the edited text) or "exact" (the answer)
+    tree: int = 0  # svc: token trees of at most this many tokens (an orchestrator with --tree-nodes)
 
     @property
     def adaptive(self) -> bool:
@@ -90,6 +92,8 @@ class Config:
             return f"{self.family}-{self.proposer}-auto"  # k = 0: the orchestrator's default bound
         if self.parallel:
             return f"{self.family}-{self.proposer}-par-k{self.k}"
+        if self.tree:
+            return f"{self.family}-{self.proposer}-tree{self.tree}-k{self.k}"
         if self.prediction:
             return f"{self.family}-{self.proposer}-{self.prediction}-k{self.k}"
         return f"{self.family}-{self.proposer}-k{self.k}"
@@ -129,11 +133,11 @@ def _floats(text: str) -> list[float]:
 
 
 FULL = dict(per_category=1, max_new_tokens=32, reps=3, k="1-8", sampling_k="2,4,8", parallel_k="1,2,4",
-            lookup_k="4", combined_k="4", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
+            lookup_k="4", combined_k="4", tree_k="", peer_k="2,4", rtts="0,1,2,5,10,20", rtt_k="2,4", rtt_prompts=2,
             rates="0,1000,100", rate_k="4", rate_rtt=0.0, rate_prompts=1, prediction_prompts=2,
             prediction_tokens=96, structured_prompts=6, structured_tokens=128)
 QUICK = dict(per_category=1, max_new_tokens=16, reps=3, k="1,2,4", sampling_k="2", parallel_k="1",
-             lookup_k="4", combined_k="4", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
+             lookup_k="4", combined_k="4", tree_k="", peer_k="2", rtts="0,5", rtt_k="2", rtt_prompts=1,
              rates="0,10", rate_k="2", rate_rtt=0.0, rate_prompts=1, prediction_prompts=1,
              prediction_tokens=48, structured_prompts=1, structured_tokens=128)
 # The predicted-output cell's edit prompts, in order: the text after the instruction's blank line
@@ -199,6 +203,11 @@ def _cell_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--combined-k", help=f"combined proposer (lookup or draft per round) k list; '' "
                                         f"for none (full {FULL['combined_k']})")
     p.add_argument("--peer-k", help=f"in-process assisted k list (full {FULL['peer_k']})")
+    p.add_argument("--tree-k", help="draft k list with token trees (svc-draft-tree{N}-k{K}, through a "
+                                    "second orchestrator started with --tree-nodes N); '' for none (the "
+                                    "default)")
+    p.add_argument("--tree-nodes", type=int, default=12, help="N: the trees' node budget (default 12)")
+    p.add_argument("--tree-width", type=int, default=3, help="candidates per tree node (default 3)")
     p.add_argument("--no-auto", action="store_true",
                    help="skip svc-draft-auto (adaptive k); with --orchestrator it is only adaptive "
                         "if that orchestrator runs with --default-k auto")
@@ -244,7 +253,7 @@ def _resolved(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.
             setattr(args, key, value)
     args.k, args.sampling_k = _ints(args.k), _ints(args.sampling_k)
     args.lookup_k, args.peer_k = _ints(args.lookup_k), _ints(args.peer_k)
-    args.combined_k = _ints(args.combined_k)
+    args.combined_k, args.tree_k = _ints(args.combined_k), _ints(args.tree_k)
     args.parallel_k = _ints(args.parallel_k)
     args.rtts, args.rtt_k = _floats(args.rtts), _ints(args.rtt_k)
     args.rates, args.rate_k = _floats(args.rates), _ints(args.rate_k)
@@ -280,6 +289,8 @@ def main_configs(args, mode: str) -> list[Config]:
         configs.append(Config("svc", "draft", 0))  # k = 0: adaptive
     configs += [Config("svc", "lookup", k) for k in args.lookup_k]
     configs += [Config("svc", "combined", k) for k in args.combined_k]
+    if not args.orchestrator:  # trees need an orchestrator of their own
+        configs += [Config("svc", "draft", k, tree=args.tree_nodes) for k in args.tree_k]
     if not args.no_default:
         configs.append(Config("svc", "default"))  # no proposer, no k: what a plain request gets
     if not args.no_peer:
@@ -683,6 +694,11 @@ def _start(args, stack, runners: dict[str, object]) -> None:
         runners["direct"] = ServiceRunner(stack.orchestrator_address, traced=traced)
         if stack.linked_address:
             runners["linked"] = ServiceRunner(stack.linked_address, traced=traced)
+        if args.tree_k:  # token trees: an orchestrator with --tree-nodes on the same services
+            address = stack.start_orchestrator(stack.target_address, stack.draft_address, "orchestrator-tree",
+                                               extra=("--tree-nodes", str(args.tree_nodes),
+                                                      "--tree-width", str(args.tree_width)))
+            runners["tree"] = ServiceRunner(address, traced=traced)
     if not args.no_peer:
         print("loading the in-process peer...", file=sys.stderr)
         runners["peer"] = PeerRunner(args)
@@ -696,6 +712,8 @@ def _measure(args, items: list[Item], stack, runners: dict[str, object], records
     def runner_for(item: Item):
         if item.config.family == "hf":
             return runners["peer"]
+        if item.config.tree:
+            return runners["tree"]
         if item.link is not None:
             stack.links[0].set(item.link)
             stack.links[1].set(item.link)

@@ -98,7 +98,8 @@ def _throughput_section(main: list[dict]) -> list[str]:
              "tokens/s is the median over repetitions of (tokens / seconds summed over prompts), "
              "with min–max; ratios divide medians. k used = the k the rounds asked the proposer "
              "for (`Stats.rounds[].k`), mean [min–max]: the config's k, less in a request's last "
-             "rounds; for svc-draft-auto what the orchestrator's adaptive k chose.", ""]
+             "rounds; for svc-draft-auto what the orchestrator's adaptive k chose; for a tree "
+             "configuration also the mean tree size (tokens per tree round).", ""]
     lines.append("| mode | config | tokens/s (min–max) | target passes/token | mean accepted "
                  "| k used | TTFT ms | × svc-none | × hf-target | × hf twin |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -257,7 +258,8 @@ def _features(b: dict) -> str:
 def _k_used(s: dict) -> str:
     if s.get("k_mean") is None:
         return "–"
-    return f"{_f(s['k_mean'])} [{s['k_min']}–{s['k_max']}]"
+    tree = f"; tree {_f(s['tree_nodes_mean'], '.1f')} nodes" if s.get("tree_rounds") else ""
+    return f"{_f(s['k_mean'])} [{s['k_min']}–{s['k_max']}]{tree}"
 
 
 def _rtt_pred(summaries: list[dict], s: dict) -> float:

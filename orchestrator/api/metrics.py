@@ -39,6 +39,13 @@ ROUND_PHASE = Histogram("specdec_round_phase_seconds",
 # Every series exists before the first generation; kept, as every round of every generation
 # observes each (labels() per observation was 2% of a loaded orchestrator's CPU).
 _PHASE_SERIES = tuple((f"{phase}_ms", ROUND_PHASE.labels(phase)) for phase in PHASES)
+TREE_NODES = Histogram("specdec_tree_nodes", "Tokens of a round's token tree (rounds that drafted a tree)",
+                       buckets=(2, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64))
+TREE_DEPTH = Histogram("specdec_tree_accepted_depth", "Depth of the path a token tree's round accepted",
+                       buckets=(0, 1, 2, 3, 4, 5, 6, 8))
+TREE_RANK = Counter("specdec_tree_accepted_by_rank_total",
+                    "Accepted tree tokens by their rank among their siblings (0 = the draft's first "
+                    "candidate)", ["rank"])
 OVERHEAD = Histogram("specdec_round_overhead_seconds",
                      "Median per-round time outside the services' compute, per generation",
                      buckets=(0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05))
@@ -63,6 +70,11 @@ def observe(t: Tally) -> None:
     for r in t.rounds:
         for field, series in _PHASE_SERIES:
             series.observe(getattr(r, field) / 1e3)
+        if r.tree:
+            TREE_NODES.observe(r.drafted)
+            TREE_DEPTH.observe(r.accepted)
+            for rank in r.accepted_ranks:
+                TREE_RANK.labels(str(rank)).inc()
 
 
 # ---------------------------------------------------------------- vLLM's names for the same quantities

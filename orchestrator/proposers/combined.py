@@ -56,11 +56,15 @@ class CombinedProposer:
         return self.draft.features
 
     async def propose(self, ctx: DraftContext) -> Proposal:
-        guess = (await self.lookup.propose(ctx)).tokens if ctx.k else []
+        guess = (await self.lookup.propose(replace(ctx, tree_nodes=0))).tokens if ctx.k else []  # a chain
         draft_usable = bool(ctx.k) and not ctx.draft_off and await self.draft.usable()
         source, n = self.choose(ctx.k, guess, draft_usable=draft_usable)
         self._last = source
         if source == LOOKUP:
+            if ctx.tree_nodes:  # several occurrences' continuations, as a tree (when they branch)
+                tree = await self.lookup.propose(replace(ctx, k=n))
+                if tree.parents is not None:
+                    return replace(self._lookup_round(tree.tokens), parents=tree.parents)
             return self._lookup_round(guess[:n])
         proposal = await self.draft.propose(replace(ctx, k=n))
         if proposal.deadline_misses and guess:  # the draft hung: the free guess takes the round

@@ -44,9 +44,11 @@ class NoProposer(_Local):
 
 
 class PromptLookupProposer(_Local):
-    """Copy what followed the most recent earlier occurrence of the last n-gram."""
+    """Copy what followed the most recent earlier occurrence of the last n-gram; asked for a
+    tree (DraftContext.tree_nodes), what followed several recent occurrences, as a token tree."""
 
     name = LOOKUP
+    branches = True
 
     def __init__(self, max_ngram: int = 2, min_ngram: int = 1, max_k: int = 8) -> None:
         self._lookup = PromptLookup(max_ngram=max_ngram, min_ngram=min_ngram, num_tokens=max_k)
@@ -54,6 +56,11 @@ class PromptLookupProposer(_Local):
     async def propose(self, ctx: DraftContext) -> Proposal:
         fed = len(self._lookup)
         self._lookup.extend(ctx.tokens[fed:])
+        if ctx.tree_nodes and ctx.k:
+            tokens, parents = self._lookup.propose_tree(ctx.k, ctx.tree_nodes, max(1, ctx.tree_width))
+            if any(parent != i - 1 for i, parent in enumerate(parents)):  # it branches
+                return Proposal(tokens=tokens, parents=parents)
+            return Proposal(tokens=tokens)
         return Proposal(tokens=self._lookup.propose(ctx.k))
 
 

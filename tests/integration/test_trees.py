@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from client import Client
+from specdec.runtime import procs
 from tests.integration.stack import Stack
 
 PROMPTS = ["The cat sat on the", "def add(a, b):\n    return", "mat is", "A quick brown fox",
@@ -29,8 +30,10 @@ def trees(tiny_pair, tmp_path_factory):
         t = s.start_service("target", "target", target_dir, register=False, wait=False)
         d = s.start_service("draft", "draft", draft_dir, register=False, wait=False)
         s.wait_serving("target", "draft")
+        s.metrics_port = procs.free_port()
         s.start_orchestrator("orch", target_dir, targets=[t], drafts=[d],
-                             extra=("--tree-nodes", "10", "--tree-width", "3", "--rate-per-tenant", "0"))
+                             extra=("--tree-nodes", "10", "--tree-width", "3", "--rate-per-tenant", "0",
+                                    "--metrics-port", str(s.metrics_port)))
         yield s
     finally:
         s.stop()
@@ -85,3 +88,45 @@ def test_tree_sampling_without_a_seed_verifies_trees_by_rejection_over_siblings(
             tree_rounds += sum(r.tree for r in out.stats.rounds)
             accepted += sum(r.accepted for r in out.stats.rounds if r.tree)
     assert tree_rounds > 0 and accepted > 0, (tree_rounds, accepted)
+
+
+def test_tree_metrics_count_sizes_depths_and_ranks(trees) -> None:
+    """specdec_tree_nodes, specdec_tree_accepted_depth and specdec_tree_accepted_by_rank_total
+    move with a tree generation, as its Stats say."""
+    import urllib.request
+
+    def scrape() -> dict[str, float]:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{trees.metrics_port}/metrics", timeout=5).read().decode()
+        return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in body.splitlines()
+                                         if line and not line.startswith("#"))}
+
+    before = scrape()
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        out = c.complete(PROMPTS[0], max_new_tokens=N_NEW, proposer="draft", k=3)
+    after = scrape()
+    rounds = [r for r in out.stats.rounds if r.tree]
+    assert rounds
+
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert moved("specdec_tree_nodes_count") == len(rounds)
+    assert moved("specdec_tree_nodes_sum") == sum(r.drafted for r in rounds)
+    assert moved("specdec_tree_accepted_depth_sum") == sum(r.accepted for r in rounds)
+    ranks = [rank for r in rounds for rank in r.accepted_ranks]
+    assert sum(moved(f'specdec_tree_accepted_by_rank_total{{rank="{k}"}}') for k in set(ranks)) == len(ranks)
+
+
+def test_lookup_trees_branch_over_several_occurrences_with_target_onlys_text(trees) -> None:
+    """Prompt lookup asked for a tree merges what followed several recent occurrences of the last
+    n-gram (specdec.core.lookup.propose_tree): greedy output is target-only's, tree rounds happen."""
+    prompt = ("the cat sat on the mat. the cat sat on the log. the cat ran to the mat. "
+              "the dog sat on the cat. the cat")
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        want = c.complete(prompt, max_new_tokens=N_NEW, proposer="none").token_ids
+        out = c.complete(prompt, max_new_tokens=N_NEW, proposer="lookup", k=4)
+        assert out.token_ids == want
+        seeded = dict(max_new_tokens=N_NEW, temperature=0.8, seed=5)
+        assert (c.complete(prompt, proposer="lookup", k=4, **seeded).token_ids
+                == c.complete(prompt, proposer="none", **seeded).token_ids)
+    assert any(r.tree for r in out.stats.rounds), [r.drafted for r in out.stats.rounds]
