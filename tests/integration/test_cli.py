@@ -49,12 +49,19 @@ def test_generate_reports_bad_input_clearly(stack):
 
 
 def test_up_starts_everything_and_ctrl_c_leaves_no_orphans(tiny_pair, tmp_path):
+    """`specdec up` with the target named by a Hugging Face id, offline from a hub cache the test
+    builds: the API serves it under that id, and an OpenAI client naming it gets an answer."""
+    from openai import OpenAI
+
+    from tests.hubcache import publish
+
     target_dir, draft_dir = tiny_pair
+    publish(target_dir, tmp_path / "hub", "acme/tiny-target")
     log = tmp_path / "up.log"
     proc = procs.start([*SPECDEC, "up", "--port", str(procs.free_port()), "--threads", "1",
-                        "--target-model", str(target_dir), "--draft-model", str(draft_dir),
+                        "--target-model", "acme/tiny-target", "--draft-model", str(draft_dir),
                         "--logs", str(tmp_path / "logs"), "--gateway-port", str(procs.free_port())],
-                       log_path=log)
+                       env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}, log_path=log)
     try:
         deadline = time.monotonic() + 180
         while "ready:" not in log.read_text():
@@ -72,6 +79,10 @@ def test_up_starts_everything_and_ctrl_c_leaves_no_orphans(tiny_pair, tmp_path):
         with urllib.request.urlopen(page.group(1), timeout=10) as reply:  # the page is up
             assert b"specdec playground" in reply.read()
         addresses["gateway"] = page.group(2)
+        api = OpenAI(base_url=f"http://{page.group(2)}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in api.models.list().data][0] == "acme/tiny-target"
+        answer = api.completions.create(model="acme/tiny-target", prompt="The cat", max_tokens=5)
+        assert answer.model == "acme/tiny-target" and answer.usage.completion_tokens == 5
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         assert all(_closed(a) for a in addresses.values()), "a child outlived `specdec up`"
