@@ -41,8 +41,13 @@ def gray(tiny_pair, tmp_path_factory):
         stack.start_service("draft", "draft", draft_dir, wait=False)
         stack.wait_serving("target1", "target2", "draft")
         stack.metrics_port = procs.free_port()
+        # A fixed admission capacity: these tests are about ejection and deadlines; the measured
+        # capacity once read a healthy replica's queue, on a loaded machine, as saturation and shed
+        # a lone stream (RESOURCE_EXHAUSTED target_capacity): admission is tests/unit/test_gray.py's
+        # subject, and the last test's here (its own orchestrator).
         stack.start_orchestrator("orch", target_dir, extra=(
-            "--metrics-port", str(stack.metrics_port), "--eject-s", "0.5", "--max-eject-s", "1"))
+            "--metrics-port", str(stack.metrics_port), "--eject-s", "0.5", "--max-eject-s", "1",
+            "--target-capacity", "8"))
         with Client(stack.addresses["orch"], timeout=120) as c:
             stack.expected = {p: c.complete(p, max_new_tokens=MAX_NEW, proposer="none").token_ids
                               for p in PROMPTS[:4]}
