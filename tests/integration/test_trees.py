@@ -55,8 +55,8 @@ def test_tree_greedy_equals_target_only_alone_and_among_streams(trees) -> None:
                 ranks = [a + b for a, b in zip(ranks + [0] * 8, list(out.stats.accepted_by_rank) + [0] * 8)]
         assert rounds > 0 and deep > 0, (rounds, deep)
         assert sum(ranks[1:]) > 0, ranks  # trees accept other candidates than the first
-    # 12 streams at once, every one target-only's text.
-    jobs = PROMPTS * 2
+    # 16 streams at once, every one target-only's text.
+    jobs = (PROMPTS * 3)[:16]
 
     def run(p: str):
         with Client(trees.addresses["orch"], timeout=120) as c:
