@@ -10,14 +10,6 @@ TAIL = 4  # committed tokens decoded with the drafted ones, so word boundaries r
 REPLACEMENT = "\ufffd"  # a drafted text that ends inside a character
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class TextBridge:
     """The target's and the draft's tokenizers: committed text into the draft's ids, drafted text
     into the target's. Pure functions of the tokenizers (tests drive it with tiny ones)."""

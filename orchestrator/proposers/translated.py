@@ -22,10 +22,11 @@ import asyncio
 from dataclasses import replace
 
 from orchestrator.proposers.base import DraftContext, Proposal
-from orchestrator.proposers.bridge import TextBridge, common_prefix
-from orchestrator.proposers.draft import DraftServiceProposer
+from orchestrator.proposers.bridge import TextBridge
+from orchestrator.proposers.draft import PREFETCH_MIN, DraftServiceProposer
 from orchestrator.request import WireSampling
 from specdec.core.fingerprint import EMPTY, extend
+from specdec.core.kv import common_prefix
 from specdec.core.sampling import SamplingParams
 
 GREEDY = WireSampling.encode(SamplingParams())  # the draft drafts its most likely text
@@ -86,7 +87,7 @@ class TranslatedDraftProposer:
         self._held_on = replica.address if replica is not None else ""
 
     def lags(self, ctx: DraftContext) -> bool:
-        return self.inner.replica is not None and len(ctx.tokens) - self.inner.replica.held >= 16
+        return self.inner.replica is not None and len(ctx.tokens) - self.inner.replica.held >= PREFETCH_MIN
 
     async def prefetch(self, ctx: DraftContext) -> int | None:
         dctx = self._draft_ctx(ctx)

@@ -36,6 +36,7 @@ from orchestrator.fleet.remote import ModelClient, SessionReplica, in_background
 from orchestrator.config import LoopConfig, RecordStore
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import RoundTally, Tally, Timer
+from specdec.core.kv import common_prefix
 from specdec.runtime import tracing
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from specdec.runtime.store import SessionRecord, StoreUnavailable
@@ -50,14 +51,6 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.05, 0.25  # backoff between attempts while Redis 
 OUTAGE_GRACE_S = 0.5
 _DELETE = object()  # a pending "delete the record" in place of a state
 _WRITERS: dict[str, RecordWriter] = {}  # per session id: this process's one writer
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def outage_error(bound_s: float, what: str) -> Unavailable:

@@ -24,6 +24,8 @@ committed[length:], and its cache_position is that length.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def crop_lengths(
     *,
@@ -51,3 +53,12 @@ def crop_lengths(
         raise ValueError(f"n_committed must be in [0, n_accepted + 1 = {n_accepted + 1}], got {n_committed}")
     valid = committed_before + min(n_accepted, n_committed)
     return valid, min(draft_held, valid)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share (what of a cache is still valid for another)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -112,6 +112,16 @@ class TreeVerdict(Verdict):
     ranks: tuple[int, ...] = ()  # each one's rank among its siblings (0 = its parent's first child)
 
 
+def _children(parents: Sequence[int]) -> dict[int, list[int]]:
+    """Each node's children in order (-1: the last committed token's), the parents checked."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"parents[{i}] = {parent} is not an earlier node or -1")
+        children.setdefault(parent, []).append(i)
+    return children
+
+
 def verify_tree(
     drafted: Sequence[int],  # [n] the tree's tokens, parents first
     parents: Sequence[int],  # [n] each one's parent: an earlier index, or -1 (the last committed token)
@@ -130,11 +140,7 @@ def verify_tree(
     n = len(drafted)
     if len(parents) != n or len(target) != n + 1:
         raise ValueError(f"parents and target must have {n} and {n + 1} entries, got {len(parents)} and {len(target)}")
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents):
-        if not -1 <= parent < i:
-            raise ValueError(f"parents[{i}] = {parent} is not an earlier node or -1")
-        children.setdefault(parent, []).append(i)
+    children = _children(parents)
     node, path, ranks = -1, [], []
     while True:
         want = int(target[node + 1])
@@ -175,11 +181,7 @@ def verify_tree_sampled(
         raise ValueError(f"parents and target_probs must have {n} and {n + 1} rows, "
                          f"got {len(parents)} and {target_probs.shape[0]}")
     _check_tokens(drafted, target_probs.shape[1])
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents):
-        if not -1 <= parent < i:
-            raise ValueError(f"parents[{i}] = {parent} is not an earlier node or -1")
-        children.setdefault(parent, []).append(i)
+    children = _children(parents)
     node, path, ranks = -1, [], []
     while True:
         at = position + len(path)

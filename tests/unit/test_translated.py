@@ -19,8 +19,9 @@ import torch
 
 from orchestrator.kinds import COMBINED, DRAFT, NONE
 from orchestrator.proposers import factory
-from orchestrator.proposers.bridge import TextBridge, common_prefix
+from orchestrator.proposers.bridge import TextBridge
 from orchestrator.proposers.translated import TranslatedDraftProposer
+from specdec.core.kv import common_prefix
 from specdec.core.sampling import SamplingParams
 from specdec.v1 import model_pb2
 from tests.unit.test_loop import (
