@@ -154,7 +154,7 @@ def generate_pooled(
     tokens per forward), so the batch stays full to the end instead of draining as rows finish, and
     the paged KV pool copies nothing per step. Greedy tokens are the argmax of the same logits.
     """
-    from engine.plan import OutputSpec, RowPlan, StepPlan
+    from engine.plan import LAST, OutputSpec, RowPlan, StepPlan
     from engine.runner import PooledRunner
 
     eos = set(eos_ids)
@@ -177,7 +177,7 @@ def generate_pooled(
         plan_rows, order = [], []
         for i, state in live.items():
             state["cache"].reserve(state["past"] + len(state["feed"]))
-            plan_rows.append(RowPlan(state["cache"], state["feed"], state["past"], 1, spec, hidden=features))
+            plan_rows.append(RowPlan(state["cache"], state["feed"], state["past"], 1, spec, hidden=LAST if features else ()))
             order.append(i)
         for i, out in zip(order, runner.run(StepPlan(plan_rows))):
             state = live[i]

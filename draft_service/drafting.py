@@ -25,7 +25,7 @@ import torch
 from prometheus_client import Counter
 
 from engine.host import ModelHost, SessionWork, Work
-from engine.plan import OutputSpec, RowOutput
+from engine.plan import LAST, OutputSpec, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
 from specdec.core.rng import Purpose, uniform
@@ -102,7 +102,7 @@ class ProposeWork(Work[Drafts]):
         """A feature head's feeding step: logits only at the last token before drafting."""
         last = not self._pending
         return Step(tokens, 1 if last else 0, self._output() if last else OutputSpec(),
-                    features=features, hidden=True)
+                    features=features, hidden=LAST)
 
     def joined(self, session: CachedSession, step: Step) -> Step:
         if not self.head or step.features is not None or self.request.cache_position == 0:
@@ -133,7 +133,7 @@ class ProposeWork(Work[Drafts]):
         if token in self.eos_ids or len(drafted) >= self.k:
             return None  # the last drafted token is never fed back
         if self.head:
-            return Step([token], 1, self._output(), features=self._own, hidden=True)
+            return Step([token], 1, self._output(), features=self._own, hidden=LAST)
         return Step([token], 1, self._output())
 
     def result(self) -> Drafts:

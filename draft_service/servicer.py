@@ -36,7 +36,7 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
 
     def features(self) -> tuple[int, str]:
         dim = self.host.loaded.feature_dim
-        return dim, FEATURE_KIND if dim else ""
+        return dim, (self.host.loaded.feature_kind or FEATURE_KIND) if dim else ""
 
     def respond(self, request: model_pb2.ProposeRequest, done: SessionWork, started: float) -> model_pb2.ProposeResponse:
         drafts = done.value

@@ -40,6 +40,9 @@ class OutputSpec:
     logprobs: int = 0  # top-n log-probabilities per emitted position (engine.sampler); 0 = none
 
 
+LAST = (-1,)  # RowPlan.hidden: the final hidden state
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """One session's share of a forward: feed `tokens` at positions past.., output the logits of the last `emit`."""
@@ -52,9 +55,11 @@ class RowPlan:
     # A feature head (engine.model.drafts) reads one target feature per token ([len(tokens), H],
     # any device/dtype); None = zeros. Other models take none.
     features: Any = None
-    # Return the normed final hidden state of every token of this row (RowOutput.hidden):
-    # a target's features for a feature head, or a feature head's own predicted ones.
-    hidden: bool = False
+    # Hidden states of every token of this row to hand back (RowOutput.hidden): () = none;
+    # LAST = the final one (a target's: after its final norm, what a feature head reads; a
+    # feature head's: its own predicted feature); decoder layer ids = the residual stream
+    # entering each of those layers, side by side (what an EAGLE-3 head reads).
+    hidden: tuple[int, ...] = ()
     # The row's last tokens are token-tree nodes (engine.tree): their positions and what they see.
     tree: Any = None
 
@@ -84,7 +89,7 @@ class RowOutput:
     sampled: list[int] | None = None  # OutputSpec.uniforms or OutputSpec.coupled_seed
     top_prob: list[float] | None = None  # OutputSpec.top_prob
     logprobs: "RowLogprobs | None" = None  # OutputSpec.logprobs
-    hidden: torch.Tensor | None = None  # [len(tokens), H] float32 on the CPU (RowPlan.hidden)
+    hidden: torch.Tensor | None = None  # [len(tokens), len(RowPlan.hidden) x H] float32 on the CPU
     # OutputSpec.candidates: per emitted position, (token ids best first, their log-probabilities)
     candidates: list[tuple[list[int], list[float]]] | None = None
 

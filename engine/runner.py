@@ -25,7 +25,7 @@ import torch
 from engine import sampler
 from engine.model.attention import plan_attention
 from engine.model.llama import LlamaForward, token_tensors
-from engine.plan import RowOutput, StepPlan
+from engine.plan import LAST, RowOutput, StepPlan
 from engine.pool import KVPool, SessionKV
 
 TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384)
@@ -34,6 +34,15 @@ TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384)
 def bucket(n: int, buckets: Sequence[int]) -> int:
     """The first bucket holding n (n itself beyond the largest)."""
     return next((b for b in buckets if b >= n), n)
+
+
+def hidden_layers(plan: StepPlan) -> tuple[int, ...]:
+    """The hidden states one forward hands back for the plan's rows (engine.plan.RowPlan.hidden):
+    the one set every row asks for, else the union of them all (each row then takes its own)."""
+    asked = {tuple(row.hidden) for row in plan.rows if row.hidden}
+    if len(asked) <= 1:
+        return next(iter(asked), LAST)
+    return tuple(sorted({i for layers in asked for i in layers}))
 
 
 class PooledRunner:
@@ -56,12 +65,18 @@ class PooledRunner:
         outs = sampler.outputs(plan.rows, logits)
         if hidden is None:
             return outs
-        host = hidden.float().cpu()  # [sum of hidden rows' tokens, H]
+        host = hidden.float().cpu()  # [sum of hidden rows' tokens, len(hidden_layers(plan)) x H]
+        blocks = hidden_layers(plan)
+        width = host.shape[1] // len(blocks)
         at, result = 0, []
         for row, out in zip(plan.rows, outs):
             if row.hidden:
                 n = len(row.tokens)
-                out = replace(out, hidden=host[at:at + n])
+                mine = host[at:at + n]
+                if tuple(row.hidden) != blocks:  # another row asked for other layers: this row's, in its order
+                    mine = torch.cat([mine[:, blocks.index(i) * width:(blocks.index(i) + 1) * width]
+                                      for i in row.hidden], dim=1)
+                out = replace(out, hidden=mine)
                 at += n
             result.append(out)
         return result
@@ -89,9 +104,10 @@ class PooledRunner:
             if heads:
                 if row.features is not None:
                     assert row.features.shape[0] == n, "one feature per token"
-                    features.append(row.features.to(self.device, self.forward.dtype, non_blocking=True))
+                    features.append(self.forward.input_features(
+                        row.features.to(self.device, self.forward.dtype, non_blocking=True)))
                 else:
-                    features.append(torch.zeros(n, self.forward.feature_dim, dtype=self.forward.dtype,
+                    features.append(torch.zeros(n, self.forward.feature_width, dtype=self.forward.dtype,
                                                 device=self.device))
             ids.extend(row.tokens)
             positions.extend(row.positions())
@@ -106,13 +122,14 @@ class PooledRunner:
         packed = None
         if heads:
             if padded > t:
-                features.append(torch.zeros(padded - t, self.forward.feature_dim, dtype=self.forward.dtype,
+                features.append(torch.zeros(padded - t, self.forward.feature_width, dtype=self.forward.dtype,
                                             device=self.device))
             packed = torch.cat(features)  # [padded, H]
         hidden_t = None
         if hidden:
             hidden_t = torch.tensor(hidden, dtype=torch.long).to(self.device, non_blocking=True)
-        logits, states = self.forward.step(self.pool, ids_t, positions_t, attention, emitted_t, packed, hidden_t)
+        logits, states = self.forward.step(self.pool, ids_t, positions_t, attention, emitted_t, packed, hidden_t,
+                                           hidden_layers(plan))
         for row in plan.rows:
             row.cache.length = row.past + len(row.tokens)
         return logits[:k], states  # [K, vocab], [hidden rows, H] or None

@@ -72,7 +72,7 @@ class Step(NamedTuple):
     emit: int
     output: OutputSpec = OutputSpec()
     features: Any = None  # a feature head's input features, one per token ([len(tokens), H])
-    hidden: bool = False  # hand back every fed token's normed hidden state (RowOutput.hidden)
+    hidden: tuple[int, ...] = ()  # hand back every fed token's hidden states (engine.plan.RowPlan.hidden)
     # The last len(parents) tokens are token-tree nodes (engine.tree): each one's parent, an
     # earlier node of the session's pending tree or of this step, or -1 (the last held token).
     # Every tree node is emitted (emit >= len(parents)), so a step's tree is never split.
@@ -144,7 +144,7 @@ class _Job:
     chunk: int = 0  # tokens of `feed` in the next forward
     chunk_emit: int = 0  # of `emit`, those in the next forward (engine.plan.RowPlan.emit)
     features: Any = None  # of the current step, the rows of `feed` (sliced along with it)
-    hidden: bool = False
+    hidden: tuple[int, ...] = ()
     parents: Sequence[int] | None = None  # the current step's tree nodes (Step.parents)
     hidden_parts: list = field(default_factory=list)  # the current step's hidden states so far
     forward_s: float = 0.0

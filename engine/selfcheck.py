@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.model import eagle3
 from engine.model.drafts import head_hidden
 from engine.plan import RowPlan, StepPlan
 from engine.runner import PooledRunner
@@ -53,7 +54,8 @@ def numerics(runner: PooledRunner, model: torch.nn.Module, vocab: int) -> str:
     kwarg = cache_kwarg(model)
     device = runner.device
     streams = _streams(vocab, 1)
-    dim = runner.forward.feature_dim  # a feature head: random features, the reference is drafts.head_hidden
+    # A feature head: random features; the reference is drafts.head_hidden (EAGLE-3: eagle3.reference_logits).
+    dim = runner.forward.feature_dim
     gen = torch.Generator(device="cpu").manual_seed(3)
     feats = [torch.randn(len(s), dim, generator=gen).to(device, runner.forward.dtype) if dim else None
              for s in streams]
@@ -66,7 +68,9 @@ def numerics(runner: PooledRunner, model: torch.nn.Module, vocab: int) -> str:
         for cache in caches:
             cache.free()
     for stream, feat, mine in zip(streams, feats, ours):
-        if dim:
+        if dim and eagle3.is_eagle3(model):
+            ref = eagle3.reference_logits(model, torch.tensor(stream, device=device), feat).float()
+        elif dim:
             hidden = head_hidden(model, torch.tensor([stream], device=device), feat[None],
                                  position_ids=torch.arange(len(stream), device=device)[None])
             ref = model.lm_head(hidden)[0].float()

@@ -58,7 +58,8 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     try:
         loaded = loader.load(model, device=args.device, dtype=args.dtype,
                              num_layers=int(num_layers) if num_layers is not None else None,
-                             revision=args.revision, max_model_len=args.max_model_len)
+                             revision=args.revision, max_model_len=args.max_model_len,
+                             base=getattr(args, "base_model", None))
     except (OSError, ValueError) as exc:  # no such folder or file, a Hub id not to be had, bad flags
         log.error("cannot load the model: %s", exc)
         return 2

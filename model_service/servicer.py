@@ -125,6 +125,7 @@ class ModelServicerBase:
             max_batch=self.host.max_batch,
             feature_dim=feature_dim,
             feature_kind=feature_kind,
+            num_layers=m.num_layers,
         )
 
 

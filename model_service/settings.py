@@ -19,6 +19,10 @@ def service_settings(role: Role) -> Settings:
              "local path wins; an id is read from the hub cache, HF_HOME / HF_HUB_CACHE, and fetched there "
              f"unless HF_HUB_OFFLINE is set; HF_TOKEN for gated models); omitted = {role.model_help}", None),
         Flag("revision", "branch, tag or commit of a --model given as a Hugging Face id", "main"),
+        *((Flag("base-model", "the target a --model in EAGLE-3's published layout drafts for (a folder, "
+                ".gguf or Hugging Face id): its tokenizer, its layer count and, where the head holds none, "
+                "its embedding; other drafts ignore it", None, default_doc="the embedded default target"),)
+          if role.name == "draft" else ()),
         Flag("max-model-len", "cap the context length (prompt + generated tokens) this service reports "
              "in GetInfo and accepts; the orchestrator refuses longer requests", None, int,
              default_doc="the model's own (max_position_embeddings)"),

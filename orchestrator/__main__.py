@@ -188,12 +188,18 @@ def _pair_draft(draft, target, bridge: TextBridge | None) -> TextBridge | None:
     or StartupError for a pair that cannot be served exactly."""
     shared = (draft.tokenizer_fingerprint == target.tokenizer_fingerprint
               and draft.vocab_size == target.vocab_size)
-    if draft.feature_dim and (not shared or draft.feature_dim != target.feature_dim):
+    from specdec.runtime.wire import parse_feature_kind  # (torch: not at the entry point's import)
+
+    layers = parse_feature_kind(draft.feature_kind) if draft.feature_dim else ()
+    wide = target.feature_dim * max(len(layers), 1)  # an EAGLE-3 head reads several target layers
+    missing = [i for i in layers if target.num_layers and i >= target.num_layers]
+    if draft.feature_dim and (not shared or draft.feature_dim != wide or missing):
         raise StartupError(
             f"draft {draft.model_name!r} is a feature draft reading {draft.feature_dim}-wide "
             f"target features ({draft.feature_kind}), but the target {target.model_name!r} "
             + ("has another tokenizer" if not shared else
-               f"returns {target.feature_dim}-wide ones" if target.feature_dim else
+               f"has {target.num_layers} decoder layers (no layer {missing[0]})" if missing else
+               f"returns {wide}-wide ones" if target.feature_dim else
                "returns none (served through the stock forward, or an older service)")
             + "; refusing to pair them")
     if shared:

@@ -17,11 +17,12 @@ import torch
 from prometheus_client import Counter
 
 from engine.host import ModelHost, SessionWork, Work
-from engine.plan import OutputSpec, RowLogprobs, RowOutput
+from engine.plan import LAST, OutputSpec, RowLogprobs, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
 from specdec.core import masks
 from specdec.runtime.errors import InvalidArgument
+from specdec.runtime.limits import MAX_FEATURE_LAYERS
 from model_service.requests import ModelRequest
 from specdec.runtime.wire import check_feature_encoding
 
@@ -35,7 +36,8 @@ class Scores:
     argmax_ids: list[int]  # [k + 1]: entry i is the target's choice after tokens[len - k - 1 + i]
     probs: torch.Tensor | None  # [k + 1, vocab] float32 on the CPU, PROBS mode only
     logprobs: RowLogprobs | None = None  # ScoreRequest.logprobs > 0 only
-    hidden: torch.Tensor | None = None  # [len(tokens), H] features of every token sent (ScoreRequest.features)
+    # [len(tokens), H] (x len(feature_layers)) features of every token sent (ScoreRequest.features)
+    hidden: torch.Tensor | None = None
     sampled_ids: list[int] | None = None  # [k + 1] the coupled draws (COUPLED mode; greedy: the argmax)
 
 
@@ -46,6 +48,7 @@ class ScoreExtras:
     allowed: bytes = b""  # packed words, k + 1 rows (specdec.core.masks); b"" = none
     logprobs: int = 0
     features: int = 0  # a FeatureEncoding: return every token's feature; 0 = none
+    feature_layers: tuple[int, ...] = ()  # ScoreRequest.feature_layers (() = the final normed state)
 
 
 def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
@@ -54,10 +57,11 @@ def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
     if logprobs > MAX_LOGPROBS:
         raise InvalidArgument(f"logprobs must be at most {MAX_LOGPROBS}, got {logprobs}")
     features = check_feature_encoding(int(getattr(request, "features", 0)))
+    layers = check_feature_layers(tuple(int(i) for i in getattr(request, "feature_layers", ())), features)
     if not request.HasField("allowed") or request.allowed.rows == 0:
         if request.HasField("allowed") and request.allowed.bits:
             raise InvalidArgument("allowed.bits must be empty when allowed.rows is 0")
-        return ScoreExtras(logprobs=logprobs, features=features)
+        return ScoreExtras(logprobs=logprobs, features=features, feature_layers=layers)
     rows = int(request.allowed.rows)
     if rows != k + 1:
         raise InvalidArgument(f"allowed.rows must be 0 or k + 1 = {k + 1}, got {rows}")
@@ -70,7 +74,22 @@ def decode_extras(request: Any, k: int, vocab_size: int) -> ScoreExtras:
     empty = ~packed.any(axis=1)
     if empty.any():
         raise InvalidArgument(f"allowed: row {int(np.argmax(empty))} allows no token")
-    return ScoreExtras(bits, logprobs, features)
+    return ScoreExtras(bits, logprobs, features, layers)
+
+
+def check_feature_layers(layers: tuple[int, ...], features: int, num_layers: int | None = None) -> tuple[int, ...]:
+    """ScoreRequest.feature_layers, checked: with `features`, distinct, at most MAX_FEATURE_LAYERS,
+    each a decoder layer of the model (below `num_layers`, where given)."""
+    if not layers:
+        return ()
+    if not features:
+        raise InvalidArgument("feature_layers: set features (an encoding) to have them returned")
+    if len(layers) > MAX_FEATURE_LAYERS or len(set(layers)) != len(layers):
+        raise InvalidArgument(f"feature_layers: at most {MAX_FEATURE_LAYERS} distinct layer ids, got {list(layers)}")
+    if num_layers is not None and max(layers) >= num_layers:
+        raise InvalidArgument(f"feature_layers: layer {max(layers)} does not exist: this model has "
+                              f"{num_layers} decoder layers (ids 0..{num_layers - 1})")
+    return layers
 
 
 def check_score(request: ModelRequest, extras: ScoreExtras | None = None) -> None:
@@ -105,7 +124,8 @@ class ScoreWork(Work[Scores]):
         request = self.request
         return Step(request.tokens, request.k + 1, OutputSpec(
             request.sampling, probs=request.want_probs, coupled_seed=request.coupled_seed,
-            allowed=self.extras.allowed, logprobs=self.extras.logprobs), hidden=bool(self.extras.features),
+            allowed=self.extras.allowed, logprobs=self.extras.logprobs),
+            hidden=(self.extras.feature_layers or LAST) if self.extras.features else (),
             parents=request.parents or None)
 
     def advance(self, session: CachedSession, out: RowOutput) -> None:

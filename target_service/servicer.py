@@ -8,7 +8,7 @@ from specdec.runtime.errors import FailedPrecondition
 from model_service.servicer import FEATURE_KIND, ModelServicerBase, fill_response
 from specdec.runtime.wire import encode_features
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
-from target_service.scoring import TOKENS_SCORED, ScoreWork, check_score, decode_extras
+from target_service.scoring import TOKENS_SCORED, ScoreWork, check_feature_layers, check_score, decode_extras
 
 
 class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
@@ -22,6 +22,7 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
             raise FailedPrecondition("features: this replica serves its model through the stock forward "
                                      "(--max-batch 1, or an architecture the engine does not know) and "
                                      "returns no features (ModelInfo.feature_dim = 0)")
+        check_feature_layers(extras.feature_layers, extras.features, self.host.loaded.num_layers)
         return ScoreWork(req, extras)
 
     def features(self) -> tuple[int, str]:

@@ -171,6 +171,68 @@ def build_feature_head(target: Path, out_dir: Path, *, feature_weight: float = 0
     return drafts.save(head, out_dir, manifest)
 
 
+def build_eagle3_head(target: Path, out_dir: Path, *, layers: tuple[int, ...] = (0, 1), draft_vocab: int = 160,
+                      with_embedding: bool = False, seed: int = 0) -> Path:
+    """A tiny EAGLE-3 head for `target` in the published layout (EAGLE's and SpecForge's checkpoints,
+    as vLLM and SGLang load them), written from scratch here, not through specdec's code.
+
+    config.json: a Llama config with draft_vocab_size and
+    eagle_config.eagle_aux_hidden_state_layer_ids; model.safetensors: fc.weight
+    [H, n H], midlayer.* (q/k/v reading 2H, hidden_norm), norm.weight,
+    lm_head.weight [draft_vocab, H], d2t (draft id i -> target id i + d2t[i]) and
+    t2d. The draft vocabulary is every other token id from 0 up (so d2t is not
+    zero), and the weights are random: the head drafts, rarely well.
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    target_config = json.loads((Path(target) / "config.json").read_text())
+    hidden, vocab = int(target_config["hidden_size"]), int(target_config["vocab_size"])
+    heads, kv_heads = int(target_config["num_attention_heads"]), int(target_config["num_key_value_heads"])
+    head_dim = hidden // heads
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 2.0 / shape[-1] ** 0.5
+
+    ids = torch.arange(draft_vocab) * 2 % vocab
+    tensors = {
+        "fc.weight": rand(hidden, len(layers) * hidden),
+        "midlayer.input_layernorm.weight": 1.0 + 0.1 * torch.randn(hidden, generator=gen),
+        "midlayer.hidden_norm.weight": 1.0 + 0.1 * torch.randn(hidden, generator=gen),
+        "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": rand(2 * hidden, hidden),
+        "midlayer.mlp.up_proj.weight": rand(2 * hidden, hidden),
+        "midlayer.mlp.down_proj.weight": rand(hidden, 2 * hidden),
+        "norm.weight": torch.ones(hidden),
+        "lm_head.weight": rand(draft_vocab, hidden) * 4.0,
+        "d2t": ids - torch.arange(draft_vocab),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True),
+    }
+    if with_embedding:
+        tensors["embed_tokens.weight"] = rand(vocab, hidden)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "num_hidden_layers": 1, "hidden_act": "silu",
+        "rms_norm_eps": float(target_config.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(target_config.get("rope_theta", 10000.0)),
+        "max_position_embeddings": 2048, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers), "use_aux_hidden_state": True},
+    }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
 def build_permuted_draft(target: Path, out_dir: Path, *, seed: int = 5, noise: float = 0.04) -> Path:
     """A draft with another tokenizer that reads text as the target does: the target's tokenizer
     with its non-special ids shuffled (the same pieces and merges, other ids: another

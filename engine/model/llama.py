@@ -36,6 +36,7 @@ from engine.model.linear import InvariantLinear, fused, onednn_available
 from engine.pool import KVPool
 
 SUPPORTED = ("llama", "qwen2", "mistral")
+FINAL = -1  # LlamaForward.step's hidden_layers: the final state (engine.plan.LAST)
 
 
 def unsupported(model: torch.nn.Module) -> str:
@@ -119,7 +120,16 @@ class LlamaForward:
         # A feature head (engine.model.drafts.build_feature_head): its input is fc([embedding; feature]).
         fc = getattr(inner, "fc", None)
         self.fc = InvariantLinear(fc.weight, fc.bias, onednn=onednn) if isinstance(fc, torch.nn.Linear) else None
-        self.feature_dim = int(fc.out_features) if self.fc is not None else 0
+        # An EAGLE-3 head (engine.model.eagle3): its layer 0 reads [norm(embedding); hidden_norm(g)],
+        # g = eagle3_fc(the target layers' features) or its own previous pre-norm output.
+        fuse = getattr(inner, "eagle3_fc", None)
+        self.fuse = InvariantLinear(fuse.weight, None, onednn=onednn) if isinstance(fuse, torch.nn.Linear) else None
+        self.hidden_norm = getattr(inner.layers[0], "hidden_norm", None) if self.fuse is not None else None
+        # Features: `feature_dim` wide as rows carry them (an EAGLE-3 head: the target's layers side
+        # by side, or its own `feature_width`-wide output); `feature_width` wide inside the forward.
+        self.feature_width = int(fc.out_features) if self.fc is not None else (
+            int(fuse.out_features) if self.fuse is not None else 0)
+        self.feature_dim = int(fuse.in_features) if self.fuse is not None else self.feature_width
         self.rotary = inner.rotary_emb
         self.norm = inner.norm
         self.heads = int(config.num_attention_heads)
@@ -154,13 +164,20 @@ class LlamaForward:
         return len(self.layers)
 
     def linears(self) -> list[InvariantLinear]:
-        out = [self.head.linear] + ([self.fc] if self.fc is not None else [])
+        out = [self.head.linear] + [f for f in (self.fc, self.fuse) if f is not None]
         for layer in self.layers:
             out.extend((layer.qkv, layer.o, layer.gate_up, layer.down))
         return out
 
     def new_pool(self, budget_bytes: int) -> KVPool:
         return KVPool(self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device, budget_bytes)
+
+    def input_features(self, features: torch.Tensor) -> torch.Tensor:
+        """A row's features as the forward reads them ([n, feature_width]): an EAGLE-3 head's target
+        features go through its fc; its own (already feature_width wide) and others pass as they are."""
+        if self.fuse is not None and features.shape[-1] != self.feature_width:
+            return self.fuse(features)
+        return features
 
     def __call__(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,
                  emitted: torch.Tensor) -> torch.Tensor:
@@ -169,22 +186,36 @@ class LlamaForward:
 
     def step(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,
              emitted: torch.Tensor, features: torch.Tensor | None = None,
-             hidden_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One forward: (logits [K, vocab] of `emitted`, normed hidden [H_n, hidden] of `hidden_index` or None).
+             hidden_index: torch.Tensor | None = None,
+             hidden_layers: Sequence[int] = (FINAL,)) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward: (logits [K, vocab] of `emitted`, hidden states of the tokens at `hidden_index`
+        or None: [H_n, len(hidden_layers) x hidden], per entry of `hidden_layers` the residual stream
+        entering that decoder layer, or for FINAL the final state (after the final norm; an EAGLE-3
+        head's: before it, the feature it reads next), side by side.
 
-        features [T, hidden]: a feature head's input features per token (zeros if None).
+        features [T, feature_width]: a feature head's input features per token (zeros if None).
         """
         h = self.embed(ids)  # [T, hidden]
-        if self.fc is not None:
+        first = None  # an EAGLE-3 head's layer-0 attention input
+        if self.fc is not None or self.fuse is not None:
             if features is None:
-                features = h.new_zeros(h.shape)
-            h = self.fc(torch.cat([h, features.to(h.dtype)], dim=-1))
+                features = h.new_zeros((h.shape[0], self.feature_width))
+            features = features.to(h.dtype)
+            if self.fc is not None:
+                h = self.fc(torch.cat([h, features], dim=-1))
+            else:
+                first = torch.cat([self.layers[0].attn_norm(h), self.hidden_norm(features)], dim=-1)
+                h = features
+        wanted = {i for i in hidden_layers if i != FINAL} if hidden_index is not None else set()
+        entering: dict[int, torch.Tensor] = {}
         cos, sin = self.rotary(h[None], positions[None])  # [1, T, hd] each
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, hd]
         t = h.shape[0]
         hd = self.head_dim
         for index, layer in enumerate(self.layers):
-            x = layer.attn_norm(h)
+            if index in wanted:
+                entering[index] = h.index_select(0, hidden_index)
+            x = first if index == 0 and first is not None else layer.attn_norm(h)
             qkv = layer.qkv(x)  # [T, q + 2 kv]
             q = qkv[:, : layer.q_width].view(t, self.heads, hd)
             k = qkv[:, layer.q_width: layer.q_width + layer.kv_width].view(t, self.kv_heads, hd)
@@ -195,7 +226,12 @@ class LlamaForward:
             h = h + layer.o(o)
             x = layer.mlp_norm(h)
             h = h + layer.down(self.gated(layer.gate_up(x), layer.act))
-        hidden = self.norm(h.index_select(0, hidden_index)) if hidden_index is not None else None
+        hidden = None
+        if hidden_index is not None:
+            last = h.index_select(0, hidden_index)
+            last = last if self.fuse is not None else self.norm(last)
+            blocks = [last if i == FINAL else entering[i] for i in hidden_layers]
+            hidden = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
         return self.head(self.norm(h.index_select(0, emitted))), hidden
 
     def release_originals(self) -> None:

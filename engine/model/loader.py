@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from engine.model import drafts, hub
+from engine.model import drafts, eagle3, hub
 from engine.model.dtypes import DTYPES
 from specdec.core.fingerprint import tokenizer_fingerprint
+from specdec.runtime.wire import layers_feature_kind
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class LoadedModel:
     # A feature head (engine.model.drafts, kind "eagle"): the width of the target
     # features it reads with each token; 0 = a draft of token ids alone.
     feature_dim: int = 0
+    # Its kind (ModelInfo.feature_kind): "" = the target's final normed state; "layers:A,B,C" =
+    # the residual streams entering those target layers (an EAGLE-3 head, engine.model.eagle3).
+    feature_kind: str = ""
 
 
 def cache_root() -> Path:
@@ -231,6 +235,24 @@ def _load_distilled(folder: Path, name: str, dtype: torch.dtype) -> tuple[Any, A
     return model, tokenizer, f"{name}:{kind}-{manifest.num_layers}L-from-{manifest.target_name}"
 
 
+def _load_eagle3(folder: Path, name: str, dtype: torch.dtype, base: str | None) -> tuple[Any, Any, str, str]:
+    """(model, tokenizer, name, feature kind) of a published EAGLE-3 head: its weights on `base`'s
+    embedding (unless it holds one), with `base`'s tokenizer and context length."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_folder, base_name = resolve(None if base in (None, "", "default") else base, flag="--base-model")
+    target = AutoModelForCausalLM.from_pretrained(base_folder, dtype=dtype)
+    try:
+        model, layers = eagle3.load(folder, target, dtype)
+    finally:
+        context = int(getattr(target.config, "max_position_embeddings", 0) or 0)
+        del target
+    if context:
+        model.config.max_position_embeddings = context
+    tokenizer = AutoTokenizer.from_pretrained(base_folder)
+    return model, tokenizer, f"{name}:eagle3-for-{base_name}", layers_feature_kind(layers)
+
+
 def load(
     spec: str | None = None,
     *,
@@ -239,11 +261,14 @@ def load(
     num_layers: int | None = None,
     revision: str | None = None,
     max_model_len: int | None = None,
+    base: str | None = None,
 ) -> LoadedModel:
     """Load `spec` (folder, .gguf, Hub id at `revision`, or None for the embedded default) onto `device`.
 
     dtype None: float32, or the dtype a distilled draft folder names (where the device has it).
     max_model_len: cap the context length served (GetInfo reports it, requests past it are refused).
+    base: the target a published EAGLE-3 head drafts for (engine.model.eagle3: its embedding,
+    tokenizer and layers; None = the embedded default); other models ignore it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -255,8 +280,11 @@ def load(
     torch_dtype = DTYPES[dtype]
     capped_context(_config_context(folder), max_model_len)  # a bad --max-model-len: before the weights
     started = time.monotonic()
+    kind = ""
     if drafts.is_draft_folder(folder):  # a distilled draft: trained layers on its target's frozen parts
         model, tokenizer, name = _load_distilled(folder, name, torch_dtype)
+    elif eagle3.is_eagle3_folder(folder):  # a published EAGLE-3 head on its target's embedding
+        model, tokenizer, name, kind = _load_eagle3(folder, name, torch_dtype, base)
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -286,7 +314,8 @@ def load(
         num_layers=int(model.config.num_hidden_layers),
         device=next(model.parameters()).device,
         dtype=torch_dtype,
-        feature_dim=drafts.feature_dim(model),
+        feature_dim=eagle3.feature_dim(model) if kind else drafts.feature_dim(model),
+        feature_kind=kind,
     )
     log.info(
         "loaded %s from %s in %.2f s: %d layers, vocab %d, context %d, %s %s",

@@ -150,6 +150,7 @@ class ModelClient:
         self._request_limit: int | None = None  # GetInfo max_request_tokens (0: no limit known)
         self.max_batch = 0  # GetInfo max_batch, once asked (0: unknown)
         self.feature_dim = 0  # GetInfo feature_dim, once asked (0: unknown, or none)
+        self.feature_kind = ""  # GetInfo feature_kind, once asked
         security = security or ServiceClientSecurity()
         self._metadata = security.metadata or None  # the service token, if any
         self.channel = aio_channel(address, security.credentials(), CHANNEL_OPTIONS)
@@ -288,6 +289,7 @@ class ModelClient:
             self._request_limit = int(info.max_request_tokens)
             self.max_batch = int(info.max_batch)
             self.feature_dim = int(info.feature_dim)
+            self.feature_kind = info.feature_kind
         return self._request_limit
 
     async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:

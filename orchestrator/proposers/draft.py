@@ -22,7 +22,7 @@ from orchestrator.proposers.features import FeatureRelay
 from orchestrator.kinds import DRAFT, NONE
 from specdec.runtime.errors import SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
-from specdec.runtime.wire import decode_probs
+from specdec.runtime.wire import decode_probs, parse_feature_kind
 
 log = logging.getLogger(__name__)
 # A first round whose draft lacks at least this many committed tokens feeds it alongside the
@@ -53,9 +53,9 @@ class DraftServiceProposer:
     branches = True  # Propose drafts a tree when asked (a feature head answers with a chain)
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
-                 fallback_reason: str = "", relays: Callable[[int], FeatureRelay] | None = None) -> None:
+                 fallback_reason: str = "", relays: Callable[..., FeatureRelay] | None = None) -> None:
         self.replica = replica
-        self._relays = relays or FeatureRelay  # dim -> the request's relay (a kept one, multi-turn)
+        self._relays = relays or FeatureRelay  # (dim, layers) -> the request's relay (a kept one, multi-turn)
         self.strict = strict
         self.p_min = p_min
         self.fallback_reason = fallback_reason
@@ -79,7 +79,7 @@ class DraftServiceProposer:
                 return  # asked again next round; the call itself will fail over or fall back
         self._kind_known = True
         if getattr(client, "feature_dim", 0):
-            self.features = self._relays(client.feature_dim)
+            self.features = self._relays(client.feature_dim, parse_feature_kind(getattr(client, "feature_kind", "")))
 
     @property
     def proposes(self) -> bool:

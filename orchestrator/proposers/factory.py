@@ -36,7 +36,8 @@ async def open_proposer(
         if replica is None and req.strict:
             raise Unavailable("proposer: no draft service replica is available (strict)")
         parallel = config.parallel if req.parallel is None else req.parallel
-        relays = lambda dim: config.relays.take(session_id, dim, prefix_fingerprints(req.prompt_ids))  # noqa: E731
+        relays = lambda dim, layers=(): config.relays.take(  # noqa: E731
+            session_id, dim, prefix_fingerprints(req.prompt_ids), layers)
         if config.bridge is not None:  # a draft with another tokenizer: its text, re-encoded
             draft = TranslatedDraftProposer(DraftServiceProposer(
                 replica, strict=req.strict,

@@ -30,8 +30,9 @@ DEFAULT_ENCODING = common_pb2.FEATURE_ENCODING_FLOAT16
 class FeatureRelay:
     """Features of a request's committed positions [0, known), as raw rows in one encoding."""
 
-    def __init__(self, dim: int, encoding: int = DEFAULT_ENCODING):
+    def __init__(self, dim: int, layers: tuple[int, ...] = (), encoding: int = DEFAULT_ENCODING):
         self.dim = dim
+        self.layers = tuple(layers)  # ScoreRequest.feature_layers (an EAGLE-3 head's; () = the final state)
         self.encoding = encoding
         self.width = dim * (4 if encoding == common_pb2.FEATURE_ENCODING_FLOAT32 else 2)  # bytes per row
         self._data = bytearray()  # row p at [p * width, (p + 1) * width)
@@ -99,16 +100,16 @@ class RelayCache:
         self._relays: OrderedDict[str, tuple[FeatureRelay, int]] = OrderedDict()
         self._bytes = 0
 
-    def take(self, session_id: str, dim: int, prefix_fps) -> FeatureRelay:
+    def take(self, session_id: str, dim: int, prefix_fps, layers: tuple[int, ...] = ()) -> FeatureRelay:
         """The session's kept relay, cut to the longest prefix it shares with the turn's tokens
         (prefix_fps[i] = fingerprint of the first i), else a new one."""
         kept = self._relays.pop(session_id, None)
         if kept is None:
-            return FeatureRelay(dim)
+            return FeatureRelay(dim, layers)
         relay, fps = kept
         self._bytes -= relay.nbytes
-        if relay.dim != dim:
-            return FeatureRelay(dim)
+        if relay.dim != dim or relay.layers != tuple(layers):
+            return FeatureRelay(dim, layers)
         lo, hi = 0, min(relay.known, len(prefix_fps) - 1)  # fps[0] (the empty prefix) always matches
         while lo < hi:  # prefixes share their fingerprints up to where they diverge
             mid = (lo + hi + 1) // 2

@@ -68,7 +68,9 @@ class FeatureHook(RoundHook):
 
     def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
         relay = self.relay(turn)
-        return {"features": relay.encoding} if relay is not None else {}
+        if relay is None:
+            return {}
+        return {"features": relay.encoding, "feature_layers": relay.layers} if relay.layers else {"features": relay.encoding}
 
     def scored(self, turn: Turn, rnd: Round) -> None:
         relay = self.relay(turn)

@@ -36,6 +36,9 @@ MAX_SESSION_ID = 256  # characters in a session id, on every service and the orc
 MAX_CHOICES = 16  # GenerateRequest.n (the OpenAI `n`): choices of one request
 
 
+MAX_FEATURE_LAYERS = 8  # ScoreRequest.feature_layers: layers one Score returns side by side (EAGLE-3 reads 3)
+
+
 def model_message_caps(vocab: int, max_k: int, max_request_tokens: int, *, reads_features: int = 0,
                        returns_features: int = 0) -> tuple[int, int]:
     """(receive, send) gRPC caps for a model service, from what its largest messages can hold.
@@ -45,11 +48,11 @@ def model_message_caps(vocab: int, max_k: int, max_request_tokens: int, *, reads
     one feature row per token (`reads_features` wide). Sent: at most max_k + 1
     rows of dense float32 distributions (the CSR form is only used when
     smaller); a target's Score also one feature row per token sent
-    (`returns_features` wide). Feature rows are counted in float32, the widest
+    (`returns_features` wide, times MAX_FEATURE_LAYERS). Feature rows are counted in float32, the widest
     encoding, twice over (a batch call holds several sessions' rows).
     """
     receive = 10 * max_request_tokens + 64 * 1024 + 2 * max_request_tokens * reads_features * 4
-    send = (max_k + 1) * vocab * 4 + MARGIN_BYTES + 2 * max_request_tokens * returns_features * 4
+    send = (max_k + 1) * vocab * 4 + MARGIN_BYTES + 2 * max_request_tokens * returns_features * 4 * MAX_FEATURE_LAYERS
     return receive, send
 
 

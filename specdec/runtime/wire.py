@@ -103,6 +103,24 @@ FEATURE_ENCODINGS = {"float16": common_pb2.FEATURE_ENCODING_FLOAT16,
                      "bfloat16": common_pb2.FEATURE_ENCODING_BFLOAT16}
 
 
+LAYERS_KIND = "layers:"  # ModelInfo.feature_kind of a draft reading target layers (an EAGLE-3 head)
+
+
+def layers_feature_kind(layers: tuple[int, ...]) -> str:
+    """ModelInfo.feature_kind of a draft that reads the residual streams entering these target layers."""
+    return LAYERS_KIND + ",".join(str(i) for i in layers)
+
+
+def parse_feature_kind(kind: str) -> tuple[int, ...]:
+    """The target layers a ModelInfo.feature_kind names: () for the final normed state (or none)."""
+    if not kind.startswith(LAYERS_KIND):
+        return ()
+    try:
+        return tuple(int(i) for i in kind[len(LAYERS_KIND):].split(","))
+    except ValueError:
+        raise ValueError(f"feature kind {kind!r}: expected {LAYERS_KIND}A,B,C with layer ids") from None
+
+
 def check_feature_encoding(encoding: int) -> int:
     if encoding not in _FEATURE_DTYPES and encoding != common_pb2.FEATURE_ENCODING_NONE:
         raise InvalidArgument(f"features: {encoding} is not a known FeatureEncoding")

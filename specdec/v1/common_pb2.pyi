@@ -114,7 +114,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id", "max_request_tokens", "max_batch", "feature_dim", "feature_kind")
+    __slots__ = ("model_name", "role", "vocab_size", "tokenizer_fingerprint", "eos_token_ids", "context_length", "device", "dtype", "parameter_count", "max_k", "replica_id", "max_request_tokens", "max_batch", "feature_dim", "feature_kind", "num_layers")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class ModelInfo(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
     FEATURE_KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     role: str
     vocab_size: int
@@ -145,7 +146,8 @@ class ModelInfo(_message.Message):
     max_batch: int
     feature_dim: int
     feature_kind: str
-    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ..., max_request_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., feature_dim: _Optional[int] = ..., feature_kind: _Optional[str] = ...) -> None: ...
+    num_layers: int
+    def __init__(self, model_name: _Optional[str] = ..., role: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., parameter_count: _Optional[int] = ..., max_k: _Optional[int] = ..., replica_id: _Optional[str] = ..., max_request_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., feature_dim: _Optional[int] = ..., feature_kind: _Optional[str] = ..., num_layers: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("first_position", "rows", "dim", "encoding", "data")

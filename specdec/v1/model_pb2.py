@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/model.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xde\x02\n\x0cScoreRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61\x63he_position\x18\x02 \x01(\r\x12\x13\n\x0bprefix_hash\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\t\n\x01k\x18\x05 \x01(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12+\n\x0boutput_mode\x18\x07 \x01(\x0e\x32\x16.specdec.v1.OutputMode\x12\'\n\x07\x61llowed\x18\x08 \x01(\x0b\x32\x16.specdec.v1.TokenMasks\x12\x10\n\x08logprobs\x18\t \x01(\r\x12-\n\x08\x66\x65\x61tures\x18\n \x01(\x0e\x32\x1b.specdec.v1.FeatureEncoding\x12\x0c\n\x04seed\x18\x0b \x01(\x04\x12\x0e\n\x06tenant\x18\x0c \x01(\t\x12\x0f\n\x07parents\x18\r \x03(\x05\"\x80\x02\n\rScoreResponse\x12\x12\n\nargmax_ids\x18\x01 \x03(\x05\x12(\n\x05probs\x18\x02 \x01(\x0b\x32\x19.specdec.v1.Distributions\x12\x14\n\x0c\x63\x61\x63he_length\x18\x03 \x01(\r\x12(\n\x06timing\x18\x04 \x01(\x0b\x32\x18.specdec.v1.ServerTiming\x12&\n\x08logprobs\x18\x05 \x01(\x0b\x32\x14.specdec.v1.Logprobs\x12&\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0b\x32\x14.specdec.v1.Features\x12\x13\n\x0bsampled_ids\x18\x07 \x03(\x05\x12\x0c\n\x04tree\x18\x08 \x01(\x08\"\xc4\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61\x63he_position\x18\x02 \x01(\r\x12\x13\n\x0bprefix_hash\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\t\n\x01k\x18\x05 \x01(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12+\n\x0boutput_mode\x18\x07 \x01(\x0e\x32\x16.specdec.v1.OutputMode\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\r\n\x05p_min\x18\t \x01(\x02\x12&\n\x08\x66\x65\x61tures\x18\n \x01(\x0b\x32\x14.specdec.v1.Features\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x12\n\ntree_nodes\x18\x0c \x01(\r\x12\x12\n\ntree_width\x18\r \x01(\r\"\xaa\x01\n\x0fProposeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12(\n\x05probs\x18\x02 \x01(\x0b\x32\x19.specdec.v1.Distributions\x12\x14\n\x0c\x63\x61\x63he_length\x18\x03 \x01(\r\x12(\n\x06timing\x18\x04 \x01(\x0b\x32\x18.specdec.v1.ServerTiming\x12\x0f\n\x07parents\x18\x05 \x03(\x05\x12\x0c\n\x04held\x18\x06 \x03(\x08\"+\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"<\n\x11ScoreBatchRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.specdec.v1.ScoreRequest\"f\n\x12ScoreBatchResponse\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.specdec.v1.ScoreResponse\x12&\n\x06status\x18\x02 \x03(\x0b\x32\x16.specdec.v1.ItemStatus\"@\n\x13ProposeBatchRequest\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.specdec.v1.ProposeRequest\"j\n\x14ProposeBatchResponse\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.specdec.v1.ProposeResponse\x12&\n\x06status\x18\x02 \x03(\x0b\x32\x16.specdec.v1.ItemStatus\"n\n\x0b\x46orkRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0enew_session_id\x18\x02 \x01(\t\x12\x0e\n\x06length\x18\x03 \x01(\r\x12\x13\n\x0bprefix_hash\x18\x04 \x01(\x04\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"$\n\x0c\x46orkResponse\x12\x14\n\x0c\x63\x61\x63he_length\x18\x01 \x01(\r2\xd7\x02\n\rTargetService\x12<\n\x05Score\x12\x18.specdec.v1.ScoreRequest\x1a\x19.specdec.v1.ScoreResponse\x12K\n\nScoreBatch\x12\x1d.specdec.v1.ScoreBatchRequest\x1a\x1e.specdec.v1.ScoreBatchResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12<\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x39\n\x04\x46ork\x12\x17.specdec.v1.ForkRequest\x1a\x18.specdec.v1.ForkResponse2\xe2\x02\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12Q\n\x0cProposeBatch\x12\x1f.specdec.v1.ProposeBatchRequest\x1a .specdec.v1.ProposeBatchResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12<\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x39\n\x04\x46ork\x12\x17.specdec.v1.ForkRequest\x1a\x18.specdec.v1.ForkResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/model.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xf6\x02\n\x0cScoreRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61\x63he_position\x18\x02 \x01(\r\x12\x13\n\x0bprefix_hash\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\t\n\x01k\x18\x05 \x01(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12+\n\x0boutput_mode\x18\x07 \x01(\x0e\x32\x16.specdec.v1.OutputMode\x12\'\n\x07\x61llowed\x18\x08 \x01(\x0b\x32\x16.specdec.v1.TokenMasks\x12\x10\n\x08logprobs\x18\t \x01(\r\x12-\n\x08\x66\x65\x61tures\x18\n \x01(\x0e\x32\x1b.specdec.v1.FeatureEncoding\x12\x0c\n\x04seed\x18\x0b \x01(\x04\x12\x0e\n\x06tenant\x18\x0c \x01(\t\x12\x0f\n\x07parents\x18\r \x03(\x05\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\x0e \x03(\r\"\x80\x02\n\rScoreResponse\x12\x12\n\nargmax_ids\x18\x01 \x03(\x05\x12(\n\x05probs\x18\x02 \x01(\x0b\x32\x19.specdec.v1.Distributions\x12\x14\n\x0c\x63\x61\x63he_length\x18\x03 \x01(\r\x12(\n\x06timing\x18\x04 \x01(\x0b\x32\x18.specdec.v1.ServerTiming\x12&\n\x08logprobs\x18\x05 \x01(\x0b\x32\x14.specdec.v1.Logprobs\x12&\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0b\x32\x14.specdec.v1.Features\x12\x13\n\x0bsampled_ids\x18\x07 \x03(\x05\x12\x0c\n\x04tree\x18\x08 \x01(\x08\"\xc4\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61\x63he_position\x18\x02 \x01(\r\x12\x13\n\x0bprefix_hash\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\t\n\x01k\x18\x05 \x01(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12+\n\x0boutput_mode\x18\x07 \x01(\x0e\x32\x16.specdec.v1.OutputMode\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\r\n\x05p_min\x18\t \x01(\x02\x12&\n\x08\x66\x65\x61tures\x18\n \x01(\x0b\x32\x14.specdec.v1.Features\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x12\n\ntree_nodes\x18\x0c \x01(\r\x12\x12\n\ntree_width\x18\r \x01(\r\"\xaa\x01\n\x0fProposeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12(\n\x05probs\x18\x02 \x01(\x0b\x32\x19.specdec.v1.Distributions\x12\x14\n\x0c\x63\x61\x63he_length\x18\x03 \x01(\r\x12(\n\x06timing\x18\x04 \x01(\x0b\x32\x18.specdec.v1.ServerTiming\x12\x0f\n\x07parents\x18\x05 \x03(\x05\x12\x0c\n\x04held\x18\x06 \x03(\x08\"+\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"<\n\x11ScoreBatchRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.specdec.v1.ScoreRequest\"f\n\x12ScoreBatchResponse\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.specdec.v1.ScoreResponse\x12&\n\x06status\x18\x02 \x03(\x0b\x32\x16.specdec.v1.ItemStatus\"@\n\x13ProposeBatchRequest\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.specdec.v1.ProposeRequest\"j\n\x14ProposeBatchResponse\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.specdec.v1.ProposeResponse\x12&\n\x06status\x18\x02 \x03(\x0b\x32\x16.specdec.v1.ItemStatus\"n\n\x0b\x46orkRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0enew_session_id\x18\x02 \x01(\t\x12\x0e\n\x06length\x18\x03 \x01(\r\x12\x13\n\x0bprefix_hash\x18\x04 \x01(\x04\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"$\n\x0c\x46orkResponse\x12\x14\n\x0c\x63\x61\x63he_length\x18\x01 \x01(\r2\xd7\x02\n\rTargetService\x12<\n\x05Score\x12\x18.specdec.v1.ScoreRequest\x1a\x19.specdec.v1.ScoreResponse\x12K\n\nScoreBatch\x12\x1d.specdec.v1.ScoreBatchRequest\x1a\x1e.specdec.v1.ScoreBatchResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12<\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x39\n\x04\x46ork\x12\x17.specdec.v1.ForkRequest\x1a\x18.specdec.v1.ForkResponse2\xe2\x02\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12Q\n\x0cProposeBatch\x12\x1f.specdec.v1.ProposeBatchRequest\x1a .specdec.v1.ProposeBatchResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12<\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x39\n\x04\x46ork\x12\x17.specdec.v1.ForkRequest\x1a\x18.specdec.v1.ForkResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.model_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCOREREQUEST']._serialized_start=64
-  _globals['_SCOREREQUEST']._serialized_end=414
-  _globals['_SCORERESPONSE']._serialized_start=417
-  _globals['_SCORERESPONSE']._serialized_end=673
-  _globals['_PROPOSEREQUEST']._serialized_start=676
-  _globals['_PROPOSEREQUEST']._serialized_end=1000
-  _globals['_PROPOSERESPONSE']._serialized_start=1003
-  _globals['_PROPOSERESPONSE']._serialized_end=1173
-  _globals['_ITEMSTATUS']._serialized_start=1175
-  _globals['_ITEMSTATUS']._serialized_end=1218
-  _globals['_SCOREBATCHREQUEST']._serialized_start=1220
-  _globals['_SCOREBATCHREQUEST']._serialized_end=1280
-  _globals['_SCOREBATCHRESPONSE']._serialized_start=1282
-  _globals['_SCOREBATCHRESPONSE']._serialized_end=1384
-  _globals['_PROPOSEBATCHREQUEST']._serialized_start=1386
-  _globals['_PROPOSEBATCHREQUEST']._serialized_end=1450
-  _globals['_PROPOSEBATCHRESPONSE']._serialized_start=1452
-  _globals['_PROPOSEBATCHRESPONSE']._serialized_end=1558
-  _globals['_FORKREQUEST']._serialized_start=1560
-  _globals['_FORKREQUEST']._serialized_end=1670
-  _globals['_FORKRESPONSE']._serialized_start=1672
-  _globals['_FORKRESPONSE']._serialized_end=1708
-  _globals['_TARGETSERVICE']._serialized_start=1711
-  _globals['_TARGETSERVICE']._serialized_end=2054
-  _globals['_DRAFTSERVICE']._serialized_start=2057
-  _globals['_DRAFTSERVICE']._serialized_end=2411
+  _globals['_SCOREREQUEST']._serialized_end=438
+  _globals['_SCORERESPONSE']._serialized_start=441
+  _globals['_SCORERESPONSE']._serialized_end=697
+  _globals['_PROPOSEREQUEST']._serialized_start=700
+  _globals['_PROPOSEREQUEST']._serialized_end=1024
+  _globals['_PROPOSERESPONSE']._serialized_start=1027
+  _globals['_PROPOSERESPONSE']._serialized_end=1197
+  _globals['_ITEMSTATUS']._serialized_start=1199
+  _globals['_ITEMSTATUS']._serialized_end=1242
+  _globals['_SCOREBATCHREQUEST']._serialized_start=1244
+  _globals['_SCOREBATCHREQUEST']._serialized_end=1304
+  _globals['_SCOREBATCHRESPONSE']._serialized_start=1306
+  _globals['_SCOREBATCHRESPONSE']._serialized_end=1408
+  _globals['_PROPOSEBATCHREQUEST']._serialized_start=1410
+  _globals['_PROPOSEBATCHREQUEST']._serialized_end=1474
+  _globals['_PROPOSEBATCHRESPONSE']._serialized_start=1476
+  _globals['_PROPOSEBATCHRESPONSE']._serialized_end=1582
+  _globals['_FORKREQUEST']._serialized_start=1584
+  _globals['_FORKREQUEST']._serialized_end=1694
+  _globals['_FORKRESPONSE']._serialized_start=1696
+  _globals['_FORKRESPONSE']._serialized_end=1732
+  _globals['_TARGETSERVICE']._serialized_start=1735
+  _globals['_TARGETSERVICE']._serialized_end=2078
+  _globals['_DRAFTSERVICE']._serialized_start=2081
+  _globals['_DRAFTSERVICE']._serialized_end=2435
 # @@protoc_insertion_point(module_scope)

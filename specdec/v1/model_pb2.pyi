@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features", "seed", "tenant", "parents")
+    __slots__ = ("session_id", "cache_position", "prefix_hash", "tokens", "k", "sampling", "output_mode", "allowed", "logprobs", "features", "seed", "tenant", "parents", "feature_layers")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class ScoreRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_position: int
     prefix_hash: int
@@ -35,7 +36,8 @@ class ScoreRequest(_message.Message):
     seed: int
     tenant: str
     parents: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ..., seed: _Optional[int] = ..., tenant: _Optional[str] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
+    feature_layers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., cache_position: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_mode: _Optional[_Union[_common_pb2.OutputMode, str]] = ..., allowed: _Optional[_Union[_common_pb2.TokenMasks, _Mapping]] = ..., logprobs: _Optional[int] = ..., features: _Optional[_Union[_common_pb2.FeatureEncoding, str]] = ..., seed: _Optional[int] = ..., tenant: _Optional[str] = ..., parents: _Optional[_Iterable[int]] = ..., feature_layers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("argmax_ids", "probs", "cache_length", "timing", "logprobs", "features", "sampled_ids", "tree")

@@ -1,0 +1,84 @@
+"""EAGLE-3 heads' pieces alone: the layers a target hands back in one shared forward, the kind
+string on the wire, the aux-layer default, and the orchestrator's pairing check."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.model.llama import LlamaForward
+from engine.plan import LAST, RowPlan, StepPlan
+from engine.runner import PooledRunner, hidden_layers
+from specdec.runtime.wire import layers_feature_kind, parse_feature_kind
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_pair):
+    from engine.model.loader import load
+
+    torch.set_num_threads(1)
+    forward = LlamaForward(load(str(tiny_pair[0])).model)
+    return PooledRunner(forward, forward.new_pool(16 << 20), fixed_shapes=False, max_rows=8)
+
+
+def _hidden(runner, rows: list[tuple[list[int], tuple[int, ...]]]) -> list[torch.Tensor]:
+    caches = [runner.new_cache() for _ in rows]
+    plan = StepPlan([RowPlan(cache, tokens, 0, 1, hidden=layers) for cache, (tokens, layers) in zip(caches, rows)])
+    for row in plan.rows:
+        row.cache.reserve(len(row.tokens))
+    outs = runner.run(plan)
+    for cache in caches:
+        cache.free()
+    return [out.hidden for out in outs]
+
+
+def test_rows_asking_for_other_layers_share_a_forward_and_get_their_own(runner, tiny_pair):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
+    a, b, c = [5, 9, 33, 7, 2], [11, 4, 8], [100, 3, 3, 60]
+    mixed = _hidden(runner, [(a, LAST), (b, (1, 0)), (c, (1,))])
+    alone = [_hidden(runner, [(a, LAST)])[0], _hidden(runner, [(b, (1, 0))])[0], _hidden(runner, [(c, (1,))])[0]]
+    for got, want in zip(mixed, alone):
+        assert torch.allclose(got, want, atol=1e-4)
+    h = model.config.hidden_size
+    assert [t.shape[1] for t in mixed] == [h, 2 * h, h]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([b]), output_hidden_states=True).hidden_states
+    assert torch.allclose(mixed[1][:, :h], ref[1][0], atol=1e-3) and torch.allclose(mixed[1][:, h:], ref[0][0], atol=1e-3)
+    assert hidden_layers(StepPlan([RowPlan(None, [1], 0, 1, hidden=(1, 0)), RowPlan(None, [1], 0, 1)])) == (1, 0)
+    assert hidden_layers(StepPlan([RowPlan(None, [1], 0, 1, hidden=(1, 0)),
+                                   RowPlan(None, [1], 0, 1, hidden=LAST)])) == (-1, 0, 1)
+
+
+def test_the_kind_string_round_trips_and_defaults():
+    from engine.model.eagle3 import aux_layers
+
+    assert parse_feature_kind(layers_feature_kind((2, 15, 27))) == (2, 15, 27)
+    assert parse_feature_kind("last-normed") == () and parse_feature_kind("") == ()
+    with pytest.raises(ValueError, match="layer ids"):
+        parse_feature_kind("layers:a,b")
+    assert aux_layers({}, 30) == (2, 15, 27)  # EAGLE-3's own choice for an L-layer target
+    assert aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 9]}}, 30) == (1, 4, 9)
+    with pytest.raises(ValueError, match="aux layers"):
+        aux_layers({"eagle_aux_hidden_state_layer_ids": [1, 30]}, 30)
+
+
+def _info(**kw):
+    base = dict(model_name="m", tokenizer_fingerprint="fp", vocab_size=384, feature_dim=0, feature_kind="",
+                num_layers=2)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_the_orchestrator_pairs_a_head_only_with_a_target_that_has_its_layers():
+    from orchestrator.__main__ import StartupError, _pair_draft
+
+    target = _info(model_name="t", feature_dim=64, feature_kind="last-normed")
+    assert _pair_draft(_info(feature_dim=128, feature_kind="layers:0,1"), target, None) is None
+    with pytest.raises(StartupError, match="no layer 2"):
+        _pair_draft(_info(feature_dim=128, feature_kind="layers:0,2"), target, None)
+    with pytest.raises(StartupError, match="returns 128-wide"):
+        _pair_draft(_info(feature_dim=192, feature_kind="layers:0,1"), target, None)
+    with pytest.raises(StartupError, match="returns none"):
+        _pair_draft(_info(feature_dim=128, feature_kind="layers:0,1"), _info(num_layers=2), None)
