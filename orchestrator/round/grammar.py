@@ -291,6 +291,49 @@ class TurnMatcher:
             words[valid + 1] = -1
         return RoundMasks(sent=sent, valid=valid, words=words[: sent + len(forced) + 1], forced=tuple(forced))
 
+    def tree_masks(self, tokens: list[int], parents: list[int]) -> tuple[list[int], np.ndarray]:
+        """A token tree's grammar: (the nodes it allows, in order; their masks).
+
+        A node is kept where the grammar allows its token after its path (and
+        its parent was kept); a token after which the grammar allows nothing, or
+        any child of an end token, is dropped with its subtree. The masks: row 0
+        at the committed tokens, then the row after each kept node, in order
+        (the rows a tree's Score emits). Dropping a forbidden node changes no
+        outcome: the target's masked p is 0 there, so it is never its argmax or
+        draw, and recursive rejection of a one-hot candidate with p 0 leaves p
+        as it was.
+        """
+        words = np.full((len(tokens) + 1, self._words), -1, dtype=np.int32)
+        self._dead = False
+        self._fill(words, 0)
+        if self._dead or not words[0].any():
+            raise InvalidArgument("constraint: the grammar allows no token here (does a rule match no text?)")
+        paths: dict[int, list[int]] = {-1: []}  # a kept node's tokens from the committed ones
+        ended: set[int] = set()  # kept end tokens: nothing follows them
+        for i, (token, parent) in enumerate(zip(tokens, parents)):
+            if parent not in paths or parent in ended or not masks.allows(words[parent + 1], token):
+                continue
+            if token in self._eos:  # its row is never used (the turn ends there): it allows every token
+                paths[i] = paths[parent] + [token]
+                ended.add(i)
+                continue
+            path = paths[parent] + [token]
+            fed = 0
+            for t in path:
+                if not self._m.consume_token(t):
+                    break
+                fed += 1
+            self._dead = False
+            if fed == len(path):
+                self._fill(words, i + 1)
+            if not self._dead:  # a rebuilt matcher already stands at the committed tokens
+                self._m.rollback(fed)
+            if fed == len(path) and not self._dead and words[i + 1].any():
+                paths[i] = path
+        self._check()
+        kept = sorted(i for i in paths if i >= 0)
+        return kept, words[[0] + [i + 1 for i in kept]]
+
     def _fill(self, words: np.ndarray, i: int) -> None:
         """The mask at position i; empty where the matcher went into its error state (a dead end:
         llguidance stays there, so the matcher is rebuilt at the committed tokens)."""

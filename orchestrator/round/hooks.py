@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from orchestrator.round.events import TokenLogprob
-from orchestrator.round.grammar import TurnMatcher
+from orchestrator.round.grammar import RoundMasks, TurnMatcher
 from orchestrator.round.state import Round, RoundHook, Turn
 from specdec.core import masks
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument
@@ -35,11 +36,30 @@ class GrammarHook(RoundHook):
         self.matcher = matcher
 
     def drafted(self, turn: Turn, rnd: Round) -> None:
+        if rnd.tally.tree:
+            self._prune_tree(rnd)
+            return
         # Drafted tokens the grammar forbids cannot commit: cut them (rejection sampling keeps the
         # first one, which its q can reject; the rest are the grammar's forced tokens).
         send_invalid = not turn.sampling.params.greedy and rnd.proposal.probs is not None
         rnd.masks = self.matcher.round_masks(rnd.drafted, send_first_invalid=send_invalid, k=rnd.tally.k)
         rnd.drafted, rnd.own = rnd.masks.proposal(rnd.drafted), rnd.masks.sent
+
+    def _prune_tree(self, rnd: Round) -> None:
+        """A token tree: the nodes the grammar forbids go with their subtrees (TurnMatcher.tree_masks);
+        the target scores the rest under a mask per node. No node left: a round with no drafts."""
+        proposal = rnd.proposal
+        kept, words = self.matcher.tree_masks(rnd.drafted, proposal.parents)
+        index = {old: new for new, old in enumerate(kept)}
+        parents = [index.get(proposal.parents[i], -1) for i in kept]
+        held = [proposal.held[i] for i in kept] if proposal.held is not None else None
+        rnd.drafted = [rnd.drafted[i] for i in kept]
+        rnd.own = len(kept)
+        rnd.masks = RoundMasks(sent=len(kept), valid=len(kept), words=words)
+        if kept:
+            rnd.proposal = replace(proposal, parents=parents, held=held)
+        else:
+            rnd.proposal, rnd.tally.tree = replace(proposal, parents=None, held=None), False
 
     def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
         return {"allowed": _wire(rnd.masks.words)}

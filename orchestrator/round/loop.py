@@ -115,10 +115,11 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
 
 def _tree_shape(req: TurnRequest, config: LoopConfig, proposer) -> tuple[int, int]:
     """(tree nodes, width) for a turn that may draft token trees, else (0, 0): a proposer that
-    branches, with no grammar, min_tokens mask or log-probabilities (per node they are not served
-    yet). Greedy and coupled trees are verified by the target's own tokens, others by recursive
-    rejection over siblings (specdec.core.verify.verify_tree_sampled)."""
-    ok = (config.tree_nodes > 0 and getattr(proposer, "branches", False) and req.constraint is None
+    branches, with no min_tokens mask or log-probabilities (per node they are not served yet; a
+    grammar's masks are, per node: orchestrator.round.grammar.TurnMatcher.tree_masks). Greedy and
+    coupled trees are verified by the target's own tokens, others by recursive rejection over
+    siblings (specdec.core.verify.verify_tree_sampled)."""
+    ok = (config.tree_nodes > 0 and getattr(proposer, "branches", False)
           and not req.min_tokens and not req.logprobs)
     return (config.tree_nodes, config.tree_width) if ok else (0, 0)
 

@@ -130,3 +130,38 @@ def test_lookup_trees_branch_over_several_occurrences_with_target_onlys_text(tre
         assert (c.complete(prompt, proposer="lookup", k=4, **seeded).token_ids
                 == c.complete(prompt, proposer="none", **seeded).token_ids)
     assert any(r.tree for r in out.stats.rounds), [r.drafted for r in out.stats.rounds]
+
+
+def test_structured_output_drafts_trees_under_a_mask_per_node(trees) -> None:
+    """With a grammar the rounds are still trees: the nodes the grammar forbids go with their
+    subtrees, the target scores the rest under each node's own mask (TurnMatcher.tree_masks).
+    Greedy and seeded output are constrained target-only's and match the grammar; an unseeded
+    sampled one matches it too."""
+    import json
+    import re
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                               "ok": {"type": "boolean"}}, "required": ["name", "ok"],
+              "additionalProperties": False}
+    pattern = r"(yes|no), [a-z]{2,5}\."
+    tree_rounds = 0
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        for p in PROMPTS[:3]:
+            for constraint in (dict(json_schema=schema), dict(regex=pattern)):
+                for sampling in (dict(), dict(temperature=0.8, seed=7)):
+                    want = c.complete(p, max_new_tokens=48, proposer="none", **constraint, **sampling)
+                    for proposer, k in (("draft", 3), ("draft", 5), ("combined", 4)):
+                        out = c.complete(p, max_new_tokens=48, proposer=proposer, k=k, **constraint, **sampling)
+                        assert out.token_ids == want.token_ids, (p, constraint, sampling, proposer, k)
+                        assert not out.stats.fallback_reason and out.stats.cache_misses == 0
+                        tree_rounds += sum(r.tree for r in out.stats.rounds)
+                    if "regex" in constraint:
+                        assert re.fullmatch(pattern, want.text), want.text
+                    elif want.stats.finish_reason == "eos":
+                        jsonschema.validate(json.loads(want.text), schema)
+            free = c.complete(p, max_new_tokens=48, proposer="draft", k=4, temperature=0.9, regex=pattern)
+            assert re.fullmatch(pattern, free.text), free.text
+            tree_rounds += sum(r.tree for r in free.stats.rounds)
+    assert tree_rounds > 0

@@ -89,3 +89,26 @@ def test_a_token_that_leads_nowhere_counts_as_forbidden(tok):
     r = m.round_masks([a, b], send_first_invalid=False, k=2)
     assert r.valid == 1 and r.sent == 1  # "b" is cut: it leads nowhere
     assert not masks.allows(r.words[1], b)
+
+
+def test_a_tree_keeps_the_nodes_the_grammar_allows_with_each_paths_own_mask(tok, matcher):
+    """TurnMatcher.tree_masks: a node the grammar forbids goes with its subtree, an EOS node keeps
+    no children, and each kept node's row is the chain mask after its own path."""
+    good = _ids(tok, '{"name":"ab"}')
+    bad = _ids(tok, "x")[0]
+    # 0: good[0]; 1: good[1] under 0; 2: bad under 0 (dropped); 3: good[2] under 1;
+    # 4: good[1] under 2 (its parent is dropped); 5: bad at the root (dropped); 6: EOS under 1
+    # (a JSON object is not complete there: dropped); 7: good[2] under 1 again (a sibling copy).
+    tokens = [good[0], good[1], bad, good[2], good[1], bad, tok.eos_token_id, good[2]]
+    parents = [-1, 0, 0, 1, 2, -1, 1, 1]
+    kept, words = matcher.tree_masks(tokens, parents)
+    assert kept == [0, 1, 3, 7]
+    assert words.shape[0] == len(kept) + 1
+    chain = matcher.round_masks(good[:3], send_first_invalid=False)  # rows 0..3 along good[:3]
+    for row, want in ((0, 0), (1, 1), (2, 2), (3, 3), (4, 3)):
+        assert (words[row] == chain.words[want]).all(), row
+    assert (matcher.round_masks([], False).words[0] == words[0]).all()  # the matcher was rolled back
+    # At the end of the object an EOS node is kept and nothing after it.
+    matcher.commit(good)
+    kept, words = matcher.tree_masks([tok.eos_token_id, good[0]], [-1, 0])
+    assert kept == [0] and words.shape[0] == 2
