@@ -49,6 +49,50 @@ def check_p_min(p_min: float) -> float:
     return p_min
 
 
+class HeadFeed:
+    """A feature head's feeding of the committed tokens (see the module docstring): the request's
+    rows in one step, the rest one step each on the head's own output at the previous position;
+    its output at the last fed position is `own` ([1, H]) and the session's tail."""
+
+    def __init__(self, request: ModelRequest, features: torch.Tensor | None):
+        self.request, self.features = request, features
+        self.pending: list[int] = []  # tokens still to feed on the head's own features
+        self.own: torch.Tensor | None = None
+
+    def begin(self, output: OutputSpec) -> Step:
+        """The first feeding step; `output` is the last one's (the first draft's), if this is it."""
+        request = self.request
+        rows = 0 if self.features is None else int(self.features.shape[0])
+        first = max(rows, 1)  # no row at all: the first token reads the session's tail (joined)
+        self.pending = list(request.tokens[first:])
+        features = self.features[:first] if rows else None
+        if rows and request.cache_position == 0:
+            features = features.clone()
+            features[0] = 0.0  # nothing precedes position 0
+        return self._feed(request.tokens[:first], features, output)
+
+    def _feed(self, tokens, features, output: OutputSpec) -> Step:
+        """A feeding step: logits only at the last token before drafting."""
+        last = not self.pending
+        return Step(tokens, 1 if last else 0, output if last else OutputSpec(), features=features, hidden=LAST)
+
+    def joined(self, session: CachedSession, step: Step) -> Step:
+        if step.features is not None or self.request.cache_position == 0:
+            return step  # (position 0 reads zeros: features None)
+        if session.tail is None or session.tail_length != self.request.cache_position:
+            raise CacheMiss(f"features: no feature for position {self.request.cache_position - 1} (the head "
+                            "keeps its own only at its last fed position); send the target's")
+        return step._replace(features=session.tail[None])
+
+    def fed(self, session: CachedSession, out: RowOutput, output: OutputSpec) -> Step | None:
+        """Take a feeding step's outputs: the next feeding step, or None once every token is fed."""
+        self.own = out.hidden[-1:]  # [1, H]: predicts the target's feature at the last fed position
+        session.tail, session.tail_length = out.hidden[-1], session.length
+        if self.pending:
+            return self._feed([self.pending.pop(0)], self.own, output)
+        return None
+
+
 class ProposeWork(Work[Drafts]):
     """Feed the committed tokens, then one step per drafted token until k, EOS, p_min or the context end."""
 
@@ -58,10 +102,7 @@ class ProposeWork(Work[Drafts]):
                  features: torch.Tensor | None = None):
         self.request, self.seed, self.p_min = request, seed, p_min
         # A feature head: the target features of the first len(features) tokens ([r, H]).
-        self.head = host.loaded.feature_dim > 0
-        self.features = features
-        self._pending: list[int] = []  # tokens still to feed on the head's own features
-        self._own: torch.Tensor | None = None  # [1, H]: the head's output at the last fed position
+        self.head = HeadFeed(request, features) if host.loaded.feature_dim > 0 else None
         self.session_id = request.session_id
         self.cache_position = request.cache_position
         self.prefix_hash = request.prefix_hash
@@ -87,38 +128,19 @@ class ProposeWork(Work[Drafts]):
         self.position = request.cache_position + len(request.tokens)
         room = self.context_length - self.position if self.context_length else request.k
         self.k = max(0, min(request.k, room))
-        if not self.head:  # k = 0 only feeds the tokens (no output: nothing is drafted)
+        if self.head is None:  # k = 0 only feeds the tokens (no output: nothing is drafted)
             return Step(request.tokens, 1, self._output()) if self.k else Step(request.tokens, 0)
-        rows = 0 if self.features is None else int(self.features.shape[0])
-        first = max(rows, 1)  # no row at all: the first token reads the session's tail (joined)
-        self._pending = list(request.tokens[first:])
-        features = self.features[:first] if rows else None
-        if rows and request.cache_position == 0:
-            features = features.clone()
-            features[0] = 0.0  # nothing precedes position 0
-        return self._feed(request.tokens[:first], features)
-
-    def _feed(self, tokens, features) -> Step:
-        """A feature head's feeding step: logits only at the last token before drafting."""
-        last = not self._pending
-        return Step(tokens, 1 if last else 0, self._output() if last else OutputSpec(),
-                    features=features, hidden=LAST)
+        return self.head.begin(self._output())
 
     def joined(self, session: CachedSession, step: Step) -> Step:
-        if not self.head or step.features is not None or self.request.cache_position == 0:
-            return step  # (position 0 reads zeros: features None)
-        if session.tail is None or session.tail_length != self.request.cache_position:
-            raise CacheMiss(f"features: no feature for position {self.request.cache_position - 1} (the head "
-                            "keeps its own only at its last fed position); send the target's")
-        return step._replace(features=session.tail[None])
+        return self.head.joined(session, step) if self.head is not None else step
 
     def advance(self, session: CachedSession, out: RowOutput) -> Step | None:
         # out: the draft's next-token outputs after everything fed so far
-        if self.head:
-            self._own = out.hidden[-1:]  # [1, H]: predicts the target's feature at the last fed position
-            session.tail, session.tail_length = out.hidden[-1], session.length
-            if self._pending:
-                return self._feed([self._pending.pop(0)], self._own)
+        if self.head is not None:
+            feed = self.head.fed(session, out, self._output())
+            if feed is not None:
+                return feed
         drafted = self.drafted
         if len(drafted) >= self.k:
             return None
@@ -132,8 +154,8 @@ class ProposeWork(Work[Drafts]):
             self.rows.append(out.probs)
         if token in self.eos_ids or len(drafted) >= self.k:
             return None  # the last drafted token is never fed back
-        if self.head:
-            return Step([token], 1, self._output(), features=self._own, hidden=LAST)
+        if self.head is not None:
+            return Step([token], 1, self._output(), features=self.head.own, hidden=LAST)
         return Step([token], 1, self._output())
 
     def result(self) -> Drafts:

@@ -19,10 +19,6 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
 
     def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork | TreeProposeWork:
         req = self.decode(request)
-        if req.tree_nodes and not self.host.loaded.feature_dim and getattr(self.host.runner, "pooled", False):
-            # A tree's nodes are candidates (no q): verified by the target's own tokens, or, with
-            # OUTPUT_MODE_PROBS, by recursive rejection over siblings (verify_tree_sampled).
-            return TreeProposeWork(self.host, req)
         features = None
         if request.HasField("features") and request.features.rows:
             dim = self.host.loaded.feature_dim
@@ -32,6 +28,10 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
             if features.shape[0] > len(req.tokens):
                 raise InvalidArgument(f"features: {features.shape[0]} rows for {len(req.tokens)} tokens "
                                       "(at most one per token)")
+        if req.tree_nodes and getattr(self.host.runner, "pooled", False):
+            # A tree's nodes are candidates (no q): verified by the target's own tokens, or, with
+            # OUTPUT_MODE_PROBS, by recursive rejection over siblings (verify_tree_sampled).
+            return TreeProposeWork(self.host, req, features)
         return ProposeWork(self.host, req, request.seed, check_p_min(request.p_min), features)
 
     def features(self) -> tuple[int, str]:

@@ -11,13 +11,22 @@ target's draws. No q is returned: siblings are candidates, not samples. The
 `tree_nodes` best candidates of all depths form the tree (a candidate's
 ancestors always rank above it). Nodes that were fed stay pending in the
 draft's cache; the next call takes up the accepted path's (engine.tree).
+
+A feature head first feeds the committed tokens as a chain does
+(draft_service.drafting.HeadFeed), then feeds each expanded node with its own
+output at the node's parent (at the last committed token: the feed's last
+output). The orchestrator re-feeds an accepted path with the target's
+features, so a head never takes up its pending nodes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from draft_service.drafting import HeadFeed
 from engine.host import ModelHost, Work
-from engine.plan import OutputSpec, RowOutput
+from engine.plan import LAST, OutputSpec, RowOutput
 from engine.scheduler import Step
 from engine.sessions import CachedSession
 from model_service.requests import ModelRequest
@@ -47,8 +56,12 @@ class TreeProposeWork(Work[TreeDrafts]):
 
     verb = "propose"
 
-    def __init__(self, host: ModelHost, request: ModelRequest):
+    def __init__(self, host: ModelHost, request: ModelRequest, features: torch.Tensor | None = None):
         self.request = request
+        # A feature head: the committed tokens' feed, then each node's own output (its fed row's).
+        self.head = HeadFeed(request, features) if host.loaded.feature_dim > 0 else None
+        self.feeding = self.head is not None
+        self.outputs: dict[int, torch.Tensor] = {}  # node -> [H], the head's output at its position
         self.session_id = request.session_id
         self.cache_position = request.cache_position
         self.prefix_hash = request.prefix_hash
@@ -65,11 +78,31 @@ class TreeProposeWork(Work[TreeDrafts]):
         return OutputSpec(self.request.sampling, coupled_seed=self.request.coupled_seed, candidates=self.width)
 
     def begin(self) -> Step:
-        if not self.depth or not self.request.tree_nodes:
-            return Step(self.request.tokens, 0)
-        return Step(self.request.tokens, 1, self._output())
+        drafts = bool(self.depth and self.request.tree_nodes)
+        if self.head is not None:
+            return self.head.begin(self._output() if drafts else OutputSpec())
+        return Step(self.request.tokens, 1, self._output()) if drafts else Step(self.request.tokens, 0)
+
+    def joined(self, session: CachedSession, step: Step) -> Step:
+        return self.head.joined(session, step) if self.head is not None else step
 
     def advance(self, session: CachedSession, out: RowOutput) -> Step | None:
+        if self.feeding:
+            feed = self.head.fed(session, out, self._output())
+            if feed is not None:
+                return feed
+            self.feeding = False
+        elif self.head is not None:
+            self.outputs.update((node, row) for node, row in zip(self.frontier, out.hidden))
+        step = self._expand(out)
+        if step is None or self.head is None:
+            return step
+        own = [self.outputs[n.parent] if n.parent >= 0 else self.head.own[0]
+               for n in (self.nodes[i] for i in self.frontier)]
+        return step._replace(features=torch.stack(own), hidden=LAST)
+
+    def _expand(self, out: RowOutput) -> Step | None:
+        """The candidates the last step gave become nodes; the next depth's best are fed."""
         if out.candidates is None:  # a prefill only
             return None
         before = len(self.nodes)

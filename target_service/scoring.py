@@ -95,16 +95,16 @@ def check_feature_layers(layers: tuple[int, ...], features: int, num_layers: int
 def check_score(request: ModelRequest, extras: ScoreExtras | None = None) -> None:
     """Score's own limits: the first drafted token is scored by the logits of the token before it,
     which must be in this request; a tree's rows are nodes, not a chain of fed tokens, so it takes
-    no log-probabilities or features (per node they are not served yet; grammar masks are: row
-    0 is the committed tokens', row i + 1 the one after drafted token i on its path)."""
+    no log-probabilities (per node they are not served yet; grammar masks are: row 0 is the
+    committed tokens', row i + 1 the one after drafted token i on its path; features are one row per
+    token sent, a node's at its own position on its path)."""
     if request.k > len(request.tokens) - 1:
         raise InvalidArgument(
             f"k {request.k} must be at most len(tokens) - 1 = {len(request.tokens) - 1}"
         )
     if request.parents and extras is not None:
-        for name, value in (("logprobs", extras.logprobs), ("features", extras.features)):
-            if value:
-                raise InvalidArgument(f"{name}: not with parents (a tree); send the drafts as a chain")
+        if extras.logprobs:
+            raise InvalidArgument("logprobs: not with parents (a tree); send the drafts as a chain")
 
 
 class ScoreWork(Work[Scores]):

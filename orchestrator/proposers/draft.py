@@ -50,7 +50,7 @@ class DraftServiceProposer:
     that long, fails the request with UNAVAILABLE.
     """
 
-    branches = True  # Propose drafts a tree when asked (a feature head answers with a chain)
+    branches = True  # Propose drafts a tree when asked (a feature head too, on its own outputs)
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
                  fallback_reason: str = "", relays: Callable[..., FeatureRelay] | None = None) -> None:

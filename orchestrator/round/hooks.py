@@ -104,8 +104,21 @@ class FeatureHook(RoundHook):
             return
         sent_before = relay.sent  # the features of the committed tokens the target has read
         features = rnd.reply.response.features
-        relay.absorb(features, len(turn.tokens) + min(len(rnd.committed), rnd.verdict.accepted))
+        kept = _path_rows(features, len(rnd.drafted), rnd.verdict.path, relay.width) if rnd.tally.tree else features
+        relay.absorb(kept, len(turn.tokens) + min(len(rnd.committed), rnd.verdict.accepted))
         rnd.tally.feature_bytes += len(features.data) + relay.sent - sent_before
+
+
+def _path_rows(features: common_pb2.Features, n_nodes: int, path, width: int) -> common_pb2.Features:
+    """A tree Score's features as a chain: the committed tokens' rows, then the accepted path's nodes'
+    (a node's row sits at its own position on its path), the other nodes' dropped."""
+    if not features.rows:
+        return features
+    lead = int(features.rows) - n_nodes
+    data = bytes(features.data)
+    rows = [data[:lead * width]] + [data[(lead + i) * width:(lead + i + 1) * width] for i in path]
+    return common_pb2.Features(first_position=features.first_position, rows=lead + len(path), dim=features.dim,
+                               encoding=features.encoding, data=b"".join(rows))
 
 
 class LogprobsHook(RoundHook):

@@ -81,3 +81,21 @@ def test_concurrent_streams_are_each_target_only(eagle3_stack):
 
     outs = asyncio.run(run())
     assert [list(o.token_ids) for o in outs] == refs
+
+
+def test_the_head_drafts_trees_with_target_onlys_text(eagle3_stack):
+    """Token trees from the EAGLE-3 head: each node reads its own output at its parent, the target
+    returns both layers' rows for every node and the relay keeps the accepted path's."""
+    stack, c, target_dir = eagle3_stack
+    stack.start_orchestrator("orch-tree", target_dir, targets=[stack.addresses["target"]],
+                             drafts=[stack.addresses["draft"]],
+                             extra=("--tree-nodes", "8", "--tree-width", "3", "--rate-per-tenant", "0"))
+    tree_rounds = 0
+    with Client(stack.addresses["orch-tree"], timeout=120) as t:
+        for prompt in PROMPTS:
+            want = c.complete(prompt, max_new_tokens=N_NEW, proposer="none")
+            out = t.complete(prompt, max_new_tokens=N_NEW, proposer="draft", k=3)
+            assert list(out.token_ids) == list(want.token_ids), prompt
+            assert not out.stats.fallback_reason and out.stats.cache_misses == 0
+            tree_rounds += sum(r.tree for r in out.stats.rounds)
+    assert tree_rounds > 0

@@ -200,3 +200,29 @@ def test_draft_down_falls_back_to_target_only(feature_stack):
             break
         time.sleep(0.3)
     assert not again.stats.fallback_reason and again.stats.accepted_tokens > 0
+
+
+def test_the_head_drafts_trees_with_target_onlys_text(feature_stack):
+    """An orchestrator with --tree-nodes: the head drafts token trees (each node on its own output
+    at its parent), the target verifies them in one pass and returns every node's features, the
+    relay keeps the accepted path's. Greedy and seeded sampled text is target-only's; rounds are
+    trees that accept past depth 1."""
+    stack, _, target_dir, _ = feature_stack
+    stack.start_orchestrator("orch-tree", target_dir, targets=[stack.addresses["target"]],
+                             drafts=[stack.addresses["draft"]],
+                             extra=("--tree-nodes", "10", "--tree-width", "3", "--rate-per-tenant", "0"))
+    deep = tree_rounds = 0
+    with Client(stack.addresses["orch"], timeout=120) as plain, \
+            Client(stack.addresses["orch-tree"], timeout=120) as c:
+        for prompt in PROMPTS:
+            for sampling in (dict(), dict(temperature=0.8, seed=3)):
+                want = plain.complete(prompt, max_new_tokens=N_NEW, proposer="none", **sampling)
+                for k in (2, 4):
+                    out = c.complete(prompt, max_new_tokens=N_NEW, proposer="draft", k=k, **sampling)
+                    assert out.token_ids == want.token_ids, (prompt, sampling, k)
+                    s = out.stats
+                    assert not s.fallback_reason and s.cache_misses == 0, s.fallback_reason
+                    assert s.feature_bytes == sum(r.feature_bytes for r in s.rounds) > 0
+                    tree_rounds += sum(r.tree for r in s.rounds)
+                    deep += sum(r.tree and r.accepted >= 2 for r in s.rounds)
+    assert tree_rounds > 0 and deep > 0, (tree_rounds, deep)

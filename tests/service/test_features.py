@@ -159,3 +159,35 @@ def test_the_stock_forward_refuses_features(services, tiny_pair, tokenizer):
     with pytest.raises(grpc.RpcError) as info:
         score(stock.stub, "s", toks, 0, toks, features=F32)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "features" in info.value.details()
+
+
+@pytest.fixture(scope="module")
+def strong_head(services, tiny_pair, tmp_path_factory):
+    """A head whose drafts lean on the features it reads (a large feature weight in its fc)."""
+    from tests.tiny import build_feature_head
+
+    folder = build_feature_head(tiny_pair[0], tmp_path_factory.mktemp("strong") / "head", feature_weight=3.0)
+    return services("draft", folder, *LIMITS, "--max-k", "8")
+
+
+def test_the_head_drafts_trees_on_its_own_outputs(strong_head, tokenizer, models):
+    """A tree Propose to a feature head: each node read the head's own output at its parent, so
+    the path of first children is the greedy chain (which reads the same outputs one by one)."""
+    svc = strong_head
+    toks = tokenizer(PROMPT)["input_ids"]
+    target_f = _features(models[0], toks)
+    inputs = torch.cat([torch.zeros_like(target_f[:1]), target_f[:-1]])
+    chain = propose(svc.stub, "ht-1", toks, 0, toks, k=4, features=encode_features(inputs, F32))
+    tree = propose(svc.stub, "ht-2", toks, 0, toks, k=4, features=encode_features(inputs, F32),
+                   tree_nodes=40, tree_width=4)
+    parents = list(tree.parents)
+    assert len(parents) == len(tree.tokens) > 4 and parents[0] == -1
+    node, path = -1, []
+    for _ in range(4):  # nodes come by depth, best first: a node's first child is its best
+        node = parents.index(node)
+        path.append(tree.tokens[node])
+    assert path == list(chain.tokens)
+    # Zero features give another tree (the nodes read what they are given).
+    other = propose(svc.stub, "ht-3", toks, 0, toks, k=4, features=encode_features(inputs * 0.0, F32),
+                    tree_nodes=40, tree_width=4)
+    assert list(other.tokens) != list(tree.tokens)

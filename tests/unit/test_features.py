@@ -88,3 +88,19 @@ def test_relay_cache_checks_the_prefix():
     other = cache.take("s", DIM, prefix_fingerprints([5, 6, 0, 8, 9, 1]))  # the history differs from token 2
     assert other is relay and other.known == 2
     assert cache.take("s", DIM, prefix_fingerprints(tokens)).known == 0  # taken once
+
+
+def test_a_tree_scores_features_become_the_accepted_paths_rows():
+    """A tree Score returns a row per token sent (2 committed, then 5 nodes); the relay keeps the
+    committed rows and the accepted path's nodes' rows, in path order, as consecutive positions."""
+    from orchestrator.round.hooks import _path_rows
+
+    reply = rows(10, 7)  # positions 10, 11 committed; nodes 0..4 carry 12..16 as their values
+    kept = _path_rows(reply, 5, (1, 3), FeatureRelay(DIM).width)
+    assert (kept.first_position, kept.rows) == (10, 4)
+    assert positions(kept) == [10.0, 11.0, 13.0, 15.0]
+    relay = FeatureRelay(DIM)
+    relay.absorb(rows(0, 10), 10)
+    relay.absorb(kept, 13)  # the committed tokens the target read: 10 + 1 + the path's first 2
+    assert relay.known == 13 and positions(relay.rows_for(11, 3)) == [10.0, 11.0, 13.0]
+    assert _path_rows(rows(10, 7), 5, (), FeatureRelay(DIM).width).rows == 2  # nothing accepted
