@@ -38,6 +38,10 @@ class OutputSpec:
     # logits of disallowed tokens become -inf before the argmax and the distributions.
     allowed: bytes = b""
     logprobs: int = 0  # top-n log-probabilities per emitted position (engine.sampler); 0 = none
+    # The emitted positions after the first are a token tree's nodes (a Score of a tree): node j's
+    # parent among them (-1: the first position). RowLogprobs.next_fed then holds each node's
+    # log-probability under its parent's position, not under the position before it.
+    tree_parents: tuple[int, ...] = ()
 
 
 LAST = (-1,)  # RowPlan.hidden: the final hidden state
@@ -98,7 +102,9 @@ class RowOutput:
 class RowLogprobs:
     """Log-probabilities of a row's emitted positions (the distribution: engine.sampler.logprobs)."""
 
-    next_fed: list[float]  # [emit - 1]: of the token fed after each emitted position but the last
+    # [emit - 1]: of the token fed after each emitted position but the last (a tree: of each node,
+    # under its parent's position, OutputSpec.tree_parents)
+    next_fed: list[float]
     argmax: list[float]  # [emit]: of RowOutput.argmax[i]
     top_ids: list[list[int]]  # [emit][n], most likely first
     top_logprobs: list[list[float]]  # [emit][n]

@@ -210,7 +210,9 @@ def _logprobs(rows: Sequence[RowPlan], spans: list[tuple[int, int]], logits: tor
             lp = torch.log(probs_of[i])  # exactly 0 -> -inf: excluded by truncation or the mask
         fed = torch.tensor(list(row.tokens[len(row.tokens) - emit + 1:]), dtype=torch.long).to(lp.device)
         top = torch.topk(lp, min(n, lp.shape[-1]), dim=-1)  # sorted, most likely first
-        floats += [lp[:-1].gather(1, fed.unsqueeze(1)).squeeze(1),
+        before = lp[:-1] if not row.output.tree_parents else lp.index_select(0, torch.tensor(
+            [p + 1 for p in row.output.tree_parents], dtype=torch.long).to(lp.device))  # a node's parent
+        floats += [before.gather(1, fed.unsqueeze(1)).squeeze(1),
                    lp.gather(1, argmax[lo:hi].unsqueeze(1)).squeeze(1), top.values.reshape(-1)]
         if i in coupled:
             floats.append(lp.gather(1, coupled[i].unsqueeze(1)).squeeze(1))

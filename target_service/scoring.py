@@ -92,19 +92,15 @@ def check_feature_layers(layers: tuple[int, ...], features: int, num_layers: int
     return layers
 
 
-def check_score(request: ModelRequest, extras: ScoreExtras | None = None) -> None:
+def check_score(request: ModelRequest) -> None:
     """Score's own limits: the first drafted token is scored by the logits of the token before it,
-    which must be in this request; a tree's rows are nodes, not a chain of fed tokens, so it takes
-    no log-probabilities (per node they are not served yet; grammar masks are: row 0 is the
-    committed tokens', row i + 1 the one after drafted token i on its path; features are one row per
-    token sent, a node's at its own position on its path)."""
+    which must be in this request. A tree's rows: row 0 is the committed tokens', row i + 1 the one
+    after drafted token i on its path (grammar masks and log-probabilities by row; Logprobs.drafted
+    has each node's under its parent's row); features are one row per token sent."""
     if request.k > len(request.tokens) - 1:
         raise InvalidArgument(
             f"k {request.k} must be at most len(tokens) - 1 = {len(request.tokens) - 1}"
         )
-    if request.parents and extras is not None:
-        if extras.logprobs:
-            raise InvalidArgument("logprobs: not with parents (a tree); send the drafts as a chain")
 
 
 class ScoreWork(Work[Scores]):
@@ -124,7 +120,8 @@ class ScoreWork(Work[Scores]):
         request = self.request
         return Step(request.tokens, request.k + 1, OutputSpec(
             request.sampling, probs=request.want_probs, coupled_seed=request.coupled_seed,
-            allowed=self.extras.allowed, logprobs=self.extras.logprobs),
+            allowed=self.extras.allowed, logprobs=self.extras.logprobs,
+            tree_parents=tuple(request.parents) if request.parents and self.extras.logprobs else ()),
             hidden=(self.extras.feature_layers or LAST) if self.extras.features else (),
             parents=request.parents or None)
 

@@ -17,7 +17,7 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     def prepare(self, request: model_pb2.ScoreRequest) -> ScoreWork:
         req = self.decode(request)
         extras = decode_extras(request, req.k, self.host.loaded.vocab_size)
-        check_score(req, extras)
+        check_score(req)
         if extras.features and not self.features()[0]:
             raise FailedPrecondition("features: this replica serves its model through the stock forward "
                                      "(--max-batch 1, or an architecture the engine does not know) and "

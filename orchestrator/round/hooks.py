@@ -121,6 +121,14 @@ def _path_rows(features: common_pb2.Features, n_nodes: int, path, width: int) ->
                                encoding=features.encoding, data=b"".join(rows))
 
 
+def _tree_depths(parents) -> list[int]:
+    """A tree Score's rows' depths: 0 for row 0 (after the committed tokens), then each node's."""
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent + 1] + 1)
+    return depths
+
+
 class LogprobsHook(RoundHook):
     """Each committed token's log-probability under the target (and the top alternatives)."""
 
@@ -146,18 +154,23 @@ class LogprobsHook(RoundHook):
         """
         lp, verdict, p = rnd.reply.response.logprobs, rnd.verdict, rnd.p
         n, out = lp.top_n, []
+        # The row each committed token was chosen at, and an accepted one's drafted index: a tree's
+        # j-th token on its path comes from the row after the path's (j - 1)-th node.
+        drafted = list(verdict.path) if rnd.tally.tree else list(range(verdict.accepted))
+        rows = [0] + [i + 1 for i in drafted]
         for j, token in enumerate(verdict.tokens[:len(rnd.committed)]):
+            r = rows[j]
             if j < verdict.accepted:
-                value = lp.drafted[j]
-            elif len(lp.sampled) > j:
-                value = lp.sampled[j]
+                value = lp.drafted[drafted[j]]
+            elif len(lp.sampled) > r:
+                value = lp.sampled[r]
             elif p is None:
-                value = lp.argmax[j]
+                value = lp.argmax[r]
             else:
-                mass = float(p[j, token])
+                mass = float(p[r, token])
                 value = math.log(mass) if mass > 0 else float("-inf")
-            out.append(TokenLogprob(token, value, list(lp.top_ids[j * n:j * n + self.top]),
-                                    list(lp.top_logprobs[j * n:j * n + self.top])))
+            out.append(TokenLogprob(token, value, list(lp.top_ids[r * n:r * n + self.top]),
+                                    list(lp.top_logprobs[r * n:r * n + self.top])))
         return out
 
 
@@ -184,14 +197,17 @@ class MinTokensHook(RoundHook):
         window = self.minimum - (len(turn.tokens) - len(turn.req.prompt_ids))
         if window <= 0:  # past the first min_tokens: nothing to mask (nothing sent)
             return
+        # A scored row's depth: how many drafted tokens precede its position (a tree: the node's).
+        depths = _tree_depths(rnd.proposal.parents) if rnd.tally.tree else list(range(len(rnd.drafted) + 1))
+        masked = [r for r, depth in enumerate(depths) if depth < window]
         if rnd.masks is not None:  # a grammar's masks, sent by its hook: AND into them
-            for row in rnd.masks.words[:window]:
-                both = row & self.keep
+            for r in masked:
+                both = rnd.masks.words[r] & self.keep
                 if both.any():
-                    row[:] = both
+                    rnd.masks.words[r] = both
             return
         self.words = np.full((len(rnd.drafted) + 1, len(self.keep)), -1, dtype=np.int32)
-        self.words[:window] = self.keep
+        self.words[masked] = self.keep
 
     def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
         return {"allowed": _wire(self.words)} if self.words is not None else {}

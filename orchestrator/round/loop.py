@@ -89,7 +89,7 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
     policy = DraftingPolicy(config.costs, proposer, request_k=req.k, default_k=config.default_k,
                             max_k=config.max_k, adaptive_k=config.adaptive_k,
                             gate=config.speculation_gate and req.proposer != PREDICTED_OUTPUT,
-                            tree=_tree_shape(req, config, proposer))
+                            tree=_tree_shape(config, proposer))
     tokens = list(session.prefix)  # the prompt, then (a resume) the tokens the client has
     # Compiled once per request off the loop (orchestrator.api.bounds); a copy of it per turn.
     compiled = req.grammar or (config.grammars.compile(req.constraint) if req.constraint is not None else None)
@@ -113,14 +113,13 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
     return turn
 
 
-def _tree_shape(req: TurnRequest, config: LoopConfig, proposer) -> tuple[int, int]:
+def _tree_shape(config: LoopConfig, proposer) -> tuple[int, int]:
     """(tree nodes, width) for a turn that may draft token trees, else (0, 0): a proposer that
-    branches, with no min_tokens mask or log-probabilities (per node they are not served yet; a
-    grammar's masks are, per node: orchestrator.round.grammar.TurnMatcher.tree_masks). Greedy and
+    branches. A grammar's masks, min_tokens and log-probabilities are per node
+    (orchestrator.round.grammar.TurnMatcher.tree_masks, orchestrator.round.hooks). Greedy and
     coupled trees are verified by the target's own tokens, others by recursive rejection over
     siblings (specdec.core.verify.verify_tree_sampled)."""
-    ok = (config.tree_nodes > 0 and getattr(proposer, "branches", False)
-          and not req.min_tokens and not req.logprobs)
+    ok = config.tree_nodes > 0 and getattr(proposer, "branches", False)
     return (config.tree_nodes, config.tree_width) if ok else (0, 0)
 
 

@@ -165,3 +165,33 @@ def test_structured_output_drafts_trees_under_a_mask_per_node(trees) -> None:
             assert re.fullmatch(pattern, free.text), free.text
             tree_rounds += sum(r.tree for r in free.stats.rounds)
     assert tree_rounds > 0
+
+
+def test_logprobs_and_min_tokens_ride_on_trees(trees) -> None:
+    """Log-probabilities and min_tokens no longer turn trees off: each committed token's
+    log-probability (and top alternatives) is target-only's, read from the row it was chosen at;
+    min_tokens masks the end tokens at each node by its depth."""
+    tree_rounds = 0
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        for p in PROMPTS[:3]:
+            for sampling in (dict(), dict(temperature=0.8, seed=9)):
+                want = c.complete(p, max_new_tokens=N_NEW, proposer="none", logprobs=True, top_logprobs=3,
+                                  **sampling)
+                out = c.complete(p, max_new_tokens=N_NEW, proposer="draft", k=4, logprobs=True, top_logprobs=3,
+                                 **sampling)
+                assert out.token_ids == want.token_ids, (p, sampling)
+                assert len(out.logprobs) == len(want.logprobs) == len(want.token_ids)
+                for a, b in zip(out.logprobs, want.logprobs):
+                    assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4, (p, sampling)
+                    assert list(a.top_ids) == list(b.top_ids)
+                tree_rounds += sum(r.tree for r in out.stats.rounds)
+            # A stop token target-only meets at position m - 1: min_tokens = m masks it there (and at
+            # every node as deep), so the text goes on as masked target-only's does.
+            plain = c.complete(p, max_new_tokens=N_NEW, proposer="none")
+            for m in (2, 4, 6, 9):
+                stop = plain.token_ids[m - 1]
+                want = c.complete(p, max_new_tokens=N_NEW, proposer="none", min_tokens=m, stop_token_ids=[stop])
+                out = c.complete(p, max_new_tokens=N_NEW, proposer="draft", k=4, min_tokens=m, stop_token_ids=[stop])
+                assert len(want.token_ids) >= m and out.token_ids == want.token_ids, (p, m)
+                tree_rounds += sum(r.tree for r in out.stats.rounds)
+    assert tree_rounds > 0

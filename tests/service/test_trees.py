@@ -45,6 +45,27 @@ def test_score_verifies_a_tree_in_one_forward(target, tokenizer, reference) -> N
     assert nxt.cache_length == len(toks) + 4
 
 
+def test_a_trees_logprobs_are_each_nodes_under_its_parent(target, tokenizer, reference) -> None:
+    """Logprobs.drafted[i]: drafted token i's log-probability after its own path (its parent's row);
+    the top-n and argmax rows are the tree's rows, row i + 1 after token i's path."""
+    toks = tokenizer(PROMPT)["input_ids"]
+    reply = score(target.stub, "tree-lp", toks + TOKENS, 0, toks + TOKENS, k=len(TOKENS), parents=PARENTS,
+                  logprobs=3)
+
+    def log_softmax(ids: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.log_softmax(reference[0](torch.tensor([ids])).logits[0, -1].float(), -1)
+
+    paths = _paths()
+    for i, (token, parent) in enumerate(zip(TOKENS, PARENTS)):
+        before = toks + (paths[parent] if parent >= 0 else [])
+        assert abs(reply.logprobs.drafted[i] - float(log_softmax(before)[token])) < 1e-3, i
+    rows = [toks] + [toks + p for p in paths]
+    for r, ids in enumerate(rows):
+        top = torch.topk(log_softmax(ids), 3)
+        assert list(reply.logprobs.top_ids[3 * r:3 * r + 3]) == top.indices.tolist(), r
+
+
 def test_a_path_that_is_not_in_the_tree_is_a_cache_miss(target, tokenizer) -> None:
     toks = tokenizer(PROMPT)["input_ids"]
     score(target.stub, "tree-miss", toks + TOKENS, 0, toks + TOKENS, k=len(TOKENS), parents=PARENTS)
@@ -53,8 +74,7 @@ def test_a_path_that_is_not_in_the_tree_is_a_cache_miss(target, tokenizer) -> No
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "cache miss" in err.value.details()
 
 
-@pytest.mark.parametrize("fields,name", [({"parents": [-1, 5]}, "parents"), ({"parents": [-1]}, "parents"),
-                                         ({"parents": [-1, -1], "logprobs": 2}, "logprobs")])
+@pytest.mark.parametrize("fields,name", [({"parents": [-1, 5]}, "parents"), ({"parents": [-1]}, "parents")])
 def test_bad_trees_are_invalid_arguments(target, tokenizer, fields, name) -> None:
     toks = tokenizer(PROMPT)["input_ids"]
     with pytest.raises(grpc.RpcError) as err:
