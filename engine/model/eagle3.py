@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,29 +92,31 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{folder}: an EAGLE-3 head needs one of {', '.join(WEIGHT_FILES)}")
 
 
-def load(folder: Path, base: Any, dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
+def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
+         dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
     """(the head as a one-layer Llama module tree, the target layers it reads), from the published
-    layout in `folder`; `base` is its loaded target (embedding and layer count)."""
+    layout in `folder`; `base` is its target's config (layer count, width, vocabulary) and
+    `base_embedding` reads the target's input embedding, asked only where the head holds none."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())
-    target_layers = int(base.config.num_hidden_layers)
+    target_layers = int(base.num_hidden_layers)
     layers = aux_layers(raw, target_layers)
     tensors = _read_weights(folder)
     hidden = int(raw["hidden_size"])
-    target_hidden = int(raw.get("target_hidden_size") or base.config.hidden_size)
-    vocab = int(raw.get("vocab_size") or base.config.vocab_size)
+    target_hidden = int(raw.get("target_hidden_size") or base.hidden_size)
+    vocab = int(raw.get("vocab_size") or base.vocab_size)
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is None:
-        embed = base.get_input_embeddings().weight.detach()
+        embed = base_embedding()
     if tuple(embed.shape) != (vocab, hidden):
         raise ValueError(f"{folder}: the embedding is {tuple(embed.shape)}, the head needs ({vocab}, {hidden}) "
                          "(the target's vocabulary by the head's width)")
-    if target_hidden != int(base.config.hidden_size):
+    if target_hidden != int(base.hidden_size):
         raise ValueError(f"{folder}: the head reads {target_hidden}-wide target layers, the target's are "
-                         f"{base.config.hidden_size}")
+                         f"{base.hidden_size}")
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "eagle_config", "draft_vocab_size",
                                                            "target_hidden_size", "auto_map")}
     config = LlamaConfig(**{**fields, "num_hidden_layers": 1, "vocab_size": vocab, "tie_word_embeddings": True})

@@ -235,18 +235,32 @@ def _load_distilled(folder: Path, name: str, dtype: torch.dtype) -> tuple[Any, A
     return model, tokenizer, f"{name}:{kind}-{manifest.num_layers}L-from-{manifest.target_name}"
 
 
+def _input_embedding(folder: Path, dtype: torch.dtype) -> torch.Tensor:
+    """The input embedding of the model in `folder`: the one tensor, from its safetensors (sharded
+    or not), else from the whole model loaded."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    name = "model.embed_tokens.weight"
+    index = folder / "model.safetensors.index.json"
+    file = json.loads(index.read_text())["weight_map"].get(name) if index.is_file() else "model.safetensors"
+    if file and (folder / file).is_file():
+        with safe_open(str(folder / file), "pt") as tensors:
+            if name in tensors.keys():
+                return tensors.get_tensor(name).to(dtype)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).get_input_embeddings().weight.detach()
+
+
 def _load_eagle3(folder: Path, name: str, dtype: torch.dtype, base: str | None) -> tuple[Any, Any, str, str]:
     """(model, tokenizer, name, feature kind) of a published EAGLE-3 head: its weights on `base`'s
-    embedding (unless it holds one), with `base`'s tokenizer and context length."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    embedding (unless it holds one), with `base`'s tokenizer and context length. Of the target only
+    its config, tokenizer and (where needed) embedding are read, not its weights."""
+    from transformers import AutoConfig, AutoTokenizer
 
     base_folder, base_name = resolve(None if base in (None, "", "default") else base, flag="--base-model")
-    target = AutoModelForCausalLM.from_pretrained(base_folder, dtype=dtype)
-    try:
-        model, layers = eagle3.load(folder, target, dtype)
-    finally:
-        context = int(getattr(target.config, "max_position_embeddings", 0) or 0)
-        del target
+    config = AutoConfig.from_pretrained(base_folder)
+    model, layers = eagle3.load(folder, config, lambda: _input_embedding(base_folder, dtype), dtype)
+    context = int(getattr(config, "max_position_embeddings", 0) or 0)
     if context:
         model.config.max_position_embeddings = context
     tokenizer = AutoTokenizer.from_pretrained(base_folder)

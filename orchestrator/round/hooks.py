@@ -21,6 +21,7 @@ from orchestrator.round.events import TokenLogprob
 from orchestrator.round.grammar import RoundMasks, TurnMatcher
 from orchestrator.round.state import Round, RoundHook, Turn
 from specdec.core import masks
+from specdec.core.verify import node_depths
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2
 
@@ -121,14 +122,6 @@ def _path_rows(features: common_pb2.Features, n_nodes: int, path, width: int) ->
                                encoding=features.encoding, data=b"".join(rows))
 
 
-def _tree_depths(parents) -> list[int]:
-    """A tree Score's rows' depths: 0 for row 0 (after the committed tokens), then each node's."""
-    depths = [0]
-    for parent in parents:
-        depths.append(depths[parent + 1] + 1)
-    return depths
-
-
 class LogprobsHook(RoundHook):
     """Each committed token's log-probability under the target (and the top alternatives)."""
 
@@ -198,7 +191,7 @@ class MinTokensHook(RoundHook):
         if window <= 0:  # past the first min_tokens: nothing to mask (nothing sent)
             return
         # A scored row's depth: how many drafted tokens precede its position (a tree: the node's).
-        depths = _tree_depths(rnd.proposal.parents) if rnd.tally.tree else list(range(len(rnd.drafted) + 1))
+        depths = [0] + node_depths(rnd.proposal.parents) if rnd.tally.tree else list(range(len(rnd.drafted) + 1))
         masked = [r for r, depth in enumerate(depths) if depth < window]
         if rnd.masks is not None:  # a grammar's masks, sent by its hook: AND into them
             for r in masked:

@@ -22,8 +22,8 @@ from orchestrator.round.state import Round, Turn
 from orchestrator.round.stats import RoundTally
 from specdec.core.kv import crop_lengths
 from specdec.core.stopping import STOP, clip_to_stop
-from specdec.core.verify import (Verdict, verify_coupled, verify_greedy, verify_sampled, verify_tree,
-                                 verify_tree_sampled)
+from specdec.core.verify import (Verdict, node_depths, verify_coupled, verify_greedy, verify_sampled,
+                                 verify_tree, verify_tree_sampled)
 from specdec.runtime.errors import FailedPrecondition
 from specdec.runtime.wire import decode_probs
 from specdec.v1 import model_pb2
@@ -138,21 +138,13 @@ def verify(turn: Turn, rnd: Round) -> None:
             rnd.verdict = verify_sampled(rnd.drafted, _draft_q(rnd), rnd.p, seed=rnd.ctx.seed,
                                          position=len(rnd.ctx.tokens))
     verdict: Verdict = rnd.verdict
-    depth = _depth(rnd.proposal.parents) if rnd.tally.tree else None
+    depth = max(node_depths(rnd.proposal.parents), default=0) if rnd.tally.tree else None
     turn.tally.add_verdict(len(rnd.drafted), verdict, depth)
     rnd.tally.drafted, rnd.tally.accepted = len(rnd.drafted), verdict.accepted
     rnd.tally.accepted_ranks = list(getattr(verdict, "ranks", ()))
     own_accepted = min(verdict.accepted, rnd.own)  # what the proposer itself got right
     turn.policy.observe(rnd.own, own_accepted)
     turn.proposer.observe(rnd.own, own_accepted)
-
-
-def _depth(parents: list[int]) -> int:
-    """A tree's depth (its deepest token's)."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return max(depths, default=0)
 
 
 def _draft_q(rnd: Round) -> torch.Tensor | None:

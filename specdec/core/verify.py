@@ -122,6 +122,14 @@ def _children(parents: Sequence[int]) -> dict[int, list[int]]:
     return children
 
 
+def node_depths(parents: Sequence[int]) -> list[int]:
+    """Each tree node's depth (1: a child of the last committed token; parents come first)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
 def verify_tree(
     drafted: Sequence[int],  # [n] the tree's tokens, parents first
     parents: Sequence[int],  # [n] each one's parent: an earlier index, or -1 (the last committed token)
