@@ -19,6 +19,10 @@ Stages (each resumable, each reads what the previous one wrote under --out):
          target's last --layers layers + final norm + tied head) trained on them,
          --depth passes unrolled on its own features
          -> OUT/train/eagle-checkpoint.pt, then OUT/draft/ (kind eagle)
+         --kind eagle3: an EAGLE-3 head over the streams entering the target's
+         --aux-layers, kept by the data stage (distill.eagle3), trained with
+         --depth unrolled passes, KL + --hard-weight x greedy cross-entropy
+         -> OUT/draft/ in the published layout (config.json, model.safetensors)
   eval   agreement and tokens/pass on both held-out sets of OUT/draft (loaded
          through engine.model.loader, as the draft service loads it) and of
          the early-exit stand-in; cost ratio c and v(k) -> OUT/eval.json.
@@ -75,18 +79,27 @@ SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
         Flag("gen-dtype", "target dtype for training data (held-out data is always float32); auto = bfloat16 "
              "where the device computes it natively, else float32", "auto"),
         Flag("top-k", "target log-probs stored per position", 20, int),
+        Flag("sampled", "fraction of training prompts answered by sampling (T = 1 over the top-k) instead of "
+             "greedily: more varied contexts; the labels stay the target's distribution", 0.0, float),
         Flag("data-minutes", "time budget of the data stage: no new shard after it; a rerun resumes "
              "(0 = none)", 32, float),
     )),
     Group("training", (
-        Flag("kind", "draft kind: layers (the target's first --layers layers, reads tokens) or eagle (an "
+        Flag("kind", "draft kind: layers (the target's first --layers layers, reads tokens), eagle (an "
              "EAGLE-style feature head: the target's last --layers layers over [token embedding; target feature], "
-             "drafting on its own features)", "layers", choices=("layers", "eagle")),
+             "drafting on its own features) or eagle3 (an EAGLE-3 head in the published layout: fc over the "
+             "target's --aux-layers streams, one decoder layer over [token; feature], its own vocabulary)",
+             "layers", choices=("layers", "eagle", "eagle3")),
+        Flag("aux-layers", "eagle3: the target layers whose incoming residual streams the head reads, "
+             "comma-separated; empty = EAGLE-3's 2, L // 2, L - 3",
+             None, lambda v: tuple(int(x) for x in v.split(",") if x.strip())),
         Flag("layers", "decoder layers of the draft", None, int, default_doc="2 (layers), 1 (eagle)"),
         Flag("init-draft", "train stage: start from this draft folder (its layers, final norm and head "
              "vocabulary) instead of the target's first --layers layers: continued distillation of an "
              "existing draft on new data; empty = from the target", None, Path),
-        Flag("vocab", "reduced head: the N most frequent tokens; 0 = full vocabulary", 8192, int),
+        Flag("vocab", "reduced head: the N most frequent tokens; 0 = full vocabulary", None, int,
+             default_doc="8192 (layers, eagle), 24576 (eagle3: 99.0% of the hand-written held-out set's "
+             "tokens against 90.8% for 8192, docs/draft-card.md)"),
         Flag("steps", "optimiser steps", 3000, int),
         Flag("batch-tokens", "response positions per step", 2048, int),
         Flag("lr", "peak learning rate", 2e-3, float),
@@ -99,6 +112,8 @@ SETTINGS = Settings("specdec distill", __doc__, env=False, groups=(
              "teacher-forced only)", 2, int),
         Flag("feature-weight", "eagle: weight of SmoothL1(head output, target feature) next to the soft "
              "cross-entropy", 0.1, float),
+        Flag("hard-weight", "eagle3: weight of the cross-entropy to the target's greedy token next to the KL "
+             "to its top-k", 0.5, float),
         Flag("feature-noise", "eagle: uniform noise on the true input features, relative to their RMS", 0.0, float),
         Flag("prompt-weight", "eagle: weight of the soft cross-entropy at prompt positions (0 = response "
              "positions only; the feature loss covers every position)", 0.0, float),
@@ -140,7 +155,8 @@ def stage_data(args: argparse.Namespace) -> dict[str, Any]:
     if args.heldout_file:
         sets.append(("heldout_v2", heldout_v2_prompts(args), "float32"))
     sets.append(("train", train_prompts, args.gen_dtype))
-    summary: dict[str, Any] = {"target": args.target_model, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k}
+    summary: dict[str, Any] = {"target": args.target_model, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k,
+                               "sampled": args.sampled}
     if args.heldout_file:
         summary["heldout_file"] = args.heldout_file
     deadline = time.monotonic() + 60 * args.data_minutes if args.data_minutes > 0 else None
@@ -171,12 +187,12 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
     from distill import data, train
     from engine.model import drafts
 
-    if args.kind == "eagle":
-        from distill import eagle
+    if args.kind in ("eagle", "eagle3"):
+        from distill import eagle, eagle3
 
         if args.init_draft is not None:
             raise SystemExit("--init-draft is for --kind layers")
-        return eagle.run_train(args)
+        return (eagle if args.kind == "eagle" else eagle3).run_train(args)
 
     records = data.load_records(args.out / "data" / "train")
     if not records:
@@ -279,10 +295,10 @@ def stage_eval(args: argparse.Namespace) -> dict[str, Any]:
     from engine.model import drafts
     from engine.model import loader
 
-    if args.kind == "eagle":
-        from distill import eagle
+    if args.kind in ("eagle", "eagle3"):
+        from distill import eagle, eagle3
 
-        return eagle.run_eval(args)
+        return (eagle if args.kind == "eagle" else eagle3).run_eval(args)
 
     sets = heldout_records(args)
     records = sets["heldout"]
@@ -345,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     if args.layers is None:
         args.layers = 1 if args.kind == "eagle" else 2
+    if args.vocab is None:
+        args.vocab = 24576 if args.kind == "eagle3" else 8192
     if args.layers < 1:
         raise SystemExit("--layers must be >= 1")
     stages = ("data", "train", "eval") if args.stage == "all" else (args.stage,)

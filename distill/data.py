@@ -15,10 +15,12 @@ Output: DIR/shard-NNNNN.pt, each a list of records
   {"id": prompt id, "prompt": [ids], "response": [ids],
    "topk_ids": int32 [len(response), k], "topk_logprobs": float16 [len(response), k]}
 With `GenConfig.features` a record also holds "features": float16
-[len(prompt) + len(response) - 1, H], the target's final hidden state (after its
-final norm, what its LM head reads) at every position it read: the prompt's
-from the prefill, each response token's from the step that fed it. A feature
-head trains on them without a second, teacher-forced pass of the target.
+[len(prompt) + len(response) - 1, n x H], at every position the target read (the
+prompt's from the prefill, each response token's from the step that fed it) the
+hidden states the tuple names, side by side: -1 (engine.plan.LAST) its final
+state after the final norm (what its LM head reads, an EAGLE-1 head's input), a
+decoder layer id the residual stream entering that layer (an EAGLE-3 head's
+inputs). A feature head trains on them without a second, teacher-forced pass.
 Shards are written atomically; a rerun skips the shards that exist (resumable).
 """
 from __future__ import annotations
@@ -44,8 +46,14 @@ class GenConfig:
     batch_size: int = 32
     top_k: int = 20
     shard_prompts: int = 128  # prompts per shard (one resumable unit)
-    features: bool = False  # keep the target's features of every position read (distill.eagle's data)
+    # hidden states to keep at every position read (see the module doc): () none, (-1,) the final state
+    # (distill.eagle's data), decoder layer ids the streams entering them (distill.eagle3's)
+    features: tuple[int, ...] = ()
     pooled: bool = True  # the serving engine's forward, continuously batched (generate_pooled), where it runs
+    # Every n-th prompt (n = round(1 / sampled)) gets a sampled response instead of the greedy one: more
+    # varied contexts; the labels stay the target's distribution (top-k, and topk_ids[:, 0] its argmax)
+    sampled: float = 0.0
+    sample_temperature: float = 1.0
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
@@ -64,10 +72,10 @@ def generate_batch(
     max_new_tokens: int,
     top_k: int,
     pad_id: int,
-    features: bool = False,
+    features: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """Greedy-generate every prompt (left padded); responses with their top-k log-probs (and, with
-    `features`, the target's final normed hidden state at every position it read)."""
+    `features`, those hidden states of every position it read; see the module doc)."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -89,10 +97,12 @@ def generate_batch(
     step_ids = ids
     for step in range(max_new_tokens):
         if features:  # the body's normed output is what the head reads; the logits of its last position
-            hidden = model.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                 cache=cache, use_cache=True).last_hidden_state  # [live, t, H]
+            body = model.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                               cache=cache, use_cache=True, output_hidden_states=True)
+            hidden = body.last_hidden_state  # [live, t, H]
             logits = model.get_output_embeddings()(hidden[:, -1])  # [live, vocab]
-            kept = hidden.to("cpu", torch.float16)
+            kept = torch.cat([hidden if i == -1 else body.hidden_states[i] for i in features],
+                             dim=-1).to("cpu", torch.float16)  # [live, t, n x H]
             for j, r in enumerate(rows.tolist()):
                 feats[r].append(kept[j, width - len(prompts[r]):] if step == 0 else kept[j])
         else:
@@ -144,17 +154,22 @@ def generate_pooled(
     max_new_tokens: int,
     top_k: int,
     rows: int,
-    features: bool = False,
+    features: tuple[int, ...] = (),
     prefill_tokens: int = 2048,
+    sampled: Sequence[bool] = (),
+    temperature: float = 1.0,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
     """What generate_batch returns, from the serving engine's forward with continuous batching.
 
     Up to `rows` prompts are in flight; one that ends (EOS or the length cap) frees its KV at once
     and the next prompt's prefill joins the following forward (at most `prefill_tokens` prompt
     tokens per forward), so the batch stays full to the end instead of draining as rows finish, and
-    the paged KV pool copies nothing per step. Greedy tokens are the argmax of the same logits.
+    the paged KV pool copies nothing per step. Greedy tokens are the argmax of the same logits; a
+    prompt marked in `sampled` draws each token from the top-k at `temperature` instead (renormalised
+    over the top-k; seeded by `seed` and the prompt's index, so a rerun writes the same shard).
     """
-    from engine.plan import LAST, OutputSpec, RowPlan, StepPlan
+    from engine.plan import OutputSpec, RowPlan, StepPlan
     from engine.runner import PooledRunner
 
     eos = set(eos_ids)
@@ -173,11 +188,12 @@ def generate_pooled(
             i = waiting.pop()
             budget -= len(prompts[i])
             live[i] = {"cache": runner.new_cache(), "feed": list(prompts[i]), "past": 0, "response": [],
-                       "top_ids": [], "top_lp": [], "features": []}
+                       "top_ids": [], "top_lp": [], "features": [],
+                       "rng": torch.Generator().manual_seed(seed * 1_000_003 + i)}
         plan_rows, order = [], []
         for i, state in live.items():
             state["cache"].reserve(state["past"] + len(state["feed"]))
-            plan_rows.append(RowPlan(state["cache"], state["feed"], state["past"], 1, spec, hidden=LAST if features else ()))
+            plan_rows.append(RowPlan(state["cache"], state["feed"], state["past"], 1, spec, hidden=tuple(features)))
             order.append(i)
         for i, out in zip(order, runner.run(StepPlan(plan_rows))):
             state = live[i]
@@ -185,6 +201,9 @@ def generate_pooled(
             if features:
                 state["features"].append(out.hidden.to(torch.float16))
             token = out.argmax[0]
+            if i < len(sampled) and sampled[i]:
+                weights = torch.softmax(torch.tensor(out.logprobs.top_logprobs[0]) / temperature, dim=-1)
+                token = int(out.logprobs.top_ids[0][int(torch.multinomial(weights, 1, generator=state["rng"]))])
             state["response"].append(token)
             state["top_ids"].append(out.logprobs.top_ids[0])
             state["top_lp"].append(out.logprobs.top_logprobs[0])
@@ -199,6 +218,8 @@ def generate_pooled(
                 }
                 if features:  # prompt + response[:-1]: the last token was never fed
                     records[i]["features"] = torch.cat(state["features"])
+                if i < len(sampled) and sampled[i]:
+                    records[i]["sampled"] = temperature
             else:
                 state["feed"] = [token]
     return records  # type: ignore[return-value]
@@ -238,6 +259,9 @@ def generate(
         log.info("%s: %d of %d prompts already done (resuming)", out_dir, done_prompts, len(prompts))
     started, new_tokens = time.monotonic(), 0
     forward = pooled_forward(model) if config.pooled else None
+    if config.sampled and forward is None:
+        raise ValueError("sampled responses need the engine's pooled forward (a Llama-architecture target)")
+    every = round(1 / config.sampled) if config.sampled > 0 else 0
     with tqdm(total=len(prompts), initial=done_prompts, desc=desc, unit="prompt") as bar:
         for index, start in todo:
             if deadline is not None and time.monotonic() > deadline and any(p.is_file() for p in paths):
@@ -248,7 +272,10 @@ def generate(
             encoded = [encode_prompt(tokenizer, p) for p in chunk]
             if forward is not None:  # the whole shard through one continuously refilled batch
                 out = generate_pooled(forward, encoded, eos_ids, max_new_tokens=config.max_new_tokens,
-                                      top_k=config.top_k, rows=config.batch_size, features=config.features)
+                                      top_k=config.top_k, rows=config.batch_size, features=config.features,
+                                      sampled=[bool(every) and (start + j) % every == every - 1
+                                               for j in range(len(chunk))],
+                                      temperature=config.sample_temperature, seed=start)
                 for prompt, record in zip(chunk, out):
                     record["id"] = prompt.id
                     new_tokens += len(record["response"])

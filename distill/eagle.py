@@ -62,8 +62,9 @@ def _sequence(record: dict[str, Any]) -> list[int]:
 
 @torch.inference_mode()
 def extract(target: Any, records: Sequence[dict[str, Any]], *, dtype: torch.dtype, batch_tokens: int = 4096,
-            pad_id: int = 0, desc: str = "features") -> list[torch.Tensor]:
-    """The target's features for every record: fp16 [len(prompt) + len(response) - 1, H] each.
+            pad_id: int = 0, desc: str = "features", layers: tuple[int, ...] = (-1,)) -> list[torch.Tensor]:
+    """The target's features for every record: fp16 [len(prompt) + len(response) - 1, n x H] each (`layers`
+    as engine.model.drafts.target_features).
 
     Right-padded batches of similar length (the causal mask keeps padding out
     of the real positions), run in `dtype` under autocast-free weights of that dtype.
@@ -86,7 +87,7 @@ def extract(target: Any, records: Sequence[dict[str, Any]], *, dtype: torch.dtyp
             ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
             for j, s in enumerate(seqs):
                 ids[j, :len(s)] = torch.tensor(s)
-            feats = target_features(target, ids.to(device))  # [b, width, H]
+            feats = target_features(target, ids.to(device), layers=layers)  # [b, width, n x H]
             for j, (i, s) in enumerate(zip(chunk, seqs)):
                 out[i] = feats[j, :len(s)].to("cpu", torch.float16).clone()
             bar.update(sum(len(s) for s in seqs))
@@ -95,26 +96,29 @@ def extract(target: Any, records: Sequence[dict[str, Any]], *, dtype: torch.dtyp
 
 
 def cached_features(target: Any, data_dir: Path, cache_dir: Path, *, dtype: str, pad_id: int,
-                    batch_tokens: int = 4096, shards: int | None = None
+                    batch_tokens: int = 4096, shards: int | None = None, layers: tuple[int, ...] = (-1,)
                     ) -> tuple[list[dict[str, Any]], list[torch.Tensor], dict[str, Any]]:
     """(records, features, summary) of every data shard under `data_dir` (or its first `shards`), features
-    cached per shard; a shard whose records carry the features of their generation uses those."""
+    (of `layers`, as engine.model.drafts.target_features) cached per shard; a shard whose records carry
+    features of that width from their generation uses those."""
+    width = len(layers) * int(target.config.hidden_size)
     cache_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
     features: list[torch.Tensor] = []
     started, computed, generated, tokens = time.monotonic(), 0, 0, 0
     for shard in sorted(Path(data_dir).glob("shard-*.pt"))[:shards]:
         shard_records = torch.load(shard, weights_only=True)
-        path = cache_dir / f"{shard.stem}-{dtype}.pt"
+        path = cache_dir / (f"{shard.stem}-{dtype}.pt" if layers == (-1,)
+                            else f"{shard.stem}-{dtype}-layers-{'-'.join(map(str, layers))}.pt")
         lengths = [len(_sequence(r)) for r in shard_records]
         kept = [r.pop("features", None) for r in shard_records]  # captured by the data stage's generation
         cached = torch.load(path, weights_only=True) if path.is_file() else None
-        if all(f is not None and len(f) == n for f, n in zip(kept, lengths)):
+        if all(f is not None and tuple(f.shape) == (n, width) for f, n in zip(kept, lengths)):
             feats = kept
             generated += sum(lengths)
         elif cached is None or cached["lengths"] != lengths:
             feats = extract(target, shard_records, dtype=target.dtype, batch_tokens=batch_tokens, pad_id=pad_id,
-                            desc=f"{data_dir.name}/{shard.stem} features ({dtype})")
+                            desc=f"{data_dir.name}/{shard.stem} features ({dtype})", layers=layers)
             tmp = path.with_suffix(".tmp")
             torch.save({"lengths": lengths, "dtype": dtype, "features": feats}, tmp)
             os.replace(tmp, path)
@@ -164,16 +168,20 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 def multi_pass(model: Any, ids: torch.Tensor, features: torch.Tensor, depth: int, *,
                noise: float = 0.0) -> list[torch.Tensor]:
-    """The head's normed outputs [B, T, H] for passes 1..depth (see the module doc).
+    """The head's outputs [B, T, H] for passes 1..depth (see the module doc): an EAGLE-1 head's normed
+    outputs (its predicted features), an EAGLE-3 head's pre-norm ones (what it feeds itself; `readout`
+    gives the logits of either).
 
-    ids [B, T] right-padded; features [B, T, H]: the target's F (row t = F_t,
-    not yet shifted). Pass 1 equals engine.model.drafts.head_hidden on the shifted
-    features; pass d >= 2 reads pass d-1's outputs, shifted, as features and
-    attends to pass-1 keys at <= t-d+1 and to pass-i keys at t-d+i (i = 2..d).
-    `noise`: uniform noise on the true input features, times their RMS.
+    ids [B, T] right-padded; features [B, T, n x H]: what the target hands the head at each position (row
+    t its own, not yet shifted). Pass 1 reads them shifted (row t - 1 with token t); pass d >= 2 reads
+    pass d-1's outputs, shifted, and attends to pass-1 keys at <= t-d+1 and to pass-i keys at t-d+i
+    (i = 2..d). `noise`: uniform noise on the true input features, times their RMS.
     """
+    from engine.model.eagle3 import is_eagle3
+
     inner = model.model
-    fc = inner.fc
+    three = is_eagle3(model)
+    fc = inner.eagle3_fc if three else inner.fc
     embeds = model.get_input_embeddings()(ids)  # [B, T, H]
     B, T, _ = embeds.shape
     positions = torch.arange(T, device=ids.device).unsqueeze(0)
@@ -188,14 +196,18 @@ def multi_pass(model: Any, ids: torch.Tensor, features: torch.Tensor, depth: int
         rms = feats.float().pow(2).mean().sqrt()
         feats = feats + (torch.rand_like(feats) * 2 - 1) * (noise * rms).to(feats.dtype)
     for d in range(1, depth + 1):
-        if d > 1:
-            feats = _shift(outputs[-1])
-        x = fc(torch.cat([embeds, feats.to(embeds.dtype)], dim=-1))
+        if three:  # g: fc(the target's layers) on pass 1, then the head's own pre-norm output
+            x = fc(feats) if d == 1 else _shift(outputs[-1])
+            first = torch.cat([layers[0].input_layernorm(embeds), layers[0].hidden_norm(x).to(embeds.dtype)], dim=-1)
+        else:
+            if d > 1:
+                feats = _shift(outputs[-1])
+            x = fc(torch.cat([embeds, feats.to(embeds.dtype)], dim=-1))
         for li, layer in enumerate(layers):
             attn = layer.self_attn
             heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
             hd = attn.head_dim
-            h = layer.input_layernorm(x)
+            h = first if three and li == 0 else layer.input_layernorm(x)
             q = attn.q_proj(h).view(B, T, heads, hd).transpose(1, 2)  # [B, nh, T, hd]
             k = attn.k_proj(h).view(B, T, kv_heads, hd).transpose(1, 2)  # [B, nkv, T, hd]
             v = attn.v_proj(h).view(B, T, kv_heads, hd).transpose(1, 2)
@@ -203,33 +215,49 @@ def multi_pass(model: Any, ids: torch.Tensor, features: torch.Tensor, depth: int
             rep = heads // kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, nh, T, hd]
             kv[li].append((k, v))
-            if d == 1:
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling)
-            else:
-                k1, v1 = kv[li][0]
-                scores = torch.matmul(q, k1.transpose(-1, -2)) * attn.scaling  # [B, nh, T, T]
-                allowed = t_idx.unsqueeze(0) <= (t_idx - d + 1).unsqueeze(1)  # key j <= t - d + 1
-                scores = scores.masked_fill(~allowed, float("-inf"))
-                diag_scores, diag_values = [], []
-                for i in range(2, d + 1):  # pass-i key at t - (d - i)
-                    ki, vi = kv[li][i - 1]
-                    lag = d - i
-                    if lag:
-                        ki = torch.cat([ki.new_zeros(ki[:, :, :lag].shape), ki[:, :, :-lag]], dim=2)
-                        vi = torch.cat([vi.new_zeros(vi[:, :, :lag].shape), vi[:, :, :-lag]], dim=2)
-                    s = (q * ki).sum(-1, keepdim=True) * attn.scaling  # [B, nh, T, 1]
-                    s = s.masked_fill((t_idx < lag).view(1, 1, T, 1), float("-inf"))
-                    diag_scores.append(s)
-                    diag_values.append(vi)
-                probs = torch.softmax(torch.cat([scores, *diag_scores], dim=-1).float(), dim=-1).to(q.dtype)
-                a = torch.matmul(probs[..., :T], v1)
-                for i, vi in enumerate(diag_values):
-                    a = a + probs[..., T + i:T + i + 1] * vi
+            a = _pass_attention(q, k, v, kv[li], d, t_idx, attn.scaling)
             a = attn.o_proj(a.transpose(1, 2).reshape(B, T, heads * hd))
             x = x + a
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        outputs.append(inner.norm(x))
+        outputs.append(x if three else inner.norm(x))
     return outputs
+
+
+def _pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    passes: list[tuple[torch.Tensor, torch.Tensor]], d: int, t_idx: torch.Tensor,
+                    scaling: float) -> torch.Tensor:
+    """Pass d's attention [B, nh, T, hd]: causal over pass 1's keys for d = 1; else pass-1 keys at <= t-d+1
+    and, for i = 2..d, the pass-i key at t-d+i (`passes` holds every pass's (k, v) so far, this one's last)."""
+    if d == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+    T = q.shape[2]
+    k1, v1 = passes[0]
+    scores = torch.matmul(q, k1.transpose(-1, -2)) * scaling  # [B, nh, T, T]
+    allowed = t_idx.unsqueeze(0) <= (t_idx - d + 1).unsqueeze(1)  # key j <= t - d + 1
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    diag_scores, diag_values = [], []
+    for i in range(2, d + 1):  # pass-i key at t - (d - i)
+        ki, vi = passes[i - 1]
+        lag = d - i
+        if lag:
+            ki = torch.cat([ki.new_zeros(ki[:, :, :lag].shape), ki[:, :, :-lag]], dim=2)
+            vi = torch.cat([vi.new_zeros(vi[:, :, :lag].shape), vi[:, :, :-lag]], dim=2)
+        s = (q * ki).sum(-1, keepdim=True) * scaling  # [B, nh, T, 1]
+        s = s.masked_fill((t_idx < lag).view(1, 1, T, 1), float("-inf"))
+        diag_scores.append(s)
+        diag_values.append(vi)
+    probs = torch.softmax(torch.cat([scores, *diag_scores], dim=-1).float(), dim=-1).to(q.dtype)
+    a = torch.matmul(probs[..., :T], v1)
+    for i, vi in enumerate(diag_values):
+        a = a + probs[..., T + i:T + i + 1] * vi
+    return a
+
+
+def readout(model: Any, out: torch.Tensor) -> torch.Tensor:
+    """The head's logits over its own rows from a `multi_pass` output: an EAGLE-3 head's after its norm."""
+    from engine.model.eagle3 import is_eagle3
+
+    return head_logits(model, model.model.norm(out) if is_eagle3(model) else out)
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -286,6 +314,7 @@ class EagleConfig:
     feature_weight: float = 0.1  # SmoothL1(h, F) weight next to the soft cross-entropy
     noise: float = 0.0  # uniform noise on the true input features, relative to their RMS
     prompt_weight: float = 0.0  # weight of the cross-entropy at prompt positions (0: response positions only)
+    hard_weight: float = 0.0  # EAGLE-3: weight of the cross-entropy to the target's greedy token
     seed: int = 0
 
 
@@ -310,14 +339,22 @@ def collate(records: Sequence[dict[str, Any]], features: Sequence[torch.Tensor],
         cols += range(first, start + len(r["response"]))
         labels += list(r["prompt"][first + 1:]) + list(r["response"])
         response += [False] * (start - first) + [True] * len(r["response"])
-    return {"ids": ids.to(device), "features": feats.to(device), "valid": valid.to(device),
-            "rows": torch.tensor(rows, device=device), "cols": torch.tensor(cols, device=device),
-            "labels": torch.tensor(labels, device=device), "response": torch.tensor(response, device=device)}
+    batch = {"ids": ids.to(device), "features": feats.to(device), "valid": valid.to(device),
+             "rows": torch.tensor(rows, device=device), "cols": torch.tensor(cols, device=device),
+             "labels": torch.tensor(labels, device=device), "response": torch.tensor(response, device=device)}
+    if not prompt_positions and all("topk_ids" in r for r in records):  # the stored labels, row for row
+        batch["topk_ids"] = torch.cat([r["topk_ids"] for r in records]).to(device, torch.long)  # [n, k]
+        batch["topk_logprobs"] = torch.cat([r["topk_logprobs"] for r in records]).to(device, torch.float32)
+    return batch
 
 
 def losses(model: Any, batch: dict[str, torch.Tensor], config: EagleConfig, cmap: torch.Tensor
            ) -> tuple[torch.Tensor, list[dict[str, float]]]:
     """The weighted loss over passes 1..depth, and per pass (ce, feature loss, agreement)."""
+    from engine.model.eagle3 import is_eagle3
+
+    if is_eagle3(model):
+        return _losses_eagle3(model, batch, config, cmap)
     with autocast(batch["ids"].device, config.amp):
         outs = multi_pass(model, batch["ids"], batch["features"], config.depth, noise=config.noise)
     rows, cols = batch["rows"], batch["cols"]
@@ -347,6 +384,37 @@ def losses(model: Any, batch: dict[str, torch.Tensor], config: EagleConfig, cmap
         seen = (cols >= d - 1) & resp  # agreement on response positions only
         agree = ((logits.argmax(-1) == labels) & seen).float().sum() / seen.sum().clamp(min=1)
         per_pass.append({"ce": ce.item(), "feature": reg.item(), "agreement": agree.item()})
+    return total, per_pass
+
+
+def _losses_eagle3(model: Any, batch: dict[str, torch.Tensor], config: EagleConfig, cmap: torch.Tensor
+                   ) -> tuple[torch.Tensor, list[dict[str, float]]]:
+    """An EAGLE-3 head's loss: per pass, KL from the target's stored top-k (renormalised over the head's rows)
+    + `hard_weight` x cross-entropy to the target's greedy token (where the head can emit it); no feature
+    regression. Response positions only; agreement with the target's greedy token (a sampled record's
+    response is not it)."""
+    with autocast(batch["ids"].device, config.amp):
+        outs = multi_pass(model, batch["ids"], batch["features"], config.depth, noise=config.noise)
+    rows, cols = batch["rows"], batch["cols"]
+    columns = cmap[batch["topk_ids"]]  # [n, k], -1 outside the head
+    present = columns >= 0
+    p_t = torch.softmax(batch["topk_logprobs"].masked_fill(~present, float("-inf")), dim=-1)
+    p_t = torch.nan_to_num(p_t, nan=0.0)  # no top-k token in the head: no soft label
+    entropy = -(p_t * torch.log(p_t.clamp(min=1e-30))).sum(-1)  # so that the soft term is KL(p_t || q)
+    greedy = columns[:, 0]
+    total = torch.zeros((), device=rows.device)
+    per_pass = []
+    for d, out in enumerate(outs, start=1):
+        ok = (cols >= d - 1).float()  # pass d exists from position d - 1 on
+        with autocast(batch["ids"].device, config.amp):
+            logits = readout(model, out[rows, cols])
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        kl = -(p_t * logq.gather(-1, columns.clamp(min=0))).masked_fill(~present, 0.0).sum(-1) - entropy
+        hard = -logq.gather(-1, greedy.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (greedy >= 0)
+        kl, hard = (kl * ok).sum() / ok.sum().clamp(min=1), (hard * ok).sum() / ok.sum().clamp(min=1)
+        total = total + config.depth_decay ** (d - 1) * (kl + config.hard_weight * hard)
+        agree = ((logits.argmax(-1) == greedy).float() * ok).sum() / ok.sum().clamp(min=1)
+        per_pass.append({"ce": kl.item(), "feature": hard.item(), "agreement": agree.item()})
     return total, per_pass
 
 
@@ -427,7 +495,7 @@ def correctness(model: Any, records: Sequence[dict[str, Any]], features: Sequenc
             start, m = len(r["prompt"]) - 1, len(r["response"])
             rows = []
             for d, o in enumerate(outs):
-                guess = head_logits(model, o[j, start:start + m]).float().argmax(-1)
+                guess = readout(model, o[j, start:start + m]).float().argmax(-1)
                 if subset is not None:
                     guess = subset[guess]
                 ok = guess.cpu() == torch.tensor(r["response"])

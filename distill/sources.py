@@ -58,11 +58,13 @@ def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
     """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
     from distill import data
 
-    # A feature head's training data keeps the features generation computes anyway (no second target pass).
-    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
-                            shard_prompts=args.shard_prompts, features=args.kind == "eagle" and name == "train")
     dtype = fast_dtype(dtype, args.device)
     target = load_target(args, dtype)
+    # A feature head's training data keeps the features generation computes anyway (no second target pass).
+    config = data.GenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, top_k=args.top_k,
+                            shard_prompts=args.shard_prompts,
+                            features=head_inputs(args, target.model.config) if name == "train" else (),
+                            sampled=getattr(args, "sampled", 0.0) if name == "train" else 0.0)
     started = time.monotonic()
     data.generate(target.model, target.tokenizer, subset, args.out / "data" / name, target.eos_token_ids,
                   config, desc=f"{name} data ({dtype})", deadline=deadline)
@@ -72,6 +74,19 @@ def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
                "tokenizer_fingerprint": target.tokenizer_fingerprint, "target_name": target.name}
     log.info("%s data: %d prompts, %d response tokens", name, summary["prompts"], summary["tokens"])
     return summary
+
+
+def head_inputs(args: argparse.Namespace, config: Any) -> tuple[int, ...]:
+    """The target hidden states a feature head of --kind reads (distill.data.GenConfig.features): the final
+    state for eagle, the streams entering --aux-layers (EAGLE-3's 2, L // 2, L - 3 by default) for eagle3."""
+    if args.kind == "eagle":
+        return (-1,)
+    if args.kind != "eagle3":
+        return ()
+    from engine.model.eagle3 import aux_layers
+
+    given = {"eagle_aux_hidden_state_layer_ids": args.aux_layers} if getattr(args, "aux_layers", None) else {}
+    return aux_layers(given, int(config.num_hidden_layers))
 
 
 def heldout_v2_prompts(args: argparse.Namespace) -> list:

@@ -269,13 +269,16 @@ def _resolved(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.
 
 
 def feature_draft(args) -> bool:
-    """Whether the draft the services serve is a feature head (engine.model.drafts kind "eagle")."""
+    """Whether the draft the services serve is a feature head (engine.model.drafts kind "eagle", or an
+    EAGLE-3 head in the published layout)."""
     from draft_service.role import default_draft
-    from engine.model import drafts
+    from engine.model import drafts, eagle3
 
     folder = args.draft or (None if args.draft_layers else default_draft())
-    return bool(folder) and drafts.is_draft_folder(Path(folder)) and \
-        drafts.Manifest.read(Path(folder)).kind == drafts.EAGLE
+    if not folder:
+        return False
+    return eagle3.is_eagle3_folder(Path(folder)) or (
+        drafts.is_draft_folder(Path(folder)) and drafts.Manifest.read(Path(folder)).kind == drafts.EAGLE)
 
 
 # ---------------------------------------------------------------------------- plan

@@ -209,10 +209,15 @@ def head_hidden(model: Any, ids: torch.Tensor, features: torch.Tensor,
 
 
 def target_features(model: Any, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The target's features: its final hidden state after the final norm, [B, T, H] (what Score returns)."""
-    out = model.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return out.last_hidden_state
+                    position_ids: torch.Tensor | None = None, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
+    """The target's features, [B, T, n x H] (what Score returns): per entry of `layers` its final hidden state
+    after the final norm (-1), or the residual stream entering that decoder layer, side by side."""
+    deep = layers != (-1,)
+    out = model.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                      output_hidden_states=deep)
+    if not deep:
+        return out.last_hidden_state
+    return torch.cat([out.last_hidden_state if i == -1 else out.hidden_states[i] for i in layers], dim=-1)
 
 
 def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
@@ -220,10 +225,11 @@ def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
 
 
 def trainable_named(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    """The decoder layers, the final norm and a feature head's fc: everything but embedding and head."""
+    """The decoder layers, the final norm and a feature head's fc (an EAGLE-3 head's too, and its own head
+    rows where they are a parameter: engine.model.eagle3): everything but the shared embedding."""
     return [
         (name, p) for name, p in model.named_parameters()
-        if name.startswith(("model.layers.", "model.norm.", "model.fc."))
+        if name.startswith(("model.layers.", "model.norm.", "model.fc.", "model.eagle3_fc.", "lm_head.sub_weight"))
     ]
 
 

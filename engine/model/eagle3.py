@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,31 +92,34 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{folder}: an EAGLE-3 head needs one of {', '.join(WEIGHT_FILES)}")
 
 
-def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
-         dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
-    """(the head as a one-layer Llama module tree, the target layers it reads), from the published
-    layout in `folder`; `base` is its target's config (layer count, width, vocabulary) and
-    `base_embedding` reads the target's input embedding, asked only where the head holds none."""
+def head_config(base: Any) -> dict[str, Any]:
+    """A fresh head's config.json fields for target config `base`: its width, heads, MLP and rope (one layer)."""
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+            "rope_parameters", "attention_bias", "mlp_bias", "vocab_size", "pad_token_id", "bos_token_id",
+            "eos_token_id")
+    fields = {k: getattr(base, k) for k in keys if getattr(base, k, None) is not None}
+    return {**fields, "num_hidden_layers": 1}
+
+
+def build(raw: dict[str, Any], base: Any, draft_ids: torch.Tensor, embed: torch.Tensor,
+          dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
+    """(the head's module tree, untrained but for its embedding, the target layers it reads), for config.json
+    fields `raw`, target config `base`, the target ids of its draft vocabulary and the embedding it reads."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text())
-    target_layers = int(base.num_hidden_layers)
-    layers = aux_layers(raw, target_layers)
-    tensors = _read_weights(folder)
+    layers = aux_layers(raw, int(base.num_hidden_layers))
     hidden = int(raw["hidden_size"])
     target_hidden = int(raw.get("target_hidden_size") or base.hidden_size)
     vocab = int(raw.get("vocab_size") or base.vocab_size)
-    embed = tensors.pop("embed_tokens.weight", None)
-    if embed is None:
-        embed = base_embedding()
     if tuple(embed.shape) != (vocab, hidden):
-        raise ValueError(f"{folder}: the embedding is {tuple(embed.shape)}, the head needs ({vocab}, {hidden}) "
+        raise ValueError(f"the embedding is {tuple(embed.shape)}, the head needs ({vocab}, {hidden}) "
                          "(the target's vocabulary by the head's width)")
     if target_hidden != int(base.hidden_size):
-        raise ValueError(f"{folder}: the head reads {target_hidden}-wide target layers, the target's are "
-                         f"{base.hidden_size}")
+        raise ValueError(f"the head reads {target_hidden}-wide target layers, the target's are {base.hidden_size}")
+    if int(draft_ids.min()) < 0 or int(draft_ids.max()) >= vocab or draft_ids.unique().numel() != draft_ids.numel():
+        raise ValueError(f"d2t maps the draft vocabulary outside [0, {vocab}) or onto one id twice")
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "eagle_config", "draft_vocab_size",
                                                            "target_hidden_size", "auto_map")}
     config = LlamaConfig(**{**fields, "num_hidden_layers": 1, "vocab_size": vocab, "tie_word_embeddings": True})
@@ -129,6 +132,24 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
         setattr(attn, name, torch.nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None, dtype=dtype))
     layer.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps).to(dtype)
     inner.eagle3_fc = torch.nn.Linear(len(layers) * target_hidden, hidden, bias=False, dtype=dtype)
+    with torch.no_grad():
+        inner.embed_tokens.weight.copy_(embed)
+    model.lm_head = SubsetHead(inner.embed_tokens.weight, draft_ids.to(torch.long))
+    return model, layers
+
+
+def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
+         dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
+    """(the head as a one-layer Llama module tree, the target layers it reads), from the published
+    layout in `folder`; `base` is its target's config (layer count, width, vocabulary) and
+    `base_embedding` reads the target's input embedding, asked only where the head holds none."""
+    folder = Path(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    tensors = _read_weights(folder)
+    vocab = int(raw.get("vocab_size") or base.vocab_size)
+    embed = tensors.pop("embed_tokens.weight", None)
+    if embed is None:
+        embed = base_embedding()
     d2t = tensors.pop("d2t", None)
     t2d = tensors.pop("t2d", None)
     lm_head = tensors.pop("lm_head.weight", None)
@@ -138,14 +159,17 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
     if d2t is None:
         d2t = torch.zeros(draft_vocab, dtype=torch.long)  # a full-vocabulary head: ids map to themselves
     ids = torch.arange(draft_vocab, dtype=torch.long) + d2t.to(torch.long)
-    if tuple(lm_head.shape) != (draft_vocab, hidden) or ids.numel() != draft_vocab:
+    if tuple(lm_head.shape) != (draft_vocab, int(raw["hidden_size"])) or ids.numel() != draft_vocab:
         raise ValueError(f"{folder}: lm_head.weight {tuple(lm_head.shape)} / d2t {tuple(d2t.shape)} do not fit "
-                         f"draft_vocab_size {draft_vocab} x hidden {hidden}")
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
-        raise ValueError(f"{folder}: d2t maps the draft vocabulary outside [0, {vocab}) or onto one id twice")
-    if t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool()[ids].all())
+                         f"draft_vocab_size {draft_vocab} x hidden {raw['hidden_size']}")
+    if t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool()[ids.clamp(0, vocab - 1)].all())
                             or int(t2d.bool().sum()) != draft_vocab):
         raise ValueError(f"{folder}: t2d does not mark exactly the ids d2t maps to")
+    try:
+        model, layers = build(raw, base, ids, embed, dtype)
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
+    inner = model.model
     renamed = {"fc.weight": "eagle3_fc.weight"}
     state = {renamed.get(k, k.replace("midlayer.", "layers.0.", 1)): v for k, v in tensors.items()}
     own = dict(inner.named_parameters())
@@ -159,14 +183,40 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
             if tuple(own[name].shape) != tuple(value.shape):
                 raise ValueError(f"{folder}: {name} is {tuple(value.shape)}, expected {tuple(own[name].shape)}")
             own[name].copy_(value)
-        inner.embed_tokens.weight.copy_(embed)
-        head = SubsetHead(inner.embed_tokens.weight, ids)
-        head.sub_weight.copy_(lm_head)
-    model.lm_head = head
+        model.lm_head.sub_weight.copy_(lm_head)
     model.requires_grad_(False)
     log.info("EAGLE-3 head %s: reads target layers %s, draft vocabulary %d of %d", folder, list(layers),
              draft_vocab, vocab)
     return model, layers
+
+
+def save(model: Any, layers: Sequence[int], folder: Path, dtype: torch.dtype,
+         extra: dict[str, Any] | None = None) -> Path:
+    """Write `model` (from build) in the published layout: config.json and model.safetensors (fc, midlayer,
+    norm, lm_head, d2t, t2d; no embedding: the target's is read at load). `extra`: more config.json fields."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    inner, head = model.model, model.lm_head
+    ids = head.subset.to("cpu", torch.long)
+    config = model.config
+    raw = {**head_config(config), "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+           "draft_vocab_size": int(ids.numel()), "target_hidden_size": int(inner.eagle3_fc.in_features // len(layers)),
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layers]},
+           "torch_dtype": str(dtype).removeprefix("torch."), **(extra or {})}
+    raw["vocab_size"] = int(inner.embed_tokens.weight.shape[0])
+    tensors = {"fc.weight": inner.eagle3_fc.weight, "norm.weight": inner.norm.weight,
+               "lm_head.weight": head.sub_weight}
+    tensors |= {f"midlayer.{k}": v for k, v in inner.layers[0].named_parameters()}
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in tensors.items()}
+    tensors["d2t"] = ids - torch.arange(ids.numel(), dtype=torch.long)
+    t2d = torch.zeros(raw["vocab_size"], dtype=torch.bool)
+    t2d[ids] = True
+    tensors["t2d"] = t2d
+    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
 
 
 def is_eagle3(model: Any) -> bool:

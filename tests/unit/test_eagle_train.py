@@ -55,7 +55,7 @@ def test_generation_keeps_the_features_it_computes(tiny_run, tmp_path: Path) -> 
     pass (rows of different lengths, left padding, rows leaving at EOS); the feature stage then computes none."""
     _, target, records, features, _, _ = tiny_run
     train_prompts, _ = prompts.split(prompts.load(), 40, 8)
-    config = data.GenConfig(max_new_tokens=20, batch_size=48, top_k=4, shard_prompts=48, features=True)
+    config = data.GenConfig(max_new_tokens=20, batch_size=48, top_k=4, shard_prompts=48, features=(-1,))
     data.generate(target.model, target.tokenizer, train_prompts, tmp_path / "train", target.eos_token_ids, config)
     kept = data.load_records(tmp_path / "train")
     assert [r["response"] for r in kept] == [r["response"] for r in records]  # the same greedy text
@@ -74,9 +74,9 @@ def test_generation_keeps_the_features_it_computes(tiny_run, tmp_path: Path) -> 
     batch = [r["prompt"] for r in records[:12]]
     with torch.inference_mode():
         padded = data.generate_batch(target.model, batch, [stop], max_new_tokens=20, top_k=4,
-                                     pad_id=target.tokenizer.pad_token_id, features=True)
+                                     pad_id=target.tokenizer.pad_token_id, features=(-1,))
         pooled = data.generate_pooled(data.pooled_forward(target.model), batch, [stop], max_new_tokens=20, top_k=4,
-                                      rows=5, features=True)
+                                      rows=5, features=(-1,))
         assert len({len(r["response"]) for r in padded}) > 1
         assert [r["response"] for r in pooled] == [r["response"] for r in padded]
         for a, b in zip(padded, pooled):
