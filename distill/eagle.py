@@ -414,7 +414,7 @@ def _losses_eagle3(model: Any, batch: dict[str, torch.Tensor], config: EagleConf
         kl, hard = (kl * ok).sum() / ok.sum().clamp(min=1), (hard * ok).sum() / ok.sum().clamp(min=1)
         total = total + config.depth_decay ** (d - 1) * (kl + config.hard_weight * hard)
         agree = ((logits.argmax(-1) == greedy).float() * ok).sum() / ok.sum().clamp(min=1)
-        per_pass.append({"ce": kl.item(), "feature": hard.item(), "agreement": agree.item()})
+        per_pass.append({"ce": kl.item(), "hard": hard.item(), "agreement": agree.item()})
     return total, per_pass
 
 
@@ -456,7 +456,7 @@ def train(model: Any, records: Sequence[dict[str, Any]], features: Sequence[torc
                                          "loss": round(sum(w[0] * w[2] for w in window) / n, 4),
                                          "lr": lr_at(step - 1, config)}
                 for d in range(config.depth):
-                    for key in ("ce", "feature", "agreement"):
+                    for key in window[0][1][d]:  # ce, feature (EAGLE-1) or hard (EAGLE-3), agreement
                         entry[f"{key}_{d + 1}"] = round(sum(w[1][d][key] * w[2] for w in window) / n, 4)
                 history.append(entry)
                 bar.set_postfix(loss=f"{entry['loss']:.3f}", agree=f"{entry['agreement_1']:.3f}", epoch=epoch)
