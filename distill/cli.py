@@ -365,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         args.vocab = 24576 if args.kind == "eagle3" else 8192
     if args.layers < 1:
         raise SystemExit("--layers must be >= 1")
+    if not 0.0 <= args.sampled <= 1.0:
+        raise SystemExit(f"--sampled is a fraction of the training prompts, 0 to 1; got {args.sampled}")
     stages = ("data", "train", "eval") if args.stage == "all" else (args.stage,)
     for stage in stages:
         started = time.monotonic()

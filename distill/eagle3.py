@@ -105,6 +105,23 @@ def new_head(target: Any, layers: tuple[int, ...], draft_ids: torch.Tensor) -> A
     return head.to(next(model.parameters()).device)
 
 
+VOCAB_FILE = "eagle3-vocab.pt"  # the draft vocabulary a checkpoint's head rows belong to
+
+
+def resumed_vocab(train_dir: Path, size: int) -> torch.Tensor | None:
+    """The draft vocabulary of a run being resumed (its checkpoint's head rows are these tokens', whatever
+    the data now holds), or None for a fresh run."""
+    ids, ckpt = train_dir / VOCAB_FILE, train_dir / "eagle3-checkpoint.pt"
+    if not (ids.is_file() and ckpt.is_file()):
+        return None
+    kept = torch.load(ids, weights_only=True)
+    if kept.numel() != size:
+        raise SystemExit(f"{ckpt} was trained with a {kept.numel()}-token draft vocabulary, not --vocab {size}: "
+                         "give that size, or remove the checkpoint to start over")
+    log.info("resuming with the checkpoint's %d-token draft vocabulary", size)
+    return kept
+
+
 def run_train(args: Any) -> dict[str, Any]:
     """`python -m distill train --kind eagle3`: the head -> OUT/draft (published layout)."""
     from distill import data, eagle, sources
@@ -123,11 +140,15 @@ def run_train(args: Any) -> dict[str, Any]:
         raise SystemExit(f"no training data under {train_dir}: run the data stage first")
     vocab = target.vocab_size
     size = args.vocab if 0 < args.vocab < vocab else vocab
-    draft_ids = choose_vocab(records, size, vocab, list(target.eos_token_ids))
+    draft_ids = resumed_vocab(Path(args.out) / "train", size)
+    if draft_ids is None:
+        draft_ids = choose_vocab(records, size, vocab, list(target.eos_token_ids))
     sets = {name: data.load_records(Path(args.out) / "data" / name) for name in ("heldout", "heldout_v2")}
     curve = coverage_curve(records, {k: v for k, v in sets.items() if v}, vocab, list(target.eos_token_ids))
     log.info("draft vocabulary coverage of the held-out responses by size: %s", curve)
     head = new_head(target, layers, draft_ids)
+    (Path(args.out) / "train").mkdir(parents=True, exist_ok=True)
+    torch.save(draft_ids, Path(args.out) / "train" / VOCAB_FILE)
     config = eagle.EagleConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
                                amp=sources._amp(args, target.device), depth=args.depth, feature_weight=0.0,
                                hard_weight=args.hard_weight, seed=args.seed)

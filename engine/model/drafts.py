@@ -279,15 +279,8 @@ def load_trained(model: Any, folder: Path) -> Any:
 
 
 def serving_dtype(folder: Path, device: str | torch.device) -> str:
-    """The dtype to serve `folder` in when none is asked for: the draft's own where the device has it (a
-    distilled draft's manifest dtype, a published EAGLE-3 head's config.json torch_dtype)."""
-    if is_draft_folder(folder):
-        return fast_on(Manifest.read(folder).dtype, device)
-    config = Path(folder) / "config.json"
-    if config.is_file():
-        from engine.model import eagle3
-
-        if eagle3.is_eagle3_folder(Path(folder)):
-            stored = json.loads(config.read_text()).get("torch_dtype") or "float32"
-            return fast_on(str(stored).removeprefix("torch."), device) if str(stored).removeprefix("torch.") in DTYPES else "float32"
-    return "float32"
+    """The dtype to serve `folder` in when none is asked for: the draft's own where the device has it
+    (a published EAGLE-3 head's: engine.model.eagle3.serving_dtype)."""
+    if not is_draft_folder(folder):
+        return "float32"
+    return fast_on(Manifest.read(folder).dtype, device)

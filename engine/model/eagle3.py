@@ -219,6 +219,16 @@ def save(model: Any, layers: Sequence[int], folder: Path, dtype: torch.dtype,
     return folder
 
 
+def serving_dtype(folder: Path, device: str | torch.device) -> str:
+    """The dtype to serve a published head in when none is asked for: its config's torch_dtype where the
+    device computes it (engine.model.dtypes.fast_on), else float32."""
+    from engine.model.dtypes import DTYPES, fast_on
+
+    stored = str(json.loads((Path(folder) / "config.json").read_text()).get("torch_dtype") or "float32")
+    stored = stored.removeprefix("torch.")
+    return fast_on(stored, device) if stored in DTYPES else "float32"
+
+
 def is_eagle3(model: Any) -> bool:
     return isinstance(getattr(getattr(model, "model", None), "eagle3_fc", None), torch.nn.Linear)
 

@@ -290,7 +290,8 @@ def load(
         raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     folder, name = resolve(spec, revision)
     if dtype is None:
-        dtype = drafts.serving_dtype(folder, device)
+        dtype = eagle3.serving_dtype(folder, device) if eagle3.is_eagle3_folder(folder) \
+            else drafts.serving_dtype(folder, device)
     torch_dtype = DTYPES[dtype]
     capped_context(_config_context(folder), max_model_len)  # a bad --max-model-len: before the weights
     started = time.monotonic()

@@ -51,8 +51,10 @@ LONG = os.environ.get("SPECDEC_CHAOS_LONG", "") not in ("", "0")
 ROUNDS = 40 if LONG else 12
 BUDGET_S = 3600.0 if LONG else 110.0  # rounds stop once this much time has gone (CI bound)
 STREAMS = 4
-OPTIONS = dict(max_new_tokens=120, proposer="draft")
-SAMPLED = dict(max_new_tokens=120, temperature=0.8, top_p=0.95)  # default proposer, the server's k
+# Long enough that a fault lands while streams run: on a fast machine 120 tokens of the tiny models
+# were over before a 0.2-0.6 s wait ended (an orchestrator kill hit no stream, failing the check below).
+OPTIONS = dict(max_new_tokens=240, proposer="draft")
+SAMPLED = dict(max_new_tokens=240, temperature=0.8, top_p=0.95)  # default proposer, the server's k
 
 
 def _seed(prompt: str) -> int:

@@ -84,22 +84,25 @@ def test_the_orchestrator_pairs_a_head_only_with_a_target_that_has_its_layers():
         _pair_draft(_info(feature_dim=128, feature_kind="layers:0,1"), _info(num_layers=2), None)
 
 
-def test_a_published_head_is_served_in_its_own_dtype_where_the_device_has_it(tmp_path):
+def test_a_published_head_is_served_in_its_own_dtype_where_the_device_has_it(tmp_path, tiny_pair):
     """config.json's torch_dtype decides, as a distilled draft's manifest does (a bfloat16 head served in
     float32 streams twice the bytes per draft step); float16 on a CPU and no dtype at all serve float32."""
     import json
 
-    from engine.model import drafts
-    from engine.model.dtypes import fast_on
+    from engine.model import eagle3
+    from engine.model.dtypes import DTYPES, fast_on
+    from engine.model.loader import load
+    from tests.tiny import build_eagle3_head
 
-    folder = tmp_path / "head"
-    folder.mkdir()
-    for stored, want in (("bfloat16", fast_on("bfloat16", "cpu")), ("float16", "float32"), (None, "float32"),
-                         ("int8", "float32")):
-        config = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 8}
+    folder = build_eagle3_head(tiny_pair[0], tmp_path / "head")
+    written = json.loads((folder / "config.json").read_text())
+    for stored, want in (("bfloat16", fast_on("bfloat16", "cpu")), ("torch.bfloat16", fast_on("bfloat16", "cpu")),
+                         ("float16", "float32"), (None, "float32"), ("int8", "float32")):
+        config = {k: v for k, v in written.items() if k != "torch_dtype"}
         if stored:
             config["torch_dtype"] = stored
         (folder / "config.json").write_text(json.dumps(config))
-        assert drafts.serving_dtype(folder, "cpu") == want, stored
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"}))
-    assert drafts.serving_dtype(folder, "cpu") == "float32"  # a plain model folder: not a head, float32
+        assert eagle3.serving_dtype(folder, "cpu") == want, stored
+        if stored in ("bfloat16", None):  # and the loader serves it so when no --dtype is given
+            served = load(str(folder), base=str(tiny_pair[0]), dtype=None)
+            assert next(served.model.parameters()).dtype == DTYPES[want]

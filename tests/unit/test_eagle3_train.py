@@ -198,3 +198,14 @@ def test_cli_trains_and_evaluates_an_eagle3_head(tiny_run, tmp_path: Path) -> No
     assert set(result["by_set"]["heldout"]["tokens_per_pass"]) == {str(k) for k in range(1, 9)}
     assert result["by_set"]["heldout"]["positions"] == sum(len(r["response"]) for r in data.load_records(
         run / "data" / "heldout"))
+    # Resumed on other data, the run keeps the vocabulary its checkpoint's head rows belong to.
+    first = loaded.model.lm_head.subset.clone()
+    assert torch.equal(torch.load(run / "train" / eagle3.VOCAB_FILE), first)
+    shard = next((run / "data" / "train").glob("shard-*.pt"))
+    fewer = torch.load(shard, weights_only=True)[:12]
+    torch.save(fewer, shard)
+    assert not torch.equal(eagle3.choose_vocab(fewer, 128, 384, list(loaded.eos_token_ids)), first)
+    assert cli.main(["train", "--steps", "8", "--batch-tokens", "128", "--depth", "3", *common]) == 0
+    assert torch.equal(load(str(run / "draft"), base=str(target_dir)).model.lm_head.subset, first)
+    with pytest.raises(SystemExit, match="128-token draft vocabulary"):
+        eagle3.resumed_vocab(run / "train", 256)
