@@ -189,7 +189,8 @@ def generate_pooled(
             budget -= len(prompts[i])
             live[i] = {"cache": runner.new_cache(), "feed": list(prompts[i]), "past": 0, "response": [],
                        "top_ids": [], "top_lp": [], "features": [],
-                       "rng": torch.Generator().manual_seed(seed * 1_000_003 + i)}
+                       "rng": torch.Generator().manual_seed(seed * 1_000_003 + i) if i < len(sampled) and sampled[i]
+                       else None}
         plan_rows, order = [], []
         for i, state in live.items():
             state["cache"].reserve(state["past"] + len(state["feed"]))
@@ -201,7 +202,7 @@ def generate_pooled(
             if features:
                 state["features"].append(out.hidden.to(torch.float16))
             token = out.argmax[0]
-            if i < len(sampled) and sampled[i]:
+            if state["rng"] is not None:  # a sampled response
                 weights = torch.softmax(torch.tensor(out.logprobs.top_logprobs[0]) / temperature, dim=-1)
                 token = int(out.logprobs.top_ids[0][int(torch.multinomial(weights, 1, generator=state["rng"]))])
             state["response"].append(token)

@@ -42,29 +42,28 @@ log = logging.getLogger(__name__)
 def choose_vocab(records: list[dict[str, Any]], size: int, vocab: int, always: list[int]) -> torch.Tensor:
     """The draft vocabulary: the `size` most frequent tokens of the training responses and their prompts
     (responses weigh double: they are what is drafted), then the target's top-k alternatives; sorted ids."""
-    responses = torch.tensor([t for r in records for t in r["response"]], dtype=torch.long)
-    prompts = torch.tensor([t for r in records for t in r["prompt"]], dtype=torch.long)
-    alternatives = torch.cat([r["topk_ids"][:, 1:].flatten() for r in records]).long()
-    score = 2 * torch.bincount(responses, minlength=vocab).double() + torch.bincount(prompts, minlength=vocab)
-    alt = torch.bincount(alternatives, minlength=vocab).double()
-    score = score + alt / (alt.max() + 1)
-    score[list(always)] = float("inf")
-    order = torch.sort(-score, stable=True).indices
-    return torch.sort(order[:size]).values
+    return torch.sort(_order(records, vocab, always)[:size]).values
+
+
+def _order(records: list[dict[str, Any]], vocab: int, always: list[int]) -> torch.Tensor:
+    from distill.train import vocab_order
+
+    return vocab_order(records, vocab, always, response_weight=2, prompt_weight=1)
 
 
 def coverage_curve(records: list[dict[str, Any]], sets: dict[str, list[dict[str, Any]]], vocab: int,
                    always: list[int], sizes: tuple[int, ...] = (8192, 12288, 16384, 24576, 32768)
                    ) -> dict[int, dict[str, float]]:
     """Coverage of each held-out set's response tokens by the draft vocabulary chosen at each size."""
+    order = _order(records, vocab, always)  # ranked once; each size takes its prefix
+    tokens = {name: torch.tensor([t for r in rs for t in r["response"]]) for name, rs in sets.items()}
     out = {}
     for size in sizes:
         if size >= vocab:
             continue
         member = torch.zeros(vocab, dtype=torch.bool)
-        member[choose_vocab(records, size, vocab, always)] = True
-        out[size] = {name: round(float(member[torch.tensor([t for r in rs for t in r["response"]])].float().mean()), 4)
-                     for name, rs in sets.items()}
+        member[order[:size]] = True
+        out[size] = {name: round(float(member[ids].float().mean()), 4) for name, ids in tokens.items()}
     return out
 
 
@@ -73,6 +72,7 @@ def new_head(target: Any, layers: tuple[int, ...], draft_ids: torch.Tensor) -> A
     """An EAGLE-3 head for loaded target `target` (engine.model.loader's LoadedModel), initialised from it (see
     the module doc); float32, its embedding frozen, everything else trainable."""
     from engine.model import eagle3
+    from engine.model.drafts import trainable_parameters
 
     model = target.model
     config = model.config
@@ -98,8 +98,6 @@ def new_head(target: Any, layers: tuple[int, ...], draft_ids: torch.Tensor) -> A
     del lm._buffers["sub_weight"]
     lm.sub_weight = torch.nn.Parameter(rows)  # the head's rows train (a buffer again once saved and loaded)
     head.requires_grad_(False)
-    from engine.model.drafts import trainable_parameters
-
     for p in trainable_parameters(head):
         p.requires_grad_(True)
     return head.to(next(model.parameters()).device)

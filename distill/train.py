@@ -45,15 +45,25 @@ def choose_subset(records: Sequence[dict[str, Any]], size: int, vocab: int, alwa
 
     `always` (e.g. EOS ids) are included whatever their count; ties go to the lower id.
     """
+    return torch.sort(vocab_order(records, vocab, always)[:size]).values
+
+
+def vocab_order(records: Sequence[dict[str, Any]], vocab: int, always: Sequence[int] = (), *,
+                response_weight: int = 1, prompt_weight: int = 0) -> torch.Tensor:
+    """Every token id, most wanted first: by response_weight x its count in the responses + prompt_weight x
+    its count in the prompts, then by its count among the target's top-k alternatives, then by id;
+    `always` first."""
     responses = torch.tensor([t for r in records for t in r["response"]], dtype=torch.long)
     alternatives = torch.cat([r["topk_ids"][:, 1:].flatten() for r in records]).long()
-    counts = torch.bincount(responses, minlength=vocab).double()  # [vocab]
+    counts = response_weight * torch.bincount(responses, minlength=vocab).double()  # [vocab]
+    if prompt_weight:
+        prompts = torch.tensor([t for r in records for t in r["prompt"]], dtype=torch.long)
+        counts = counts + prompt_weight * torch.bincount(prompts, minlength=vocab).double()
     alt = torch.bincount(alternatives, minlength=vocab).double()  # [vocab]
-    # Rank by response count, then alternative count (always < 1 response), then id.
+    # Rank by the weighted count, then alternative count (always < 1 count), then id.
     score = counts + alt / (alt.max() + 1)
     score[list(always)] = float("inf")
-    order = torch.sort(-score, stable=True).indices  # stable: equal scores keep id order
-    return torch.sort(order[:size]).values
+    return torch.sort(-score, stable=True).indices  # stable: equal scores keep id order
 
 
 def make_batches(records: Sequence[dict[str, Any]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
