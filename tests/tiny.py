@@ -127,6 +127,18 @@ def build_model(
     return out_dir
 
 
+def distill_target(root: Path):
+    """The tiny target the distill tests train against (4 layers, one torch thread), loaded, and the
+    40 training and 8 held-out prompts they answer: (target folder, loaded target, train, held-out)."""
+    from distill import prompts
+    from engine.model.loader import load
+
+    torch.set_num_threads(1)
+    target_dir = build_model(root / "target", seed=3, layers=4, init_std=0.08)
+    train_prompts, heldout_prompts = prompts.split(prompts.load(), 40, 8)
+    return target_dir, load(str(target_dir)), train_prompts, heldout_prompts
+
+
 def build_pair(root: Path, *, draft_noise: float = 0.04) -> tuple[Path, Path]:
     """A tiny target and a tiny draft derived from it by noise; returns (target, draft)."""
     root = Path(root)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill import data, eagle, eagle3, prompts
+from distill import data, eagle, eagle3
 from engine.model import eagle3 as eagle3_format
 from engine.model import drafts
 
@@ -18,14 +18,10 @@ LAYERS = (0, 2)  # of the tiny 4-layer target: the streams entering its first an
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     """A 4-layer tiny target and greedy training data that keeps the streams entering LAYERS."""
-    from engine.model.loader import load
-    from tests.tiny import build_model
+    from tests.tiny import distill_target
 
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("eagle3")
-    target_dir = build_model(root / "target", seed=3, layers=4, init_std=0.08)
-    target = load(str(target_dir))
-    train_prompts, heldout_prompts = prompts.split(prompts.load(), 40, 8)
+    target_dir, target, train_prompts, heldout_prompts = distill_target(root)
     config = data.GenConfig(max_new_tokens=20, batch_size=16, top_k=4, shard_prompts=48, features=LAYERS)
     data.generate(target.model, target.tokenizer, train_prompts, root / "data" / "train", target.eos_token_ids,
                   config)

@@ -13,14 +13,10 @@ from engine.model import drafts
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     """A 4-layer tiny target, its greedy responses to a few prompts, and their teacher-forced features."""
-    from engine.model.loader import load
-    from tests.tiny import build_model
+    from tests.tiny import distill_target
 
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("eagle")
-    target_dir = build_model(root / "target", seed=3, layers=4, init_std=0.08)
-    target = load(str(target_dir))
-    train_prompts, heldout_prompts = prompts.split(prompts.load(), 40, 8)
+    target_dir, target, train_prompts, heldout_prompts = distill_target(root)
     config = data.GenConfig(max_new_tokens=20, batch_size=48, top_k=4, shard_prompts=48)
     data.generate(target.model, target.tokenizer, train_prompts, root / "train", target.eos_token_ids, config)
     data.generate(target.model, target.tokenizer, heldout_prompts, root / "heldout", target.eos_token_ids, config)
