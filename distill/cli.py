@@ -50,7 +50,7 @@ import torch
 
 from distill.heldout import HELDOUT_V2_FILE
 from distill.sources import (
-    _amp, _target_loader_spec, generate_set, heldout_records, heldout_v2_prompts, load_target,
+    _amp, _target_loader_spec, generate_set, heldout_records, heldout_v2_prompts, load_target, pad_id,
 )
 from specdec.runtime.settings import POSITIONAL, Flag, Group, Settings
 
@@ -209,7 +209,7 @@ def stage_train(args: argparse.Namespace) -> dict[str, Any]:
         drafts.build_from_target(model, args.layers, subset)
     config = train.TrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
                                amp=_amp(args, target.device), seed=args.seed)
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    pad = pad_id(target)
     log.info("training a %d-layer draft (%s head, %d trainable parameters) on %d sequences / %d tokens, amp %s",
              args.layers, f"{subset.numel()}-row" if subset is not None else "full", 
              sum(p.numel() for p in drafts.trainable_parameters(model)), len(records),

@@ -730,7 +730,7 @@ def run_eval(args: Any) -> dict[str, Any]:
     if not trained.feature_dim:
         raise SystemExit(f"{folder} is not a feature head (kind eagle)")
     target = sources.load_target(args, "float32")
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    pad = sources.pad_id(target)
     subset = subset_of(trained.model)
     result: dict[str, Any] = {"draft_folder": str(folder), "kind": drafts.EAGLE, "dtype": args.draft_dtype,
                               "sets": {}, "by_set": {}}

@@ -129,7 +129,7 @@ def run_train(args: Any) -> dict[str, Any]:
     info = json.loads((Path(args.out) / "data" / "info.json").read_text())
     target = sources.load_target(args, "float32")
     layers = sources.head_inputs(args, target.model.config)
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    pad = sources.pad_id(target)
     records, features, feature_summary = eagle.cached_features(
         target.model, train_dir, eagle.feature_cache(args, "train"), dtype=sources.fast_dtype(args.feature_dtype,
                                                                                                args.device),
@@ -195,7 +195,7 @@ def run_eval(args: Any) -> dict[str, Any]:
         raise SystemExit(f"{folder} is not an EAGLE-3 head")
     layers = tuple(int(i) for i in trained.feature_kind.removeprefix("layers:").split(","))
     target = sources.load_target(args, "float32")
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    pad = sources.pad_id(target)
     subset = subset_of(trained.model)
     result: dict[str, Any] = {"draft_folder": str(folder), "kind": "eagle3", "layers": list(layers),
                               "dtype": args.draft_dtype, "by_set": {}}

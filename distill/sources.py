@@ -53,6 +53,12 @@ def load_target(args: argparse.Namespace, dtype: str) -> Any:
                        dtype=fast_dtype(dtype, args.device))
 
 
+def pad_id(target: Any) -> int:
+    """The id that pads a loaded target's batches: its tokenizer's pad token, else its first EOS."""
+    pad = target.tokenizer.pad_token_id
+    return pad if pad is not None else target.eos_token_ids[0]
+
+
 def generate_set(args: argparse.Namespace, name: str, subset: list, dtype: str,
                  deadline: float | None = None) -> dict[str, Any]:
     """Target responses for one prompt subset under OUT/data/NAME (resumable); its summary."""
