@@ -62,6 +62,9 @@ class HostLimits:
     batch_invariant: bool = True
     stall_timeout_s: float = 120.0  # a forward running longer than this is a wedged worker
     compile: bool = False  # torch.compile the engine's norms and activation (engine.model.llama)
+    # A target: prove at start-up that every position's logits are bitwise the same whatever the
+    # shape of its forward (engine.selfcheck.verify_shapes), and refuse to start where not.
+    require_exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,18 +86,26 @@ def pool_budget(limits: HostLimits, device: torch.device) -> int:
     return budget if budget is not None else 2 << 30
 
 
+class Inexact(ValueError):
+    """A target whose verify shapes are not bitwise invariant where it must be exact (engine.selfcheck)."""
+
+
 def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | StockRunner:
-    """The pooled runner where batching is on and the model passes its checks; else stock."""
+    """The pooled runner where batching is on and the model passes its checks; else stock.
+
+    Raises Inexact for a target (limits.require_exact) whose speculative output could differ
+    from target-only decoding: see `check_exact`.
+    """
     model = loaded.model
     if loaded.feature_dim and (limits.max_batch <= 1 or unsupported(model)):
         raise ValueError(f"{loaded.name} is a feature head, which only the engine's pooled forward serves: "
                          + ("--max-batch must be above 1" if limits.max_batch <= 1 else unsupported(model)))
     if limits.max_batch <= 1:
-        return StockRunner(model)
+        return check_exact(StockRunner(model), loaded, limits, "--max-batch 1")
     reason = unsupported(model)
     if reason:
         log.warning("batching off for %s: %s; serving one request per forward", loaded.name, reason)
-        return StockRunner(model)
+        return check_exact(StockRunner(model), loaded, limits, reason)
     started = time.monotonic()
     forward = LlamaForward(model, compile=limits.compile)
     fixed = forward.device.type != "cpu" and limits.batch_invariant
@@ -108,21 +119,36 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
     # The checks run on a small pool of their own: the serving pool starts empty.
     checker = PooledRunner(forward, forward.new_pool(selfcheck.POOL_TOKENS * pool.block_bytes // pool.block_size),
                            fixed_shapes=fixed, max_rows=limits.max_batch)
+    # Numerics against the model's own forward, with attention in the weights' dtype as the model
+    # computes it (a float32 attention moves bf16 logits further from the model's than the check's
+    # tolerance allows, while computing every position the same way: the verify shapes below).
+    serving_attention, forward.attention_dtype = forward.attention_dtype, forward.dtype
     reason = selfcheck.numerics(checker, model, loaded.vocab_size)
+    forward.attention_dtype = serving_attention
     if reason and loaded.feature_dim:
         raise ValueError(f"{loaded.name}: the engine's forward of this feature head failed its check: {reason}")
     if reason:
         log.warning("batching off for %s: %s; serving one request per forward", loaded.name, reason)
-        return StockRunner(model)
-    if limits.batch_invariant:
-        broken = selfcheck.invariance(checker, loaded.vocab_size)
+        return check_exact(StockRunner(model), loaded, limits, "the engine's forward failed its numerics check")
+    if limits.batch_invariant and limits.require_exact:
+        broken = selfcheck.verify_shapes(checker, loaded.vocab_size, limits.max_k)
+        if broken and forward.attention_dtype != torch.float32:  # a GPU: attention in float32 instead
+            log.warning("verify shapes in %s with %s attention: %s; trying float32 attention",
+                        _dtype_name(forward.dtype), _dtype_name(forward.attention_dtype), broken)
+            forward.attention_dtype = torch.float32
+            broken = selfcheck.verify_shapes(checker, loaded.vocab_size, limits.max_k)
         if broken:
-            log.warning("batch invariance check on %s: %s (served on; a session's logits may "
-                        "differ in the last bits with the batch)", loaded.device, broken)
-        else:
-            log.info("batch invariance check on %s: bitwise identical alone and packed", loaded.device)
-    else:
-        log.info("batch invariance off: a session's logits may differ in the last bits with the batch")
+            raise Inexact(f"{loaded.name} in {_dtype_name(forward.dtype)} on {loaded.device}: {broken}. "
+                          "Speculative output could differ from target-only decoding, so this target does not "
+                          "start; serve another --dtype (float32 is the reference), or pass "
+                          "--no-batch-invariant to serve knowingly inexact")
+        log.info("exactness check on %s (%s, attention in %s): every position's logits bitwise the same "
+                 "one token at a time, in Scores of 1..%d tokens alone and packed, in a token tree and after "
+                 "a chunked prefill", loaded.device, _dtype_name(forward.dtype),
+                 _dtype_name(forward.attention_dtype), limits.max_k + 1)
+    elif not limits.batch_invariant:
+        log.warning("batch invariance off (--no-batch-invariant): a session's logits may differ in the last "
+                    "bits with the batch and with k, so speculative output may differ from target-only's")
     for linear in forward.linears():
         if len(linear.kinds) > 1:  # not calibrated: the default kernel, unpadded
             linear.choose(linear.onednn, linear.pad_to)
@@ -131,6 +157,29 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
     log.info("engine: %d-layer pooled forward, KV pool %d blocks of %d tokens (%.0f MiB), set up in %.1f s",
              forward.num_layers, pool.num_blocks - 1, pool.block_size,
              pool.num_blocks * pool.block_bytes / 2**20, time.monotonic() - started)
+    return runner
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_exact(runner: StockRunner, loaded: LoadedModel, limits: HostLimits, why: str) -> StockRunner:
+    """A target served through the stock forward (`why`): its verify shapes checked as the pooled
+    runner's are. That forward is transformers', whose rounding changes with the token count: in
+    float32 the check is reported and served on (its argmax margins have held on every prompt set
+    measured); in a low-precision dtype, where they do not, the target refuses to start."""
+    if not (limits.require_exact and limits.batch_invariant):
+        return runner
+    broken = selfcheck.verify_shapes(runner, loaded.vocab_size, limits.max_k, packed=False, trees=False)
+    if not broken:
+        return runner
+    message = (f"{loaded.name} through the stock forward ({why}) in {_dtype_name(loaded.dtype)}: {broken}")
+    if loaded.dtype != torch.float32:
+        raise Inexact(message + ". Speculative output could differ from target-only decoding, so this target "
+                      "does not start; serve it in float32, or pass --no-batch-invariant to serve knowingly "
+                      "inexact")
+    log.warning("%s; speculative output may differ from target-only's in a near tie (float32)", message)
     return runner
 
 

@@ -5,11 +5,15 @@
     kernels round differently (SmolLM2 fp32: ~3e-4 of logits up to ~25), while
     a wrong position, mask or cache slot moves logits by a good part of their
     range, so the tolerance is loose on purpose and the argmax must agree.
-  * invariance: the same sessions alone and packed together (prefill, a
-    multi-token step, a one-token step) must give bitwise the same logits.
+  * verify shapes: every position's logits, bitwise, whether its token is fed
+    one at a time alone (target-only decoding), in a Score of 1 .. max_k + 1
+    tokens alone or packed with other sessions, as a token-tree node, or after
+    a prefill cut in other chunks. This is what greedy identity and the seeded
+    coupling rest on, in the served dtype on the serving device.
 
 `numerics` failing means the engine must not serve this model (the host falls
-back to the stock forward); `invariance` failing is reported and served on.
+back to the stock forward); what `verify_shapes` failing means is the host's
+(engine.host: a target refuses to start).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from engine.runner import PooledRunner
 from engine.stock import cache_kwarg
 
 
-POOL_TOKENS = 1024  # the checks' own pool: 4 sessions of at most 74 tokens, in 16-token blocks
+POOL_TOKENS = 2048  # the checks' own pool: 4 sessions of at most 74 tokens, in 16-token blocks
 
 
 def _streams(vocab: int, seed: int) -> list[list[int]]:
@@ -94,20 +98,91 @@ def numerics(runner: PooledRunner, model: torch.nn.Module, vocab: int) -> str:
     return ""
 
 
-def invariance(runner: PooledRunner, vocab: int) -> str:
-    """"" if every session's logits are bitwise the same alone and packed; else which differ."""
-    streams = _streams(vocab, 2)
-    steps = [lambda s: s[:-4], lambda s: s[-4:-1], lambda s: s[-1:]]  # prefill, 3 tokens, 1 token
-    alone, packed = [], []
-    for i, stream in enumerate(streams):
+def _score(runner, caches: list, parts: list[list[int]], trees: list | None = None) -> list[torch.Tensor]:
+    """One forward in which every row emits all its tokens' logits (a tree row: its nodes')."""
+    trees = trees or [None] * len(parts)
+    rows = [RowPlan(cache, tokens, cache.length, len(tokens), tree=tree)
+            for cache, tokens, tree in zip(caches, parts, trees)]
+    for row in rows:
+        row.cache.reserve(row.past + len(row.tokens))
+    logits = runner.logits(StepPlan(rows))
+    out, at = [], 0
+    for row in rows:
+        out.append(logits[at:at + row.emit].float())
+        at += row.emit
+    return out
+
+
+def _tree(stream: list[int], base: int, vocab: int):
+    """A token tree above `base` whose first-children path is the stream's next 3 tokens, each with a
+    sibling: (tokens, TreeRow, node indices of the path)."""
+    from engine.tree import PendingTree
+
+    parents = [-1, -1, 0, 0, 2, 2]
+    off = [stream[base], (stream[base] + 1) % vocab, stream[base + 1], (stream[base + 1] + 7) % vocab,
+           stream[base + 2], (stream[base + 2] + 3) % vocab]
+    return off, PendingTree(base, 0).row(0, parents), [0, 2, 4]
+
+
+def verify_shapes(runner, vocab: int, max_k: int, *, packed: bool = True, trees: bool = True) -> str:
+    """"" if every position's logits are bitwise the same however its forward is shaped; else which differ.
+
+    The reference: each stream prefilled, then fed one token at a time, alone (what target-only
+    decoding computes). Against it, per position: a Score of 1 .. max_k + 1 tokens alone and packed
+    with the other streams, a token tree whose path is the stream (a sibling beside each node), and
+    the prefill cut in other chunks. Greedy identity and the seeded coupling rest on this.
+    """
+    steps = max_k + 1
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    prefill = [9, 30, 3, 70]  # short, medium, tiny, longer than 64 keys; then steps tokens to score
+    streams = [torch.randint(0, vocab, (n + steps,), generator=gen).tolist() for n in prefill]
+    bad: list[str] = []
+
+    def session(stream: list[int], cut: int, chunks: int = 1):
         cache = runner.new_cache()
-        alone.append([_run(runner, [cache], [step(stream)])[0] for step in steps])
+        size = -(-cut // chunks)
+        for lo in range(0, cut, size):
+            _score(runner, [cache], [stream[lo:min(cut, lo + size)]])
+        return cache
+
+    reference = []
+    for stream, cut in zip(streams, prefill):
+        cache = session(stream, cut)
+        reference.append(torch.cat([_score(runner, [cache], [[t]])[0] for t in stream[cut:]]))
         cache.free()
-    caches = [runner.new_cache() for _ in streams]
-    for step in steps:
-        packed.append(_run(runner, caches, [step(s) for s in streams]))
-    for cache in caches:
+    caches = [session(stream, cut) for stream, cut in zip(streams, prefill)]
+    try:
+        for n in range(1, steps + 1):  # every Score size packed; a few alone
+            alone = n in (1, 2, steps) or not packed
+            groups = ([[i] for i in range(len(streams))] if alone else []) + (
+                [list(range(len(streams)))] if packed else [])
+            for group in groups:
+                got = _score(runner, [caches[i] for i in group],
+                             [streams[i][prefill[i]:prefill[i] + n] for i in group])
+                for i, logits in zip(group, got):
+                    caches[i].crop(prefill[i])
+                    if not torch.equal(logits, reference[i][:n]):
+                        bad.append(f"session {i}: {n} token(s) {'packed' if len(group) > 1 else 'alone'}")
+        if trees and steps >= 3:
+            parts, rows, paths = [], [], []
+            for stream, cut in zip(streams, prefill):
+                tokens, row, path = _tree(stream, cut, vocab)
+                parts.append(tokens)
+                rows.append(row)
+                paths.append(path)
+            got = _score(runner, caches, parts, rows)
+            for i, (logits, path) in enumerate(zip(got, paths)):
+                caches[i].crop(prefill[i])
+                if not torch.equal(logits[path], reference[i][:3]):
+                    bad.append(f"session {i}: a token tree's path")
+    finally:
+        for cache in caches:
+            cache.free()
+    for i, (stream, cut) in enumerate(zip(streams, prefill)):  # the prefix in other chunks
+        cache = session(stream, cut, chunks=3)
+        got = _score(runner, [cache], [stream[cut:cut + 1]])[0]
         cache.free()
-    bad = [f"session {i} step {j}" for i in range(len(streams)) for j in range(len(steps))
-           if not torch.equal(alone[i][j], packed[j][i])]
-    return "" if not bad else "not bitwise invariant: " + ", ".join(bad)
+        if not torch.equal(got, reference[i][:1]):
+            bad.append(f"session {i}: after a prefill in 3 chunks")
+    return "" if not bad else "not bitwise invariant: " + ", ".join(bad[:6]) + (
+        f" (and {len(bad) - 6} more)" if len(bad) > 6 else "")

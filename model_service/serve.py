@@ -30,7 +30,7 @@ def build_parser(role: Role) -> argparse.ArgumentParser:
     return service_settings(role).parser()
 
 
-def limits_from_args(args: argparse.Namespace) -> HostLimits:
+def limits_from_args(args: argparse.Namespace, role: Role | None = None) -> HostLimits:
     return HostLimits(
         max_sessions=int(args.max_sessions),
         cache_budget_bytes=(None if args.cache_budget_mb is None
@@ -44,6 +44,7 @@ def limits_from_args(args: argparse.Namespace) -> HostLimits:
         batch_invariant=bool(args.batch_invariant),
         stall_timeout_s=max(0.0, float(args.stall_timeout)),
         compile=bool(args.compile),
+        require_exact=role is not None and role.name == "target",  # a draft's rounding only changes its guesses
     )
 
 
@@ -64,7 +65,11 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         log.error("cannot load the model: %s", exc)
         return 2
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"
-    host = ModelHost(loaded, limits_from_args(args), replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
+    try:
+        host = ModelHost(loaded, limits_from_args(args, role), replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
+    except ValueError as exc:  # a feature head the engine cannot serve; a target that would not be exact
+        log.error("cannot serve the model: %s", exc)
+        return 2
     pooled = getattr(host.runner, "pooled", False)
     receive, send = model_message_caps(
         loaded.vocab_size, host.limits.max_k, host.limits.max_request_tokens, reads_features=loaded.feature_dim,

@@ -1,35 +1,33 @@
-"""Attention of a packed forward over the KV pool: one SDPA call per group of rows.
+"""Attention of a packed forward over the KV pool: every query computed as a decode step's is.
 
-A forward packs the new tokens of R sessions into T = sum(n_i) tokens. Rows
-are grouped by how many queries they bring: one-token rows (decode steps, the
-common case) in one group, rows of 2 to 16 tokens (Score with k + 1 drafts) in
-another, longer rows (prefill chunks) in a third. Within a group every row is
-padded to the group's query count and key length, the keys and values of all
-its rows are gathered from the pool in one index_select each, and ONE
-`scaled_dot_product_attention` call with a boolean mask does the rest.
+Exactness rests on one rule: a position's logits do not depend on how many
+tokens, rows or tree nodes share its forward. Attention is where that broke:
+SDPA's result for a query depends on how many other queries its call holds
+(measured on an AMD EPYC, SmolLM2-135M: a Score of k + 1 tokens against one
+token at a time gave bitwise different logits at almost every position, in
+bfloat16 AND float32; bf16 flipped 1 argmax in 15, fp32 none in 250 only by
+the margin). So every new token is a *lane*: one query, attending to its own
+keys in logical order, exactly the call a one-token decode makes:
 
-Batch invariance (measured on two CPUs, fp32, GQA): SDPA's result for a row
-does not depend on the other rows of its call, but it does depend on the
-padded shapes. One-query rows keep their bits for any key length that is a
-multiple of 16, so a group of them pads to its longest row, rounded up to 16.
-They are split by length (`one_query_lengths`): every key a row is padded to
-is gathered from the pool and attended to in every layer, so one long row
-among short ones would make every row cost the long one (64 decode rows of
-which 9 hold 300-400 tokens cost 14 ms a forward on the tiny test model,
-against 2 ms for the 32 short ones alone). A group costs a few operations
-per layer of its own, so a class of short rows joins the next longer one
-when the padding that adds is small.
-Rows of several queries keep them only for the same padded key length and
-the same padded query count: on one CPU (Intel, AMX) any query padding that
-leaves no block of one or two queries gave the same bits, on another (AMD
-EPYC, AVX-512) every query padding changed them. So such a row is grouped by
-a power-of-two key bucket of its own (at least 64) AND by a query count of
-its own (`query_rows(n)`: n up to 16 tokens, a Score of k + 1; longer rows,
-prefill chunks, rounded up to a multiple of 32, the kernel's query block). A
-row's group and padded shape therefore depend only on its own length and
-query count, never on its neighbours. The number of attention operations per
-layer is the number of groups (one for a batch of decode steps, one more for
-the Scores of one k), not the number of sessions.
+  * a chain token at position p: the keys of positions 0..p;
+  * a token-tree node: the held prefix, then its ancestors by depth, then itself
+    (gathered in that order, so it computes what the chain along its path does,
+    never a masked key between two of its own);
+  * a long row (a prefill chunk of more than SHARED_FROM tokens) gathers its
+    keys once and hands each block of LANE_BLOCK lanes the prefix its last lane
+    needs, expanded without a copy, each lane masked to its own position.
+
+One-query SDPA (measured on the same CPU, bf16, fp16 and fp32, 1 and 2
+threads): a query's output is bitwise the same for any number of other lanes
+in the call and for any key padding that is a multiple of ONE_QUERY_ALIGN with
+the padding masked. So lanes are grouped by padded key length only
+(`one_query_lengths`), whoever they belong to.
+
+The attention's compute dtype (`compute`) is the forward's: on a CPU float32
+whatever the weights (bf16 one-query SDPA measured 3-4x slower than upcasting
+K/V to fp32, and fp32 is exact as well); on a GPU the weights' dtype, with
+float32 the fallback the start-up check (engine.selfcheck) takes if that is
+not invariant there.
 """
 from __future__ import annotations
 
@@ -42,32 +40,26 @@ import torch.nn.functional as F
 from engine.pool import KVPool, SessionKV
 from engine.tree import TreeRow
 
-# Query-count classes: a row joins the first class whose bound holds its tokens.
-GROUP_BOUNDS = (1, 16, 1 << 30)
-ONE_QUERY_ALIGN = 16  # one-query rows: key length padded to a multiple of this
-# What one more group of one-query rows costs per layer (its gathers, SDPA call and scatter), in
-# padded keys: a class of rows joins the next longer one when that pads fewer keys than this.
+ONE_QUERY_ALIGN = 16  # a lane's key length is padded to a multiple of this
+# What one more group of lanes costs per layer (its gathers, SDPA call and scatter), in padded
+# keys: a class of lanes joins the next longer one when that pads fewer keys than this.
 ONE_QUERY_GROUP_KEYS = 512
-MIN_KEY_BUCKET = 64  # rows of several queries: key length padded to a power of two >= this
+MIN_KEY_BUCKET = 64  # the shortest class of lane lengths (powers of two from here)
+SHARED_FROM = 17  # a chain row of at least this many tokens gathers its keys once for all its lanes
+LANE_BLOCK = 64  # lanes of such a row per SDPA call (bounds the expanded keys)
 
 
-QUERY_BLOCK = 32  # SDPA's CPU kernel splits queries in blocks of this (for fewer than 192)
+def attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The default compute dtype of attention for weights of `dtype` on `device` (see the module doc)."""
+    return torch.float32 if device.type == "cpu" else dtype
 
 
-def query_rows(n: int) -> int:
-    """Queries a row of n > 1 new tokens is padded to, a function of n alone (see the module doc)."""
-    if n <= GROUP_BOUNDS[1]:
-        return n
-    return -(-n // QUERY_BLOCK) * QUERY_BLOCK
-
-
-def _query_class(n: int) -> int:
-    """The query-count class of a row of n tokens: the first GROUP_BOUNDS entry that holds n."""
-    return next(i for i, bound in enumerate(GROUP_BOUNDS) if n <= bound)
+def _aligned(n: int) -> int:
+    return -(-n // ONE_QUERY_ALIGN) * ONE_QUERY_ALIGN
 
 
 def key_bucket(length: int) -> int:
-    """The padded key length of a row of several queries."""
+    """The power-of-two class (at least MIN_KEY_BUCKET) of a lane's key length."""
     bucket = MIN_KEY_BUCKET
     while bucket < length:
         bucket *= 2
@@ -75,24 +67,24 @@ def key_bucket(length: int) -> int:
 
 
 def one_query_lengths(lengths: Sequence[int]) -> list[int]:
-    """The padded key length of each one-query row of a forward, given every such row's keys.
+    """The padded key length of each lane of a forward, given every lane's keys.
 
-    Rows fall in power-of-two classes of their length (the smallest class holds
-    up to MIN_KEY_BUCKET); a class pads to its longest row rounded up to
+    Lanes fall in power-of-two classes of their length (the smallest class holds
+    up to MIN_KEY_BUCKET); a class pads to its longest lane rounded up to
     ONE_QUERY_ALIGN. From the shortest up, a class joins the next one when its
-    rows' extra padding would be at most ONE_QUERY_GROUP_KEYS.
+    lanes' extra padding would be at most ONE_QUERY_GROUP_KEYS.
     """
-    aligned = [-(-n // ONE_QUERY_ALIGN) * ONE_QUERY_ALIGN for n in lengths]
+    aligned = [_aligned(n) for n in lengths]
     row_class = [key_bucket(n) for n in aligned]
-    longest: dict[int, int] = {}  # class -> its longest aligned row
+    longest: dict[int, int] = {}  # class -> its longest aligned lane
     size: dict[int, int] = {}
     for c, n in zip(row_class, aligned):
         longest[c] = max(longest.get(c, 0), n)
         size[c] = size.get(c, 0) + 1
     classes = sorted(longest)
-    padded: dict[int, int] = {}  # class -> the length its rows pad to
+    padded: dict[int, int] = {}  # class -> the length its lanes pad to
     joined: list[int] = []  # classes merged into the one being considered
-    rows = 0  # their rows
+    rows = 0  # their lanes
     for i, c in enumerate(classes):
         joined.append(c)
         rows += size[c]
@@ -105,118 +97,130 @@ def one_query_lengths(lengths: Sequence[int]) -> list[int]:
 
 @dataclass
 class Group:
-    """Rows of one query class in one forward, with everything the layers reuse."""
+    """Lanes (one query each) of one SDPA call, with everything the layers reuse."""
 
-    tq: int  # queries per row (padded)
-    size: int  # rows
-    identity: bool  # one query per row and the rows are exactly the packed tokens, in order
-    q_index: torch.Tensor | None  # [size * tq] packed token of each (row, query); T = the zero query (padding)
-    real_src: torch.Tensor | None  # [n_real] flat (row, query) index of each real query
-    real_dst: torch.Tensor | None  # [n_real] its packed token index
-    kv_index: torch.Tensor  # [size * length] pool slot of each (row, key); 0 = scratch
-    length: int  # keys per row (padded)
-    mask: torch.Tensor  # [size, 1, tq, length] bool: True = attend
+    size: int  # lanes
+    length: int  # keys per lane (padded)
+    identity: bool  # the lanes are exactly the packed tokens, in order
+    q_index: torch.Tensor | None  # [size] packed token of each lane (None: identity)
+    kv_index: torch.Tensor  # [size * length] pool slot of each (lane, key), or [length] if shared; 0 = scratch
+    shared: bool  # every lane reads the same keys (one long row's block), masked to its own position
+    mask: torch.Tensor  # [size, 1, 1, length] bool: True = attend
 
 
 @dataclass
 class AttentionPlan:
-    """Per forward: where each new token's K/V goes, and the groups."""
+    """Per forward: where each new token's K/V goes, and the lane groups."""
 
     write_slots: torch.Tensor  # [T_padded] pool slot of each packed token (filler -> 0)
     groups: list[Group]
     tokens: int  # T_padded
+    compute: torch.dtype  # attention's compute dtype
+
+
+def _lane_positions(past: int, n: int, tree: TreeRow | None) -> list[tuple[int, list[int] | None]]:
+    """Per token of a row: (its key count, its tree keys above the tree's base or None for a chain)."""
+    if tree is None:
+        return [(past + i + 1, None) for i in range(n)]
+    chain = [(past + i + 1, None) for i in range(tree.first)]
+    return chain + [(tree.base + len(seen), seen) for seen in tree.sees]
 
 
 def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeRow | None]], padded_tokens: int,
-                   device: torch.device) -> AttentionPlan:
+                   device: torch.device, compute: torch.dtype | None = None) -> AttentionPlan:
     """rows: (session KV, past positions, new tokens, tree or None) in packing order; blocks already
-    reserved. A tree row (engine.tree) always gets a mask of its own: its nodes see the held prefix
-    and their own ancestors, not the positions in between."""
-    write: list[int] = []
-    members: dict[tuple[int, int, int], list[int]] = {}
-    starts = []
-    at = 0
+    reserved. Every token becomes a lane (see the module doc)."""
     bs = pool.block_size
-    singles = iter(one_query_lengths([past + 1 for _, past, n, tree in rows if n == 1 and tree is None]))
-    # Per row: its KV's slots and its group. A decode row (one token, the common case; class 0)
-    # is spelled out: this loop runs over every row of every forward.
+    write: list[int] = []
+    lane_row: list[int] = []  # per short lane: its row
+    lane_token: list[int] = []  # its packed token index
+    lane_keys: list[int] = []  # its key count
+    lane_tree: list[list[int] | None] = []  # a tree node's keys above its base
+    shared: list[tuple[int, int, int]] = []  # long rows: (row, first packed token, n)
+    at = 0
     for r, (kv, past, n, tree) in enumerate(rows):
-        starts.append(at)
-        at += n
-        if n == 1 and tree is None:
+        if n == 1 and tree is None:  # a decode step, the common case, spelled out
             write.append(kv.blocks[past // bs] * bs + past % bs)
-            key = (0, next(singles), 1)
+            lane_row.append(r)
+            lane_token.append(at)
+            lane_keys.append(past + 1)
+            lane_tree.append(None)
         else:
             write.extend(kv.slots(past, n))
-            q = max(n, 2) if tree is not None else n  # a tree's one-node step still needs its mask
-            key = (_query_class(q), key_bucket(past + n), query_rows(q))
-        group = members.get(key)
-        if group is None:
-            members[key] = [r]
-        else:
-            group.append(r)
+            if tree is None and n >= SHARED_FROM:
+                shared.append((r, at, n))
+            else:
+                for i, (keys, seen) in enumerate(_lane_positions(past, n, tree)):
+                    lane_row.append(r)
+                    lane_token.append(at + i)
+                    lane_keys.append(keys)
+                    lane_tree.append(seen)
+        at += n
     write.extend([0] * (padded_tokens - at))
-    groups = []
-    for (_, bucket, tq), member in sorted(members.items()):
-        length = bucket  # one-query rows: their group's (one_query_lengths); else the key bucket
-        size = len(member)
-        # Every row one token and no filler: the group is the packed tokens themselves, in order.
-        identity = tq == 1 and size == len(rows) == padded_tokens
-        q_index = real_src = real_dst = None
-        if not identity:
-            q_list, src, dst = [], [], []
-            for g, r in enumerate(member):
-                n = rows[r][2]
-                q_list.extend(range(starts[r], starts[r] + n))
-                q_list.extend([padded_tokens] * (tq - n))
-                src.extend(range(g * tq, g * tq + n))
-                dst.extend(range(starts[r], starts[r] + n))
-            q_index = torch.tensor(q_list, dtype=torch.long).to(device, non_blocking=True)
-            real_src = torch.tensor(src, dtype=torch.long).to(device, non_blocking=True)
-            real_dst = torch.tensor(dst, dtype=torch.long).to(device, non_blocking=True)
-        nb = -(-length // bs)
-        table_rows, lengths, pasts = [], [], []
-        for r in member:
-            kv, past, n, _ = rows[r]
-            used = -(-(past + n) // bs)
-            table_rows.append(kv.blocks[:used] + [0] * (nb - used))
-            lengths.append(past + n)
-            pasts.append(past)
-        table = torch.tensor(table_rows, dtype=torch.long)
-        table = table.to(device, non_blocking=True)
-        lengths_t = torch.tensor(lengths, dtype=torch.long).to(device, non_blocking=True)
-        pos = torch.arange(length, device=device)  # [length]
-        slots = table[:, pos // bs] * bs + pos % bs  # [size, length]
-        valid = pos[None, :] < lengths_t[:, None]  # [size, length]
-        kv_index = torch.where(valid, slots, torch.zeros_like(slots)).reshape(-1)
-        if tq == 1:  # one query at position length - 1: it sees exactly the valid keys
-            mask = valid[:, None, None, :]  # [size, 1, 1, length]
-        else:
-            # Query i of a row sits at absolute position past + i; padded queries see key 0 only.
-            pasts_t = torch.tensor(pasts, dtype=torch.long).to(device, non_blocking=True)
-            qpos = torch.minimum(pasts_t[:, None] + torch.arange(tq, device=device)[None, :],
-                                 lengths_t[:, None] - 1)  # [size, tq]
-            mask = (pos[None, None, :] <= qpos[:, :, None])[:, None]  # [size, 1, tq, length]
-            if any(rows[r][3] is not None for r in member):
-                mask = _tree_masks(mask, [rows[r][3] for r in member], length).to(device, non_blocking=True)
-        groups.append(Group(tq, size, identity, q_index, real_src, real_dst, kv_index, length, mask))
+    groups: list[Group] = []
+    if lane_row:
+        members: dict[int, list[int]] = {}
+        for lane, length in enumerate(one_query_lengths(lane_keys)):
+            members.setdefault(length, []).append(lane)
+        for length, lanes in sorted(members.items()):
+            identity = (len(members) == 1 and not shared and len(lanes) == padded_tokens
+                        and lane_token == list(range(padded_tokens)))
+            groups.append(_lane_group(rows, lanes, lane_row, lane_token, lane_keys, lane_tree, length, identity,
+                                      bs, device))
+    for r, first, n in shared:
+        kv, past, _, _ = rows[r]
+        for lo in range(0, n, LANE_BLOCK):
+            hi = min(n, lo + LANE_BLOCK)
+            length = _aligned(past + hi)
+            pos = torch.arange(length)
+            slots = _slots(kv.blocks, pos, past + hi, bs)
+            ends = torch.arange(past + lo + 1, past + hi + 1)  # each lane's key count
+            mask = (pos[None, :] < ends[:, None])[:, None, None, :]
+            groups.append(Group(hi - lo, length, False,
+                                torch.arange(first + lo, first + hi).to(device, non_blocking=True),
+                                slots.to(device, non_blocking=True), True, mask.to(device, non_blocking=True)))
     write_t = torch.tensor(write, dtype=torch.long).to(device, non_blocking=True)
-    return AttentionPlan(write_t, groups, padded_tokens)
+    dtype = compute if compute is not None else (pool.keys[0].dtype if pool.keys else torch.float32)
+    return AttentionPlan(write_t, groups, padded_tokens, dtype)
 
 
-def _tree_masks(mask: torch.Tensor, trees: Sequence[TreeRow | None], length: int) -> torch.Tensor:
-    """The group's causal masks ([size, 1, tq, length]) with each tree node's row replaced: the
-    held prefix (keys below its tree's base) and the storage positions of its path."""
-    mask = mask.cpu().clone()
-    keys = torch.arange(length)
-    for g, tree in enumerate(trees):
-        if tree is None:
-            continue
-        for j, seen in enumerate(tree.sees):
-            row = keys < tree.base
-            row[torch.tensor(seen, dtype=torch.long)] = True
-            mask[g, 0, tree.first + j] = row
-    return mask
+def _padded(blocks: Sequence[int], width: int) -> list[int]:
+    return list(blocks[:width]) + [0] * (width - min(width, len(blocks)))
+
+
+def _slots(blocks: Sequence[int], pos: torch.Tensor, valid: int, bs: int) -> torch.Tensor:
+    """Pool slots of a session's logical positions `pos` (those >= valid: the scratch slot 0)."""
+    table = torch.tensor(_padded(blocks, int(pos.max()) // bs + 1), dtype=torch.long)
+    slots = table[pos // bs] * bs + pos % bs
+    return torch.where(pos < valid, slots, torch.zeros_like(slots))
+
+
+def _lane_group(rows, lanes: list[int], lane_row: list[int], lane_token: list[int], lane_keys: list[int],
+                lane_tree: list[list[int] | None], length: int, identity: bool, bs: int,
+                device: torch.device) -> Group:
+    """One SDPA call's lanes, each with its own keys gathered in logical order."""
+    size = len(lanes)
+    width = -(-length // bs)
+    trees = [g for g, lane in enumerate(lanes) if lane_tree[lane] is not None]
+    if trees:  # a tree node: after the prefix, its ancestors' and its own storage positions
+        pos = torch.arange(length).repeat(size, 1)  # [size, length] logical key -> storage position
+        for g in trees:
+            seen = lane_tree[lanes[g]]
+            base = lane_keys[lanes[g]] - len(seen)
+            pos[g, base:base + len(seen)] = torch.tensor(seen, dtype=torch.long)
+            width = max(width, max(seen) // bs + 1)
+    else:
+        pos = torch.arange(length).expand(size, -1)
+    table = torch.tensor([_padded(rows[lane_row[lane]][0].blocks, width) for lane in lanes],
+                         dtype=torch.long)  # [size, width]
+    slots = table.gather(1, pos // bs) * bs + pos % bs  # [size, length]
+    lengths = torch.tensor([lane_keys[lane] for lane in lanes], dtype=torch.long)
+    valid = torch.arange(length)[None, :] < lengths[:, None]  # [size, length]
+    kv_index = torch.where(valid, slots, torch.zeros_like(slots)).reshape(-1)
+    q_index = None if identity else torch.tensor([lane_token[lane] for lane in lanes], dtype=torch.long)
+    return Group(size, length, identity,
+                 q_index.to(device, non_blocking=True) if q_index is not None else None,
+                 kv_index.to(device, non_blocking=True), False, valid[:, None, None, :].to(device, non_blocking=True))
 
 
 def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor,
@@ -227,22 +231,23 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
     values.index_copy_(0, plan.write_slots, v)
     t, heads, hd = q.shape
     kvh = k.shape[1]
+    compute = plan.compute
     out = None
     for group in plan.groups:
-        gk = keys.index_select(0, group.kv_index).view(group.size, group.length, kvh, hd).transpose(1, 2)
-        gv = values.index_select(0, group.kv_index).view(group.size, group.length, kvh, hd).transpose(1, 2)
-        if group.identity:
-            gq = q.view(group.size, 1, heads, hd).transpose(1, 2)  # [size, heads, 1, hd]
-        else:
-            padded = torch.cat([q, q.new_zeros(1, heads, hd)])  # index T: the zero query of padding
-            gq = padded.index_select(0, group.q_index).view(group.size, group.tq, heads, hd).transpose(1, 2)
+        rows = 1 if group.shared else group.size
+        gk = keys.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
+        gv = values.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
+        if group.shared:
+            gk, gv = gk.expand(group.size, -1, -1, -1), gv.expand(group.size, -1, -1, -1)
+        gq = q if group.identity else q.index_select(0, group.q_index)
+        gq = gq.to(compute).unsqueeze(2)  # [size, heads, 1, hd]
         o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.mask, scale=scaling,
-                                           enable_gqa=heads != kvh)  # [size, heads, tq, hd]
-        o = o.transpose(1, 2).reshape(group.size * group.tq, heads * hd)
+                                           enable_gqa=heads != kvh)  # [size, heads, 1, hd]
+        o = o.reshape(group.size, heads * hd).to(q.dtype)
         if group.identity:
             return o
         if out is None:
             out = q.new_zeros(t, heads * hd)  # filler tokens keep zeros
-        out.index_copy_(0, group.real_dst, o.index_select(0, group.real_src))
+        out.index_copy_(0, group.q_index, o)
     assert out is not None
     return out

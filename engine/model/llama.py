@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model.attention import AttentionPlan, attend
+from engine.model.attention import AttentionPlan, attend, attention_dtype
 from engine.model.linear import InvariantLinear, fused, onednn_available
 from engine.pool import KVPool
 
@@ -114,6 +114,8 @@ class LlamaForward:
         self.device, self.dtype = param.device, param.dtype
         onednn = onednn_available(self.dtype, self.device)
         self.onednn = onednn
+        # Attention's compute dtype (engine.model.attention; the start-up check may widen it to float32).
+        self.attention_dtype = attention_dtype(self.dtype, self.device)
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens

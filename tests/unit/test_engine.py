@@ -13,7 +13,8 @@ import random
 import pytest
 import torch
 
-from engine.model.attention import ONE_QUERY_GROUP_KEYS, key_bucket, one_query_lengths, plan_attention, query_rows
+from engine.model.attention import (LANE_BLOCK, ONE_QUERY_GROUP_KEYS, SHARED_FROM, key_bucket, one_query_lengths,
+                                    plan_attention)
 from engine.host import HostLimits, pick_runner
 from engine.model.linear import InvariantLinear, calibrate
 from engine.model.llama import LlamaForward, unsupported
@@ -194,21 +195,48 @@ def test_pool_blocks_grow_crop_and_free() -> None:
     assert pool.free_blocks == 10
 
 
-def test_attention_groups_depend_on_a_rows_own_shape() -> None:
-    assert [query_rows(n) for n in (2, 3, 5, 16, 17, 32, 33, 64, 65)] == [2, 3, 5, 16, 32, 32, 64, 64, 96]
+def test_every_token_is_a_lane_grouped_by_its_own_key_length() -> None:
     assert [key_bucket(n) for n in (1, 64, 65, 200, 700)] == [64, 64, 128, 256, 1024]
     pool = KVPool(1, 1, 8, torch.float32, torch.device("cpu"), budget_bytes=1 << 20)
     rows = []
-    for past, n in [(10, 1)] * 16 + [(30, 5), (30, 4), (100, 5), (0, 64), (0, 40)]:
+    for past, n in [(10, 1)] * 16 + [(30, 5), (30, 4), (100, 5), (0, 64), (0, 40), (10, 150)]:
         kv = pool.new_session()
         kv.reserve(past + n)
         kv.length = past
         rows.append((kv, past, n, None))
     plan = plan_attention(pool, rows, sum(n for _, _, n, _ in rows), torch.device("cpu"))
-    shapes = sorted((g.size, g.tq, g.length) for g in plan.groups)
-    # 16 decode rows in one group; the Score rows by their key bucket and query count; the
-    # prefill chunks of 64 and 40 tokens both padded to 64 queries (their own rounding), together.
-    assert shapes == [(1, 4, 64), (1, 5, 64), (1, 5, 128), (2, 64, 64), (16, 1, 16)]
+    lanes = [g for g in plan.groups if not g.shared]
+    # 16 decode lanes + 5 + 4 + 5 Score lanes, each one query, grouped by padded key length only.
+    assert sum(g.size for g in lanes) == 16 + 5 + 4 + 5
+    assert all(g.mask.shape == (g.size, 1, 1, g.length) and g.length % 16 == 0 for g in lanes)
+    by_length = {g.length: g.mask.sum(-1).flatten().tolist() for g in lanes}
+    assert sorted(k for keys in by_length.values() for k in keys) == sorted(
+        [11] * 16 + list(range(31, 36)) + list(range(31, 35)) + list(range(101, 106)))
+    # Long rows (prefill chunks) share one gather per block of LANE_BLOCK lanes, each lane masked
+    # to its own position: 64 -> 1 block, 40 -> 1, 150 tokens after 10 -> 3.
+    shared = [g for g in plan.groups if g.shared]
+    assert SHARED_FROM <= 40 and [g.size for g in shared] == [64, 40, LANE_BLOCK, LANE_BLOCK, 150 - 2 * LANE_BLOCK]
+    last = shared[-1]
+    assert last.length == 160 and last.kv_index.shape == (160,)
+    assert last.mask[:, 0, 0].sum(-1).tolist() == list(range(10 + 2 * LANE_BLOCK + 1, 161))
+
+
+def test_a_tree_nodes_lane_reads_its_path_in_order() -> None:
+    """A node's keys: the held prefix, then its ancestors by depth, then itself (never a gap)."""
+    from engine.tree import PendingTree
+
+    pool = KVPool(1, 1, 8, torch.float32, torch.device("cpu"), budget_bytes=1 << 20)
+    kv = pool.new_session()
+    kv.reserve(40)
+    kv.length = 30
+    tree = PendingTree(30, 0).row(0, [-1, -1, 0, 0, 2])
+    plan = plan_attention(pool, [(kv, 30, 5, tree)], 5, torch.device("cpu"))
+    (group,) = plan.groups
+    keys = group.kv_index.view(group.size, group.length)
+    slot = {p: kv.slots(p, 1)[0] for p in range(35)}
+    # node 4's path is 0 -> 2 -> 4: keys 0..29, then storage 30, 32, 34.
+    assert keys[4, :33].tolist() == [slot[p] for p in range(30)] + [slot[30], slot[32], slot[34]]
+    assert group.mask[4, 0, 0].sum() == 33 and group.mask[1, 0, 0].sum() == 31
 
 
 def _ops_per_forward(runner, sessions: int) -> int:

@@ -1,0 +1,165 @@
+"""Exactness in the dtypes users serve: float32, bfloat16 and float16 on the tiny target, in-process.
+
+The rule greedy identity and the seeded coupling rest on: a position's logits are bitwise the same
+however its forward is shaped, one token at a time (target-only decoding), in a Score of k + 1
+tokens, as a token-tree node, packed with other sessions, after a prefill cut anywhere. Checked
+against random schedules here and by the start-up check (engine.selfcheck.verify_shapes); the
+controls plant a kernel whose rounding follows the forward's shape, which the check must catch
+and a target must refuse to serve.
+"""
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import selfcheck
+from engine.host import HostLimits, Inexact, pick_runner
+from engine.model import attention, llama
+from engine.model.linear import InvariantLinear
+from engine.plan import RowPlan, StepPlan
+from engine.runner import PooledRunner
+from engine.stock import StockRunner
+
+DTYPES = ("float32", "bfloat16", "float16")
+EXACT = HostLimits(require_exact=True, max_k=8)
+
+
+def _load(tiny_pair, dtype: str):
+    from engine.model.loader import load
+
+    torch.set_num_threads(1)
+    return load(str(tiny_pair[0]), dtype=dtype)
+
+
+def _feed(runner, schedule: list[list[int]]) -> torch.Tensor:
+    """One session fed its chunks alone; every position's logits ([tokens, vocab])."""
+    cache, out = runner.new_cache(), []
+    with torch.inference_mode():
+        for chunk in schedule:
+            cache.reserve(cache.length + len(chunk))
+            out.append(runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, len(chunk))])).clone())
+    cache.free()
+    return torch.cat(out)
+
+
+def _packed(runner, schedules: list[list[list[int]]], seed: int) -> list[torch.Tensor]:
+    """The sessions fed together, each step a random subset of them."""
+    rng = random.Random(seed)
+    caches = [runner.new_cache() for _ in schedules]
+    at = [0] * len(schedules)
+    out: list[list[torch.Tensor]] = [[] for _ in schedules]
+    with torch.inference_mode():
+        while any(a < len(s) for a, s in zip(at, schedules)):
+            live = [i for i in range(len(schedules)) if at[i] < len(schedules[i])]
+            step = [i for i in live if rng.random() < 0.7] or live[:1]
+            rows = []
+            for i in step:
+                chunk = schedules[i][at[i]]
+                caches[i].reserve(caches[i].length + len(chunk))
+                rows.append(RowPlan(caches[i], chunk, caches[i].length, len(chunk)))
+            logits = runner.logits(StepPlan(rows))
+            offset = 0
+            for i, row in zip(step, rows):
+                out[i].append(logits[offset:offset + row.emit].clone())
+                offset += row.emit
+                at[i] += 1
+    for cache in caches:
+        cache.free()
+    return [torch.cat(chunks) for chunks in out]
+
+
+def _cut(tokens: list[int], rng: random.Random) -> list[list[int]]:
+    """The stream in random chunks: a prefill of any length, then Scores of 1..9 tokens, some long ones."""
+    chunks, at = [], 0
+    while at < len(tokens):
+        n = rng.choice((1, 1, 2, 3, 5, 9, rng.randrange(10, 40)))
+        chunks.append(tokens[at:at + n])
+        at += n
+    return chunks
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_position_is_bitwise_the_same_however_its_forward_is_shaped(tiny_pair, dtype) -> None:
+    loaded = _load(tiny_pair, dtype)
+    runner = pick_runner(loaded, EXACT)  # the start-up check passed, or this raises
+    assert isinstance(runner, PooledRunner) and runner.forward.dtype == getattr(torch, dtype)
+    rng = random.Random(7)
+    streams = [[rng.randrange(loaded.vocab_size) for _ in range(rng.randrange(20, 120))] for _ in range(8)]
+    one_at_a_time = [_feed(runner, [[t] for t in s]) for s in streams]
+    schedules = [_cut(s, rng) for s in streams]
+    alone = [_feed(runner, schedule) for schedule in schedules]
+    packed = _packed(runner, schedules, seed=3)
+    for i in range(len(streams)):
+        assert torch.equal(alone[i], one_at_a_time[i]), f"session {i}: chunked alone differs from one at a time"
+        assert torch.equal(packed[i], one_at_a_time[i]), f"session {i}: packed differs from one at a time"
+
+
+def _multi_query_attend(pool, layer, plan, q, k, v, scaling):
+    """A planted kernel: a row's queries in ONE SDPA call in the weights' dtype, as the forward
+    computed them before lanes (each query's rounding then follows how many share the call).
+    With attention.SHARED_FROM = 2 every row of several tokens is such a row."""
+    out = attention.attend(pool, layer, plan, q, k, v, scaling)
+    keys, values = pool.keys[layer], pool.values[layer]
+    heads, hd, kvh = q.shape[1], q.shape[2], k.shape[1]
+    for g in plan.groups:
+        if g.shared:
+            gk = keys.index_select(0, g.kv_index).view(1, g.length, kvh, hd).transpose(1, 2)
+            gv = values.index_select(0, g.kv_index).view(1, g.length, kvh, hd).transpose(1, 2)
+            gq = q.index_select(0, g.q_index).transpose(0, 1)[None]  # [1, heads, size, hd]
+            o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=g.mask[:, 0, 0][None, None], scale=scaling,
+                                               enable_gqa=heads != kvh)  # [1, heads, size, hd]
+            out.index_copy_(0, g.q_index, o[0].transpose(0, 1).reshape(g.size, heads * hd).to(q.dtype))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+def test_a_planted_multi_query_attention_fails_the_check_and_the_target(tiny_pair, dtype, monkeypatch) -> None:
+    loaded = _load(tiny_pair, dtype)
+    monkeypatch.setattr(llama, "attend", _multi_query_attend)
+    monkeypatch.setattr(attention, "SHARED_FROM", 2)
+    with pytest.raises(Inexact, match="not bitwise invariant"):
+        pick_runner(loaded, EXACT)
+    # A draft has nothing to prove (its rounding changes only its guesses): it is served.
+    assert isinstance(pick_runner(_load(tiny_pair, dtype), HostLimits(max_k=8)), PooledRunner)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+def test_a_planted_unpadded_linear_fails_the_check(tiny_pair, dtype) -> None:
+    """F.linear unpadded: its bits change with the token count where its kernel does."""
+    loaded = _load(tiny_pair, dtype)
+    forward = llama.LlamaForward(loaded.model)
+    for layer in forward.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            lin = getattr(layer, name)
+            setattr(layer, name, InvariantLinear(lin.source_weight, lin.bias, onednn=False))
+    probe = forward.layers[0].gate_up
+    x = torch.randn(40, probe.in_features).to(forward.dtype) * torch.logspace(-2, 2, probe.in_features).to(forward.dtype)
+    with torch.inference_mode():
+        if all(torch.equal(probe(x[:m]), probe(x)[:m]) for m in range(1, 40)):
+            pytest.skip(f"F.linear in {dtype} gives the same bits for every token count on this machine")
+        runner = PooledRunner(forward, forward.new_pool(64 << 20), fixed_shapes=False, max_rows=64)
+        assert "not bitwise invariant" in selfcheck.verify_shapes(runner, loaded.vocab_size, 8)
+
+
+def test_the_stock_forward_is_refused_as_a_low_precision_target(tiny_pair, caplog) -> None:
+    """transformers' own forward rounds by the token count: a bf16 target through it does not start;
+    in float32 it is served with a warning naming what the check found."""
+    with pytest.raises(Inexact, match="stock forward"):
+        pick_runner(_load(tiny_pair, "bfloat16"), HostLimits(require_exact=True, max_k=8, max_batch=1))
+    with caplog.at_level(logging.WARNING, logger="engine.host"):
+        runner = pick_runner(_load(tiny_pair, "float32"), HostLimits(require_exact=True, max_k=8, max_batch=1))
+    assert isinstance(runner, StockRunner)
+    assert any("stock forward" in r.getMessage() for r in caplog.records) or not caplog.records
+
+
+def test_no_batch_invariant_serves_knowingly_inexact(tiny_pair, monkeypatch, caplog) -> None:
+    loaded = _load(tiny_pair, "bfloat16")
+    monkeypatch.setattr(llama, "attend", _multi_query_attend)
+    with caplog.at_level(logging.WARNING, logger="engine.host"):
+        runner = pick_runner(loaded, HostLimits(require_exact=True, batch_invariant=False, max_k=8))
+    assert isinstance(runner, PooledRunner)
+    assert any("may differ from target-only" in r.getMessage() for r in caplog.records)
