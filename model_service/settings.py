@@ -5,7 +5,7 @@ port and what an omitted --model serves.
 """
 from __future__ import annotations
 
-from engine.model.dtypes import DTYPES
+from engine.model.dtypes import AUTO, DTYPES
 from engine.host import HostLimits
 from model_service.role import Role
 from specdec.runtime.settings import SERVICE_SECURITY, SWITCH, Flag, Group, Settings, server_group
@@ -27,8 +27,11 @@ def service_settings(role: Role) -> Settings:
              "in GetInfo and accepts; the orchestrator refuses longer requests", None, int,
              default_doc="the model's own (max_position_embeddings)"),
         Flag("device", "cpu, cuda, cuda:N", "cpu"),
-        Flag("dtype", "weights and KV dtype", None, choices=sorted(DTYPES),
-             default_doc="float32, or the dtype a distilled draft folder names if the device supports it"),
+        Flag("dtype", "weights and KV dtype; auto = the fastest dtype the device computes exactly: bfloat16 on "
+             "GPUs and CPUs with native bf16 (AVX-512 BF16, AMX), else float32 (a distilled draft or EAGLE-3 "
+             "head: the dtype its folder names, where the device has it). Every dtype is proven exact at "
+             "start-up: a target whose verify shapes are not bitwise invariant does not start",
+             AUTO, choices=sorted(DTYPES) + [AUTO]),
         Flag("threads", "torch CPU threads", None, int, default_doc="the CPU count"),
         Flag("num-layers", "keep only the first N decoder layers (early exit; Llama-like models)"
              + role.layers_help, None, int, aliases=("draft-layers",)),

@@ -11,6 +11,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# The suite's reference dtype: the services default to --dtype auto (bfloat16 on a CPU with native
+# bf16), so every service a test starts without --dtype is pinned to float32 here, as the in-process
+# loader's default is; tests/unit/test_dtypes.py and tests/integration/test_dtypes.py serve bfloat16
+# and float16 on purpose.
+os.environ.setdefault("SPECDEC_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")

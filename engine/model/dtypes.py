@@ -1,4 +1,10 @@
-"""Weight dtypes by name (--dtype, draft manifests) and what a device can run fast."""
+"""Weight dtypes by name (--dtype, draft manifests) and what a device can run fast.
+
+`auto` (the services' default) is the fastest dtype the device computes exactly: every dtype
+served through the engine's pooled forward is proven bitwise invariant at start-up
+(engine.selfcheck.verify_shapes), so the choice is speed alone: bfloat16 on GPUs and on CPUs with
+native bf16 kernels (AVX-512 BF16, AMX), float32 elsewhere.
+"""
 from __future__ import annotations
 
 import torch
@@ -11,6 +17,14 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
+
+
+AUTO = "auto"
+
+
+def auto(device: str | torch.device) -> str:
+    """What --dtype auto serves on `device` (see the module doc)."""
+    return fast_on("bfloat16", device)
 
 
 def fast_on(wanted: str, device: str | torch.device) -> str:

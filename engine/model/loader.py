@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from engine.model import drafts, eagle3, hub
-from engine.model.dtypes import DTYPES
+from engine.model.dtypes import AUTO, DTYPES, auto
 from specdec.core.fingerprint import tokenizer_fingerprint
 from specdec.runtime.wire import layers_feature_kind
 
@@ -279,19 +279,24 @@ def load(
 ) -> LoadedModel:
     """Load `spec` (folder, .gguf, Hub id at `revision`, or None for the embedded default) onto `device`.
 
-    dtype None: float32, or the dtype a distilled draft folder names (where the device has it).
+    dtype None: float32, or the dtype a distilled draft folder names (where the device has it);
+    "auto": that draft's, else the fastest exact dtype on the device (engine.model.dtypes.auto).
     max_model_len: cap the context length served (GetInfo reports it, requests past it are refused).
     base: the target a published EAGLE-3 head drafts for (engine.model.eagle3: its embedding,
     tokenizer and layers; None = the embedded default); other models ignore it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype is not None and dtype not in DTYPES and dtype != AUTO:
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES) + [AUTO]}, got {dtype!r}")
     folder, name = resolve(spec, revision)
-    if dtype is None:
-        dtype = eagle3.serving_dtype(folder, device) if eagle3.is_eagle3_folder(folder) \
-            else drafts.serving_dtype(folder, device)
+    if dtype is None or dtype == AUTO:
+        if eagle3.is_eagle3_folder(folder):
+            dtype = eagle3.serving_dtype(folder, device)
+        elif drafts.is_draft_folder(folder):
+            dtype = drafts.serving_dtype(folder, device)
+        else:
+            dtype = auto(device) if dtype == AUTO else "float32"
     torch_dtype = DTYPES[dtype]
     capped_context(_config_context(folder), max_model_len)  # a bad --max-model-len: before the weights
     started = time.monotonic()
