@@ -108,6 +108,7 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
         return check_exact(StockRunner(model), loaded, limits, reason)
     started = time.monotonic()
     forward = LlamaForward(model, compile=limits.compile)
+    forward.multi_query = not limits.batch_invariant
     fixed = forward.device.type != "cpu" and limits.batch_invariant
     pool = forward.new_pool(pool_budget(limits, forward.device))
     runner = PooledRunner(forward, pool, fixed_shapes=fixed, max_rows=limits.max_batch)

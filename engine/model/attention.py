@@ -23,6 +23,10 @@ in the call and for any key padding that is a multiple of ONE_QUERY_ALIGN with
 the padding masked. So lanes are grouped by padded key length only
 (`one_query_lengths`), whoever they belong to.
 
+Where exactness is switched off (--no-batch-invariant), every row of several tokens is one
+SDPA call over all its queries instead (`multi_query`): faster for long prefills, but a query's
+rounding then follows how many share its call.
+
 The attention's compute dtype (`compute`) is the forward's: on a CPU float32
 whatever the weights (bf16 one-query SDPA measured 3-4x slower than upcasting
 K/V to fp32, and fp32 is exact as well); on a GPU the weights' dtype, with
@@ -116,6 +120,7 @@ class AttentionPlan:
     groups: list[Group]
     tokens: int  # T_padded
     compute: torch.dtype  # attention's compute dtype
+    multi_query: bool = False  # a shared group is one call over all its queries (not exact; module doc)
 
 
 def _lane_positions(past: int, n: int, tree: TreeRow | None) -> list[tuple[int, list[int] | None]]:
@@ -127,9 +132,11 @@ def _lane_positions(past: int, n: int, tree: TreeRow | None) -> list[tuple[int, 
 
 
 def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeRow | None]], padded_tokens: int,
-                   device: torch.device, compute: torch.dtype | None = None) -> AttentionPlan:
+                   device: torch.device, compute: torch.dtype | None = None, *,
+                   multi_query: bool = False) -> AttentionPlan:
     """rows: (session KV, past positions, new tokens, tree or None) in packing order; blocks already
-    reserved. Every token becomes a lane (see the module doc)."""
+    reserved. Every token becomes a lane (see the module doc); with multi_query, every chain row of
+    several tokens is one call over its queries instead."""
     bs = pool.block_size
     write: list[int] = []
     lane_row: list[int] = []  # per short lane: its row
@@ -147,7 +154,7 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
             lane_tree.append(None)
         else:
             write.extend(kv.slots(past, n))
-            if tree is None and n >= SHARED_FROM:
+            if tree is None and (n >= SHARED_FROM or multi_query):
                 shared.append((r, at, n))
             else:
                 for i, (keys, seen) in enumerate(_lane_positions(past, n, tree)):
@@ -169,8 +176,9 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
                                       bs, device))
     for r, first, n in shared:
         kv, past, _, _ = rows[r]
-        for lo in range(0, n, LANE_BLOCK):
-            hi = min(n, lo + LANE_BLOCK)
+        block = n if multi_query else LANE_BLOCK
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
             length = _aligned(past + hi)
             pos = torch.arange(length)
             slots = _slots(kv.blocks, pos, past + hi, bs)
@@ -181,7 +189,7 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
                                 slots.to(device, non_blocking=True), True, mask.to(device, non_blocking=True)))
     write_t = torch.tensor(write, dtype=torch.long).to(device, non_blocking=True)
     dtype = compute if compute is not None else (pool.keys[0].dtype if pool.keys else torch.float32)
-    return AttentionPlan(write_t, groups, padded_tokens, dtype)
+    return AttentionPlan(write_t, groups, padded_tokens, dtype, multi_query)
 
 
 def _padded(blocks: Sequence[int], width: int) -> list[int]:
@@ -234,6 +242,9 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
     compute = plan.compute
     out = None
     for group in plan.groups:
+        if group.shared and plan.multi_query:
+            out = _multi_query(keys, values, group, q, out, scaling, compute)
+            continue
         rows = 1 if group.shared else group.size
         gk = keys.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
         gv = values.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
@@ -250,4 +261,20 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
             out = q.new_zeros(t, heads * hd)  # filler tokens keep zeros
         out.index_copy_(0, group.q_index, o)
     assert out is not None
+    return out
+
+
+def _multi_query(keys: torch.Tensor, values: torch.Tensor, group: Group, q: torch.Tensor, out: torch.Tensor | None,
+                 scaling: float, compute: torch.dtype) -> torch.Tensor:
+    """A shared group as ONE SDPA call over all its queries (--no-batch-invariant)."""
+    t, heads, hd = q.shape
+    kvh = keys.shape[1]
+    gk = keys.index_select(0, group.kv_index).to(compute).view(1, group.length, kvh, hd).transpose(1, 2)
+    gv = values.index_select(0, group.kv_index).to(compute).view(1, group.length, kvh, hd).transpose(1, 2)
+    gq = q.index_select(0, group.q_index).to(compute).transpose(0, 1)[None]  # [1, heads, size, hd]
+    o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.mask[:, 0, 0][None, None], scale=scaling,
+                                       enable_gqa=heads != kvh)  # [1, heads, size, hd]
+    if out is None:
+        out = q.new_zeros(t, heads * hd)
+    out.index_copy_(0, group.q_index, o[0].transpose(0, 1).reshape(group.size, heads * hd).to(q.dtype))
     return out

@@ -116,6 +116,7 @@ class LlamaForward:
         self.onednn = onednn
         # Attention's compute dtype (engine.model.attention; the start-up check may widen it to float32).
         self.attention_dtype = attention_dtype(self.dtype, self.device)
+        self.multi_query = False  # True: --no-batch-invariant's attention (engine.model.attention)
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens

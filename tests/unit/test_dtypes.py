@@ -14,11 +14,10 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from engine import selfcheck
+from engine import host, selfcheck
 from engine.host import HostLimits, Inexact, pick_runner
-from engine.model import attention, llama
+from engine.model import llama
 from engine.model.linear import InvariantLinear
 from engine.plan import RowPlan, StepPlan
 from engine.runner import PooledRunner
@@ -33,6 +32,16 @@ def _load(tiny_pair, dtype: str):
 
     torch.set_num_threads(1)
     return load(str(tiny_pair[0]), dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny target with 64-wide heads (hidden 256): there bf16 SDPA's rounding follows the query
+    count, as a real model's does (with the tiny pair's 16-wide heads it happens not to)."""
+    from tests.tiny import build_model
+
+    torch.set_num_threads(1)
+    return (build_model(tmp_path_factory.mktemp("wide") / "target", seed=0, hidden=256, layers=2),)
 
 
 def _feed(runner, schedule: list[list[int]]) -> torch.Tensor:
@@ -98,33 +107,24 @@ def test_every_position_is_bitwise_the_same_however_its_forward_is_shaped(tiny_p
         assert torch.equal(packed[i], one_at_a_time[i]), f"session {i}: packed differs from one at a time"
 
 
-def _multi_query_attend(pool, layer, plan, q, k, v, scaling):
-    """A planted kernel: a row's queries in ONE SDPA call in the weights' dtype, as the forward
-    computed them before lanes (each query's rounding then follows how many share the call).
-    With attention.SHARED_FROM = 2 every row of several tokens is such a row."""
-    out = attention.attend(pool, layer, plan, q, k, v, scaling)
-    keys, values = pool.keys[layer], pool.values[layer]
-    heads, hd, kvh = q.shape[1], q.shape[2], k.shape[1]
-    for g in plan.groups:
-        if g.shared:
-            gk = keys.index_select(0, g.kv_index).view(1, g.length, kvh, hd).transpose(1, 2)
-            gv = values.index_select(0, g.kv_index).view(1, g.length, kvh, hd).transpose(1, 2)
-            gq = q.index_select(0, g.q_index).transpose(0, 1)[None]  # [1, heads, size, hd]
-            o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=g.mask[:, 0, 0][None, None], scale=scaling,
-                                               enable_gqa=heads != kvh)  # [1, heads, size, hd]
-            out.index_copy_(0, g.q_index, o[0].transpose(0, 1).reshape(g.size, heads * hd).to(q.dtype))
-    return out
+class _MultiQuery(llama.LlamaForward):
+    """A planted kernel: every row of several tokens as ONE SDPA call over its queries, in the
+    weights' dtype, as the forward computed them before lanes (--no-batch-invariant's attention):
+    a query's rounding then follows how many share its call."""
+
+    multi_query = property(lambda self: True, lambda self, value: None)
+    # The weights' dtype whatever the host asks (its float32 retry included).
+    attention_dtype = property(lambda self: self.dtype, lambda self, value: None)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
-def test_a_planted_multi_query_attention_fails_the_check_and_the_target(tiny_pair, dtype, monkeypatch) -> None:
-    loaded = _load(tiny_pair, dtype)
-    monkeypatch.setattr(llama, "attend", _multi_query_attend)
-    monkeypatch.setattr(attention, "SHARED_FROM", 2)
+def test_a_planted_multi_query_attention_fails_the_check_and_the_target(wide, dtype, monkeypatch) -> None:
+    loaded = _load(wide, dtype)
+    monkeypatch.setattr(host, "LlamaForward", _MultiQuery)
     with pytest.raises(Inexact, match="not bitwise invariant"):
         pick_runner(loaded, EXACT)
     # A draft has nothing to prove (its rounding changes only its guesses): it is served.
-    assert isinstance(pick_runner(_load(tiny_pair, dtype), HostLimits(max_k=8)), PooledRunner)
+    assert isinstance(pick_runner(_load(wide, dtype), HostLimits(max_k=8)), PooledRunner)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
@@ -156,10 +156,9 @@ def test_the_stock_forward_is_refused_as_a_low_precision_target(tiny_pair, caplo
     assert any("stock forward" in r.getMessage() for r in caplog.records) or not caplog.records
 
 
-def test_no_batch_invariant_serves_knowingly_inexact(tiny_pair, monkeypatch, caplog) -> None:
-    loaded = _load(tiny_pair, "bfloat16")
-    monkeypatch.setattr(llama, "attend", _multi_query_attend)
+def test_no_batch_invariant_serves_knowingly_inexact(wide, caplog) -> None:
+    loaded = _load(wide, "bfloat16")
     with caplog.at_level(logging.WARNING, logger="engine.host"):
         runner = pick_runner(loaded, HostLimits(require_exact=True, batch_invariant=False, max_k=8))
-    assert isinstance(runner, PooledRunner)
+    assert isinstance(runner, PooledRunner) and runner.forward.multi_query  # the fast, shape-dependent attention
     assert any("may differ from target-only" in r.getMessage() for r in caplog.records)
