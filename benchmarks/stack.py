@@ -24,6 +24,7 @@ class StackSpec:
     device: str = "cpu"
     dtype: str = "float32"
     draft_dtype: str | None = None  # None = the draft's own choice
+    target_extra: tuple[str, ...] = ()  # more flags for the target service (e.g. --no-batch-invariant)
     threads: int = 1
     redis_url: str = "redis://127.0.0.1:6379/0"
     log_dir: Path = Path("/tmp")
@@ -76,7 +77,8 @@ class Stack:
         s = self.spec
         tport, dport = procs.free_port(), procs.free_port()
         group = self._group()
-        target = group.start("target", self._service_argv("target", tport, s.target, None, s.dtype))
+        target = group.start("target", self._service_argv("target", tport, s.target, None, s.dtype)
+                             + list(s.target_extra))
         draft = group.start("draft", self._draft_argv(dport))
         self.target_address = f"127.0.0.1:{tport}"
         self.draft_address = f"127.0.0.1:{dport}"

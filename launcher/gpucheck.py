@@ -11,9 +11,15 @@ says how far it got), then OUT_DIR/report.md sums them up:
 
   env            torch, transformers, CUDA, the device and its memory
   cached         the engine's cached decoding vs a full recompute of the sequence
-  selfcheck      calibration of the linears and the start-up checks (engine.host)
-  invariance     a session's logits alone vs packed with 1 .. 256 rows, bitwise
-  score_steps    Score over k + 1 tokens vs k + 1 one-token steps, fp32 and bf16
+  selfcheck      calibration of the linears and the start-up checks of a target (engine.host:
+                 the verify shapes proven bitwise) in fp32, bf16 and fp16, and the attention
+                 dtype each settled on
+  invariance     a session's logits alone vs packed with 1 .. 256 rows, bitwise, every dtype
+  score_steps    Score over k + 1 tokens vs k + 1 one-token steps, bitwise, every dtype
+  identity       greedy speculative decoding in-process (corrupted drafts verified by Score,
+                 all sessions in one forward per round) against target-only decoding, and a
+                 token tree's path against the same tokens decoded one at a time, at 1, 8 and
+                 64 concurrent sessions, in bf16 and fp16
   timing(_compiled)  forward time per step (CUDA events on a GPU) for 1 / 4 / 16 sessions,
                  decode and k + 1 = 5, against the model's own forward at one session;
                  on a GPU again with --compile (CUDA graphs)
@@ -143,13 +149,18 @@ def env_phase(device: torch.device) -> dict:
     return info
 
 
+DTYPES = (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
+
+
 def _runner(model: Any, device: torch.device, dtype: torch.dtype, *, invariant: bool = True,
             compile: bool = False):
-    """A pooled runner over `model`, calibrated like a service's (engine.host.pick_runner)."""
+    """A pooled runner over `model`, calibrated and checked like a target service's
+    (engine.host.pick_runner; raises engine.host.Inexact where its verify shapes are not exact)."""
     from engine.host import HostLimits, pick_runner
 
     return pick_runner(loaded_of(model, device, dtype), HostLimits(
-        max_batch=256, batch_invariant=invariant, cache_budget_bytes=1 << 30, compile=compile))
+        max_batch=256, batch_invariant=invariant, cache_budget_bytes=1 << 30, compile=compile,
+        require_exact=invariant, max_k=8))
 
 
 def _logits(runner, rows) -> list[torch.Tensor]:
@@ -202,13 +213,21 @@ def selfcheck_phase(device: torch.device, layers: int | None) -> dict:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
+        from engine.host import Inexact
+
         out = {}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for name, dtype in DTYPES:
             records.clear()
-            runner = _runner(build_model(device, dtype, layers), device, dtype)
+            try:
+                runner = _runner(build_model(device, dtype, layers), device, dtype)
+            except Inexact as exc:
+                out[name] = {"runner": "refused", "reason": str(exc), "log": list(records)}
+                continue
+            forward = getattr(runner, "forward", None)
             out[name] = {"runner": type(runner).__name__, "log": list(records),
+                         "attention_dtype": str(getattr(forward, "attention_dtype", "")).removeprefix("torch."),
                          "pads": sorted({f"{lin.in_features}->{lin.out_features}: {lin.pad_to}"
-                                         for lin in getattr(getattr(runner, "forward", None), "linears", lambda: [])()})}
+                                         for lin in getattr(forward, "linears", lambda: [])()})}
         out["ok"] = all(v["runner"] == "PooledRunner" for v in out.values() if isinstance(v, dict))
         return out
     finally:
@@ -219,7 +238,7 @@ def invariance_phase(device: torch.device, layers: int | None, counts: list[int]
     """One probe session decoding 8 steps alone, then packed with n - 1 others, per count n."""
     out: dict[str, Any] = {}
     ok = True
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for name, dtype in DTYPES:
         model = build_model(device, dtype, layers)
         runner = _runner(model, device, dtype)
         vocab = model.config.vocab_size
@@ -253,7 +272,7 @@ def invariance_phase(device: torch.device, layers: int | None, counts: list[int]
                 diff = max(float((a - b).abs().max()) for a, b in zip(alone, packed))
                 flips = sum(int((a.argmax(-1) != b.argmax(-1)).sum()) for a, b in zip(alone, packed))
                 per[str(n)] = {"bitwise": same, "max_abs_logit_diff": diff, "argmax_flips": flips}
-                ok = ok and (same or name == "bf16")  # bf16 is reported; fp32 must hold
+                ok = ok and same  # every dtype must hold
         out[name] = per
     out["ok"] = ok
     return out
@@ -263,11 +282,11 @@ def score_steps_phase(device: torch.device, layers: int | None) -> dict:
     """Score over k + 1 = 5 tokens in one forward vs 5 one-token steps, 16 sequences."""
     out: dict[str, Any] = {}
     ok = True
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for name, dtype in DTYPES:
         model = build_model(device, dtype, layers)
         runner = _runner(model, device, dtype)
         gen = torch.Generator(device="cpu").manual_seed(9)
-        worst, flips, positions = 0.0, 0, 0
+        worst, flips, positions, bitwise = 0.0, 0, 0, True
         with torch.inference_mode():
             for _ in range(16):
                 seq = torch.randint(0, model.config.vocab_size, (45,), generator=gen).tolist()
@@ -278,11 +297,100 @@ def score_steps_phase(device: torch.device, layers: int | None) -> dict:
                 steps = torch.cat([_logits(runner, [(b, [t])])[0] for t in seq[40:]])
                 worst = max(worst, float((one - steps).abs().max()))
                 flips += int((one.argmax(-1) != steps.argmax(-1)).sum())
+                bitwise = bitwise and torch.equal(one, steps)
                 positions += one.shape[0]
                 a.free()
                 b.free()
-        out[name] = {"max_abs_logit_diff": worst, "argmax_flips": flips, "positions": positions}
-        ok = ok and (flips == 0 or name == "bf16")
+        out[name] = {"bitwise": bitwise, "max_abs_logit_diff": worst, "argmax_flips": flips, "positions": positions}
+        ok = ok and bitwise
+    out["ok"] = ok
+    return out
+
+
+def identity_phase(device: torch.device, layers: int | None, counts: list[int], steps: int) -> dict:
+    """Greedy speculative decoding against target-only, per dtype and count of concurrent sessions.
+
+    Target-only: each session alone, one token per forward. Speculative: every session in one
+    forward per round, drafting k = 4 tokens of its target-only continuation with each replaced by
+    a random one with probability 0.3, accepting by argmax and committing the bonus token. A tree:
+    per session, the next 3 target-only tokens as a path with a random sibling beside each node,
+    all sessions in one forward, the path's logits against the one-at-a-time ones, bitwise.
+    """
+    from engine.plan import RowPlan, StepPlan
+    from engine.tree import PendingTree
+
+    out: dict[str, Any] = {}
+    ok = True
+    for name, dtype in DTYPES[1:]:
+        model = build_model(device, dtype, layers)
+        runner = _runner(model, device, dtype)
+        vocab = model.config.vocab_size
+        per = {}
+        for n in counts:
+            gen = torch.Generator(device="cpu").manual_seed(17 + n)
+            prompts = [torch.randint(0, vocab, (int(torch.randint(5, 60, (1,), generator=gen)),),
+                                     generator=gen).tolist() for _ in range(n)]
+            with torch.inference_mode():
+                reference, ref_logits = [], []
+                for prompt in prompts:  # target-only, alone
+                    cache = runner.new_cache()
+                    logits = [_logits(runner, [(cache, prompt)])[0][-1]]
+                    tokens = []
+                    for _ in range(steps):
+                        tokens.append(int(logits[-1].argmax()))
+                        logits.append(_logits(runner, [(cache, [tokens[-1]])])[0][-1])
+                    cache.free()
+                    reference.append(tokens)
+                    ref_logits.append(torch.stack(logits))
+                caches = [runner.new_cache() for _ in prompts]
+                for cache, prompt in zip(caches, prompts):
+                    _logits(runner, [(cache, prompt[:-1])])
+                done: list[list[int]] = [[] for _ in prompts]
+                pending = [[p[-1]] for p in prompts]  # the last fed token, then the drafts
+                rounds = 0
+                while any(len(d) < steps for d in done):
+                    live = [i for i in range(n) if len(done[i]) < steps]
+                    rows = []
+                    for i in live:
+                        at = len(done[i])
+                        drafts = [t if float(torch.rand(1, generator=gen)) > 0.3 else
+                                  int(torch.randint(0, vocab, (1,), generator=gen))
+                                  for t in reference[i][at:at + 4]]
+                        rows.append((caches[i], pending[i] + drafts))
+                    results = _logits(runner, rows)
+                    rounds += 1
+                    for i, (cache, fed), logits in zip(live, rows, results):
+                        base = cache.length - len(fed)
+                        accepted = 0
+                        while accepted < len(fed) - 1 and int(logits[accepted].argmax()) == fed[accepted + 1]:
+                            accepted += 1
+                        commit = fed[1:accepted + 1] + [int(logits[accepted].argmax())]
+                        done[i].extend(commit)
+                        cache.crop(base + 1 + accepted)  # keep the fed token and the accepted drafts
+                        pending[i] = [commit[-1]]
+                identical = sum(d[:steps] == r for d, r in zip(done, reference))
+                for cache in caches:
+                    cache.free()
+                # One tree Score per session, all packed: the path of first children is target-only's.
+                caches = [runner.new_cache() for _ in prompts]
+                for cache, prompt in zip(caches, prompts):
+                    _logits(runner, [(cache, prompt)])
+                plans = []
+                for cache, prompt, tokens in zip(caches, prompts, reference):
+                    nodes = [tokens[0], (tokens[0] + 1) % vocab, tokens[1], (tokens[1] + 7) % vocab,
+                             tokens[2], (tokens[2] + 3) % vocab]
+                    tree = PendingTree(len(prompt), 0).row(0, [-1, -1, 0, 0, 2, 2])
+                    cache.reserve(cache.length + len(nodes))
+                    plans.append(RowPlan(cache, nodes, cache.length, len(nodes), tree=tree))
+                logits = runner.logits(StepPlan(plans)).float()
+                tree_same = sum(torch.equal(logits[6 * j:6 * j + 6][[0, 2, 4]], ref_logits[j][1:4])
+                                for j in range(n))
+                for cache in caches:
+                    cache.free()
+            per[str(n)] = {"identical": identical, "sessions": n, "rounds": rounds,
+                           "tree_path_bitwise": tree_same}
+            ok = ok and identical == n and tree_same == n
+        out[name] = per
     out["ok"] = ok
     return out
 
@@ -439,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     check.phase("selfcheck", lambda: selfcheck_phase(device, layers))
     check.phase("invariance", lambda: invariance_phase(device, layers, counts))
     check.phase("score_steps", lambda: score_steps_phase(device, layers))
+    check.phase("identity", lambda: identity_phase(device, layers, [1, 8] if args.quick else [1, 8, 64],
+                                                   12 if args.quick else 24))
     check.phase("timing", lambda: timing_phase(device, layers, 5 if args.quick else 30))
     if device.type == "cuda":  # compiling costs minutes on a CPU and measured slower there
         check.phase("timing_compiled", lambda: timing_phase(device, layers, 30, compile=True))

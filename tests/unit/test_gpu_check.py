@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check"
-PHASES = ["env", "cached", "selfcheck", "invariance", "score_steps", "timing", "oom", "top_p"]
+PHASES = ["env", "cached", "selfcheck", "invariance", "score_steps", "identity", "timing", "oom", "top_p"]
 
 
 def test_the_cpu_dry_run_passes_every_phase(tmp_path: Path) -> None:
@@ -21,7 +21,13 @@ def test_the_cpu_dry_run_passes_every_phase(tmp_path: Path) -> None:
     assert not failed and proc.returncode == 0, (failed, proc.stdout[-2000:], proc.stderr[-2000:])
     by_phase = {r["phase"]: r for r in lines}
     assert by_phase["cached"]["argmax_flips"] == 0
-    assert all(v["bitwise"] for v in by_phase["invariance"]["fp32"].values())
+    for dtype in ("fp32", "bf16", "fp16"):
+        assert by_phase["selfcheck"][dtype]["runner"] == "PooledRunner", by_phase["selfcheck"][dtype]
+        assert all(v["bitwise"] for v in by_phase["invariance"][dtype].values()), dtype
+        assert by_phase["score_steps"][dtype]["bitwise"], dtype
+    for dtype in ("bf16", "fp16"):
+        for n, cell in by_phase["identity"][dtype].items():
+            assert cell["identical"] == cell["sessions"] == int(n) and cell["tree_path_bitwise"] == int(n), cell
     assert by_phase["timing"]["engine_1x1_ms"] > 0 and by_phase["timing"]["stock_1x1_ms"] > 0
     assert "all passed" in (tmp_path / "report.md").read_text()
 
