@@ -13,6 +13,7 @@ pid on exit, Ctrl-C or SIGTERM: nothing is left behind.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import socket
@@ -349,7 +350,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             result: dict = {}
             rc = stream_generation(address, args.prompt, options, result=result)
             if rc == 0 and options["proposer"] != "none":
-                _compare_with_target_only(address, args.prompt, options, result["stats"])
+                _compare_with_target_only(address, args.prompt, options, result)
             if rc == 0:
                 _compare_with_generate(launch, args, options, result)
             return rc
@@ -377,27 +378,35 @@ def _warm_up(address: str, prompt: str, options: dict) -> None:
         c.complete(None if "messages" in options else prompt, **{**options, "max_new_tokens": 2})
 
 
-def _compare_with_target_only(address: str, prompt: str, options: dict, stats, err=sys.stderr) -> None:
-    """The same prompt target-only through the same stack: both speeds and their ratio."""
+def _compare_with_target_only(address: str, prompt: str, options: dict, result: dict, err=sys.stderr) -> None:
+    """The same prompt target-only through the same stack: both speeds and their ratio, and whether
+    the tokens are the same (the exactness reference: the same target in the same dtype)."""
     from client import Client
 
+    stats = result["stats"]
     print("\nsame prompt, target-only (proposer none), for comparison...", file=err, flush=True)
-    same = {**options, "proposer": "none", "k": 0, "parallel": None}
+    plain = {**options, "proposer": "none", "k": 0, "parallel": None}
     if not options.get("seed") and options.get("temperature"):
-        same["seed"] = stats.seed  # the demo's seed: sampled text comparable too
+        plain["seed"] = stats.seed  # the demo's seed: sampled text comparable too
     with Client(address) as c:
-        baseline = c.complete(None if "messages" in options else prompt, **same)
+        baseline = c.complete(None if "messages" in options else prompt, **plain)
     spec = stats.new_tokens / (stats.total_ms / 1e3) if stats.total_ms else 0.0
     base = baseline.tokens_per_second
     ratio = spec / base if base else float("nan")
+    same = ""
+    if result.get("token_ids") is not None and (not options.get("temperature") or plain.get("seed")):
+        same = "; same tokens: " + ("yes" if list(baseline.token_ids) == list(result["token_ids"]) else "NO")
     print(f"speed: {stats.proposer} {spec:.1f} tokens/s vs target-only {base:.1f} tokens/s "
-          f"= {ratio:.2f}x ({stats.new_tokens} vs {baseline.stats.new_tokens} tokens)", file=err)
+          f"= {ratio:.2f}x ({stats.new_tokens} vs {baseline.stats.new_tokens} tokens{same})", file=err)
 
 
 def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: dict, result: dict,
                            err=sys.stderr) -> None:
     """The same prompt through transformers' own `generate` in this process, on the target's
-    weights and its thread count: the plain baseline every configuration must beat."""
+    weights, dtype and thread count: the plain baseline every configuration must beat. Its tokens
+    are compared in float32 only: in a low-precision dtype transformers' forward rounds otherwise
+    than the engine's (which rounds every position as a decode step does), so its text is not the
+    exactness reference there; target-only through the services is."""
     import torch
 
     from engine.model.loader import load, read_chat_template
@@ -410,7 +419,8 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     previous = torch.get_num_threads()
     torch.set_num_threads(launch.target_threads)
     try:
-        loaded = load(str(launch.target_folder), device=args.device)
+        # The dtype the target service serves (its --dtype is SPECDEC_DTYPE's, auto by default).
+        loaded = load(str(launch.target_folder), device=args.device, dtype=os.environ.get("SPECDEC_DTYPE") or "auto")
         if args.chat_template:  # the template the orchestrator applied
             loaded.tokenizer.chat_template = read_chat_template(args.chat_template)
         messages = [(m["role"], m["content"]) for m in options.get("messages", ())]
@@ -432,7 +442,10 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     spec = stats.new_tokens / (stats.total_ms / 1e3) if stats.total_ms else 0.0
     same = ""
     if greedy and result.get("token_ids") is not None:
-        same = "; same tokens: " + ("yes" if out[0, len(ids):].tolist() == list(result["token_ids"]) else "NO")
+        if loaded.dtype == torch.float32:
+            same = "; same tokens: " + ("yes" if out[0, len(ids):].tolist() == list(result["token_ids"]) else "NO")
+        else:
+            same = f"; {str(loaded.dtype).removeprefix('torch.')}: transformers rounds otherwise, tokens not compared"
     print(f"speed: {stats.proposer} {spec:.1f} tokens/s vs in-process generate {base:.1f} tokens/s "
           f"= {spec / base if base else float('nan'):.2f}x ({stats.new_tokens} vs {made} tokens{same})", file=err)
 
