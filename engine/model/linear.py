@@ -10,10 +10,12 @@ SmolLM2-135M over M = 1..64:
   * oneDNN with a prepacked weight (`torch.ops.mkldnn._linear_pointwise`, the
     kernel inductor's CPU freezing pass uses): ONE class for every M, except
     the 1536-wide down projection, whose M = 1 differs from M >= 2;
-  * the same in bfloat16 (AMX): M <= 32 (36 for the down projection) differ
+  * the same in bfloat16 (Intel, AMX): M <= 32 (36 for the down projection) differ
     from larger M, and mostly only for a few tokens: bf16 output rounding hides
     most accumulation differences, so the test input has columns spread over
-    four orders of magnitude to make them show.
+    four orders of magnitude to make them show;
+  * bfloat16 on an AMD EPYC (AVX-512 BF16, oneDNN): as fp32 there, one class for
+    every M but the down projection's M = 1 (pad 2).
 
 So an `InvariantLinear` is a kernel plus `pad_to`: fewer tokens than that are padded
 with zero tokens (never seen by anyone). `calibrate` measures, at start-up on the
