@@ -36,11 +36,13 @@ def _streams(vocab: int, seed: int) -> list[list[int]]:
 
 
 def _run(runner: PooledRunner, caches: list, parts: list[list[int]],
-         features: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """One forward over the given rows; each row's logits for all its tokens, as float32."""
+         features: list[torch.Tensor] | None = None, trees: list | None = None) -> list[torch.Tensor]:
+    """One forward over the given rows; each row's logits for all its tokens (a tree row: its
+    nodes'), as float32."""
     features = features or [None] * len(parts)
-    rows = [RowPlan(cache, tokens, cache.length, len(tokens), features=f)
-            for cache, tokens, f in zip(caches, parts, features)]
+    trees = trees or [None] * len(parts)
+    rows = [RowPlan(cache, tokens, cache.length, len(tokens), features=f, tree=tree)
+            for cache, tokens, f, tree in zip(caches, parts, features, trees)]
     for row in rows:
         row.cache.reserve(row.past + len(row.tokens))
     logits = runner.logits(StepPlan(rows))
@@ -98,21 +100,6 @@ def numerics(runner: PooledRunner, model: torch.nn.Module, vocab: int) -> str:
     return ""
 
 
-def _score(runner, caches: list, parts: list[list[int]], trees: list | None = None) -> list[torch.Tensor]:
-    """One forward in which every row emits all its tokens' logits (a tree row: its nodes')."""
-    trees = trees or [None] * len(parts)
-    rows = [RowPlan(cache, tokens, cache.length, len(tokens), tree=tree)
-            for cache, tokens, tree in zip(caches, parts, trees)]
-    for row in rows:
-        row.cache.reserve(row.past + len(row.tokens))
-    logits = runner.logits(StepPlan(rows))
-    out, at = [], 0
-    for row in rows:
-        out.append(logits[at:at + row.emit].float())
-        at += row.emit
-    return out
-
-
 def _tree(stream: list[int], base: int, vocab: int):
     """A token tree above `base` whose first-children path is the stream's next 3 tokens, each with a
     sibling: (tokens, TreeRow, node indices of the path)."""
@@ -142,13 +129,13 @@ def verify_shapes(runner, vocab: int, max_k: int, *, packed: bool = True, trees:
         cache = runner.new_cache()
         size = -(-cut // chunks)
         for lo in range(0, cut, size):
-            _score(runner, [cache], [stream[lo:min(cut, lo + size)]])
+            _run(runner, [cache], [stream[lo:min(cut, lo + size)]])
         return cache
 
     reference = []
     for stream, cut in zip(streams, prefill):
         cache = session(stream, cut)
-        reference.append(torch.cat([_score(runner, [cache], [[t]])[0] for t in stream[cut:]]))
+        reference.append(torch.cat([_run(runner, [cache], [[t]])[0] for t in stream[cut:]]))
         cache.free()
     caches = [session(stream, cut) for stream, cut in zip(streams, prefill)]
     try:
@@ -157,7 +144,7 @@ def verify_shapes(runner, vocab: int, max_k: int, *, packed: bool = True, trees:
             groups = ([[i] for i in range(len(streams))] if alone else []) + (
                 [list(range(len(streams)))] if packed else [])
             for group in groups:
-                got = _score(runner, [caches[i] for i in group],
+                got = _run(runner, [caches[i] for i in group],
                              [streams[i][prefill[i]:prefill[i] + n] for i in group])
                 for i, logits in zip(group, got):
                     caches[i].crop(prefill[i])
@@ -170,7 +157,7 @@ def verify_shapes(runner, vocab: int, max_k: int, *, packed: bool = True, trees:
                 parts.append(tokens)
                 rows.append(row)
                 paths.append(path)
-            got = _score(runner, caches, parts, rows)
+            got = _run(runner, caches, parts, trees=rows)
             for i, (logits, path) in enumerate(zip(got, paths)):
                 caches[i].crop(prefill[i])
                 if not torch.equal(logits[path], reference[i][:3]):
@@ -180,7 +167,7 @@ def verify_shapes(runner, vocab: int, max_k: int, *, packed: bool = True, trees:
             cache.free()
     for i, (stream, cut) in enumerate(zip(streams, prefill)):  # the prefix in other chunks
         cache = session(stream, cut, chunks=3)
-        got = _score(runner, [cache], [stream[cut:cut + 1]])[0]
+        got = _run(runner, [cache], [stream[cut:cut + 1]])[0]
         cache.free()
         if not torch.equal(got, reference[i][:1]):
             bad.append(f"session {i}: after a prefill in 3 chunks")

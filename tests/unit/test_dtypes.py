@@ -19,9 +19,9 @@ from engine import host, selfcheck
 from engine.host import HostLimits, Inexact, pick_runner
 from engine.model import llama
 from engine.model.linear import InvariantLinear
-from engine.plan import RowPlan, StepPlan
 from engine.runner import PooledRunner
 from engine.stock import StockRunner
+from tests.unit.test_engine import _run
 
 DTYPES = ("float32", "bfloat16", "float16")
 EXACT = HostLimits(require_exact=True, max_k=8)
@@ -46,39 +46,13 @@ def wide(tmp_path_factory):
 
 def _feed(runner, schedule: list[list[int]]) -> torch.Tensor:
     """One session fed its chunks alone; every position's logits ([tokens, vocab])."""
-    cache, out = runner.new_cache(), []
-    with torch.inference_mode():
-        for chunk in schedule:
-            cache.reserve(cache.length + len(chunk))
-            out.append(runner.logits(StepPlan([RowPlan(cache, chunk, cache.length, len(chunk))])).clone())
-    cache.free()
-    return torch.cat(out)
+    return _run(runner, [schedule], [[0]])[0]
 
 
 def _packed(runner, schedules: list[list[list[int]]], seed: int) -> list[torch.Tensor]:
     """The sessions fed together, each step a random subset of them."""
-    rng = random.Random(seed)
-    caches = [runner.new_cache() for _ in schedules]
-    at = [0] * len(schedules)
-    out: list[list[torch.Tensor]] = [[] for _ in schedules]
-    with torch.inference_mode():
-        while any(a < len(s) for a, s in zip(at, schedules)):
-            live = [i for i in range(len(schedules)) if at[i] < len(schedules[i])]
-            step = [i for i in live if rng.random() < 0.7] or live[:1]
-            rows = []
-            for i in step:
-                chunk = schedules[i][at[i]]
-                caches[i].reserve(caches[i].length + len(chunk))
-                rows.append(RowPlan(caches[i], chunk, caches[i].length, len(chunk)))
-            logits = runner.logits(StepPlan(rows))
-            offset = 0
-            for i, row in zip(step, rows):
-                out[i].append(logits[offset:offset + row.emit].clone())
-                offset += row.emit
-                at[i] += 1
-    for cache in caches:
-        cache.free()
-    return [torch.cat(chunks) for chunks in out]
+    out = _run(runner, schedules, [list(range(len(schedules)))], seed=seed)
+    return [out[i] for i in range(len(schedules))]
 
 
 def _cut(tokens: list[int], rng: random.Random) -> list[list[int]]:
