@@ -13,7 +13,8 @@ def stack(tiny_pair, tmp_path_factory) -> Stack:
     target_dir, draft_dir = tiny_pair
     s = Stack(logs=tmp_path_factory.mktemp("logs"))
     try:
-        s.start_service("target", "target", target_dir)
+        s.target_metrics_port = procs.free_port()
+        s.start_service("target", "target", target_dir, extra=("--metrics-port", str(s.target_metrics_port)))
         s.draft_metrics_port = procs.free_port()
         s.start_service("draft", "draft", draft_dir, extra=("--metrics-port", str(s.draft_metrics_port)))
         s.metrics_port = procs.free_port()

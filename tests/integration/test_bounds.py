@@ -139,8 +139,8 @@ def test_check_and_predict_take_a_target_slot(bounded):
 def test_refused_requests_count_against_the_tenants_rate(stack, tiny_pair):
     """A client spamming requests a bound refuses is rate-limited like any other (each refusal
     still costs the orchestrator a message to parse)."""
-    address = stack.start_orchestrator("rated", tiny_pair[0], extra=(
-        "--rate-per-tenant", "1", "--burst-per-tenant", "3"))
+    address = stack.start_orchestrator("rated", tiny_pair[0], extra=(  # a token per 100 s: none comes back
+        "--rate-per-tenant", "0.01", "--burst-per-tenant", "3"))  # while the 6 calls run, however slowly
     try:
         with grpc.insecure_channel(address) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)

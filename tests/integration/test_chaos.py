@@ -6,7 +6,8 @@ server this test owns (never the machine's shared one). Each round starts
 STREAMS streams (half greedy with the draft at a fixed k, half sampled with a
 seed in the default configuration: default proposer, the speculation gate and
 the server's k), injects one fault (every kind once per cycle, in a seeded
-random order) once they are under way, waits for them, checks every stream's
+random order) once they are under way (a seeded random number of tokens received,
+under half of their whole texts), waits for them, checks every stream's
 tokens against the fault-free text (target-only decoding, of the same seed
 for the sampled ones), then repairs (restarts what was stopped). Every fault
 must be injected while at least one stream is in flight. Faults:
@@ -180,20 +181,24 @@ def chaos(tiny_pair, tmp_path_factory):
 
 def _stream(addresses, prompt: str, k: int, cancel_after: int, out: dict, sampled: bool) -> None:
     """One stream; with cancel_after > 0 it is cancelled after that many tokens and sent again.
-    out["live"] is set while it runs."""
+    out["live"] is true (set by the caller) until it ends; out["got"] counts the tokens received."""
     target = addresses if len(addresses) > 1 else addresses[0]
     options = dict(seed=_seed(prompt), **SAMPLED) if sampled else dict(k=k, **OPTIONS)
-    out["live"] = True
     try:
         with Client(target, timeout=180) as c:
             if cancel_after:
                 stream, got = c.generate(prompt, **options), 0
                 for chunk in stream:
                     got += len(chunk.token_ids)
+                    out["got"] += len(chunk.token_ids)
                     if got >= cancel_after:
                         stream.cancel()
                         break
-            out["tokens"] = c.complete(prompt, **options).token_ids
+            tokens: list[int] = []
+            for chunk in c.generate(prompt, **options):
+                tokens += chunk.token_ids
+                out["got"] += len(chunk.token_ids)
+            out["tokens"] = tuple(tokens)
     except grpc.RpcError as exc:
         out["error"] = f"{exc.code().name}: {exc.details()}"
     finally:
@@ -214,15 +219,23 @@ def test_every_stream_survives_a_random_schedule_of_faults(chaos):
         fault = schedule.pop()
         prompts = rng.sample(PROMPTS, STREAMS)
         cancel = rng.randrange(STREAMS) if fault == "client-cancel" else -1
-        outs = [dict() for _ in prompts]
+        outs = [dict(live=True, got=0) for _ in prompts]
         sampled = [i % 2 == 1 for i in range(len(prompts))]
         threads = [threading.Thread(target=_stream, daemon=True, args=(
             chaos.addresses, p, rng.randint(2, 4), 10 if i == cancel else 0, outs[i], sampled[i]))
             for i, p in enumerate(prompts)]
+        # Under way, counted in tokens, not seconds (on a fast machine the streams once ended
+        # before a fixed wait did): the fault lands once the streams have received a seeded
+        # random number of tokens in all, under half of their whole texts, so some still run.
+        whole = sum(len((chaos.expected_sampled if s else chaos.expected)[p]) for p, s in zip(prompts, sampled))
+        after = 8 + rng.randrange(max(1, whole // 2 - 8))
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(0.2, 0.6))  # under way
-        in_flight[fault].append(sum(bool(out.get("live")) for out in outs))
+        deadline = time.monotonic() + 120
+        while sum(out["got"] for out in outs) < after and any(out["live"] for out in outs):
+            assert time.monotonic() < deadline, f"round {rounds}: {after} tokens not received in 120 s"
+            time.sleep(0.005)
+        in_flight[fault].append(sum(bool(out["live"]) for out in outs))
         if fault != "client-cancel":
             chaos.inject(fault, rng)
         for t in threads:

@@ -106,7 +106,7 @@ def test_a_draining_replica_is_not_serving_unregistered_and_refuses_new_sessions
     proc = stack.procs["target1"]
     assert _registered(stack, "target", "target1")
     refused: list[str] = []
-    stop = threading.Event()
+    stop, answered = threading.Event(), threading.Event()
 
     def keep_calling() -> None:
         """New sessions, every 50 ms: keeps the drain open (it ends after 0.5 s without calls)."""
@@ -116,6 +116,7 @@ def test_a_draining_replica_is_not_serving_unregistered_and_refuses_new_sessions
                 try:
                     stub.Score(model_pb2.ScoreRequest(session_id=uuid.uuid4().hex, prefix_hash=EMPTY,
                                                       tokens=[1, 2, 3]), timeout=5)
+                    answered.set()
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.UNAVAILABLE and "draining" in (exc.details() or ""):
                         refused.append(exc.details())
@@ -124,7 +125,7 @@ def test_a_draining_replica_is_not_serving_unregistered_and_refuses_new_sessions
     caller = threading.Thread(target=keep_calling, daemon=True)
     caller.start()
     try:
-        time.sleep(0.3)
+        assert answered.wait(30), "the caller's calls were not answered"  # calls are coming: drain now
         sigterm(proc.pid)
         deadline = time.monotonic() + 10
         while not refused and time.monotonic() < deadline:

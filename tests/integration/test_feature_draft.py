@@ -17,7 +17,7 @@ import torch
 
 from client import Client
 from tests.integration.stack import Stack
-from tests.integration.test_sampling import PROMPT, TOP_K, chi2_pvalue, first_pairs, joint
+from tests.integration.test_sampling import P_THRESHOLD, PROMPT, TOP_K, chi2_pvalue, first_pairs, joint
 
 PROMPTS = ["The cat sat on the", "def add(a, b):\n    return", "Speculative decoding drafts a few"]
 N_NEW = 24
@@ -125,8 +125,8 @@ def test_sampling_follows_the_target(feature_stack, parallel):
     assert 0.05 < rate < 0.95, f"the head should be wrong often enough to test rejections ({rate:.2f})"
     p_target = chi2_pvalue(counts, joint(target_dir, prompt_ids), SEEDS)
     p_head = chi2_pvalue(counts, _head_joint(target_dir, head_dir, prompt_ids), SEEDS)
-    assert p_target > 1e-3, f"sampled pairs do not follow the target (p={p_target:.2e}): {counts}"
-    assert p_head < 1e-3, f"no power: the head's own distribution is not rejected (p={p_head:.2e})"
+    assert p_target > P_THRESHOLD, f"sampled pairs do not follow the target (p={p_target:.2e}): {counts}"
+    assert p_head < P_THRESHOLD, f"no power: the head's own distribution is not rejected (p={p_head:.2e})"
 
 
 def test_seeded_sampling_is_repeatable_in_each_mode(feature_stack):

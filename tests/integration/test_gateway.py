@@ -265,10 +265,23 @@ def _active(gw) -> tuple[float, float]:
     return tuple(scrape(gw.metrics[r]).get("specdec_active_sessions", 0.0) for r in ("target", "draft"))
 
 
+def _settled(gw) -> tuple[float, float]:
+    """_active once it holds still: the streams of the tests before release their KV in the
+    background after they end, and one landing during the check below would shift its counts."""
+    deadline = time.monotonic() + 10
+    last = _active(gw)
+    while True:
+        time.sleep(0.2)
+        now = _active(gw)
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def disconnect_mid_stream(gw, n: int = 1) -> None:
     """Break a long streamed request (n choices) off after a few chunks; every session it
     held on both services must be released."""
-    before = _active(gw)
+    before = _settled(gw)
     stream = gw.openai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "The cat sat"}], max_tokens=400, n=n,
         temperature=0, stream=True, extra_body={"speculation": {"proposer": "draft", "k": 2}})

@@ -115,16 +115,33 @@ def test_disconnect_mid_stream_keeps_a_kept_session_and_frees_a_single_turn_one(
     assert client.end_session(sid) is True
 
     # A single-turn stream: its KV goes at once on both services (only a resume would come back).
+    before = _active(stack)
     stream = client.generate("The cat sat", max_new_tokens=400, proposer="draft", k=2)
     for i, _ in enumerate(stream):
         if i == 2:
             sid = stream.session_id
             stream.cancel()
             break
-    time.sleep(1.0)  # the orchestrator sees the cancellation and releases (a probe releases too)
+    # The orchestrator sees the cancellation and releases in the background: wait for the services'
+    # session counts to come back (a bounded wait, not a fixed sleep), then probe.
+    deadline = time.monotonic() + 20
+    while _active(stack) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
     # One probe each: Release answers whether the service still held the session.
     held = {role: _release(stack.addresses[role], role, sid) for role in ("target", "draft")}
     assert held == {"target": False, "draft": False}, "KV still held after the client left"
+
+
+def _active(stack) -> tuple[float, float]:
+    """Sessions holding KV on the target and on the draft (their specdec_active_sessions)."""
+    import urllib.request
+
+    def active(port: int) -> float:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                   if line.startswith("specdec_active_sessions"))
+
+    return active(stack.target_metrics_port), active(stack.draft_metrics_port)
 
 
 async def _record_exists(stack, session_id: str) -> bool:

@@ -205,9 +205,15 @@ def test_a_soak_keeps_memory_flat_leaks_nothing_and_every_stream_is_right(soak):
         sampler.join(10)
         readings.append((time.monotonic(), {n: _rss_kb(p) for n, p in pids.items()}))
 
-    time.sleep(2.0)  # releases of cancelled streams land in the background
-    kv = {role: (scrape(soak.metrics[role])["specdec_active_sessions"],
-                 scrape(soak.metrics[role])["specdec_cache_bytes"]) for role in ("target", "draft")}
+    def kv_held() -> dict[str, tuple[float, float]]:
+        return {role: (scrape(soak.metrics[role])["specdec_active_sessions"],
+                       scrape(soak.metrics[role])["specdec_cache_bytes"]) for role in ("target", "draft")}
+
+    # Releases of cancelled streams land in the background: wait for them (bounded), not a fixed time.
+    released = {"target": (0.0, 0.0), "draft": (0.0, 0.0)}
+    deadline = time.monotonic() + 30
+    while (kv := kv_held()) != released and time.monotonic() < deadline:
+        time.sleep(0.1)
     r = redis.Redis.from_url(soak.redis_url)
     keys = {k.decode(): r.ttl(k) for k in r.scan_iter(match=f"{soak.prefix}*", count=1000)}
     sessions = {k: ttl for k, ttl in keys.items() if k.startswith(f"{soak.prefix}session:")}

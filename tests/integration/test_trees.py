@@ -79,14 +79,22 @@ def test_tree_seeded_sampling_is_target_onlys_text_for_the_seed(trees) -> None:
 
 def test_tree_sampling_without_a_seed_verifies_trees_by_rejection_over_siblings(trees) -> None:
     """An unseeded sampled request drafts trees too (verify_tree_sampled; its distribution is
-    tested in tests/unit/test_tree_sampling.py): tree rounds, accepted paths, no fallback."""
+    tested in tests/unit/test_tree_sampling.py): tree rounds, accepted paths, no fallback.
+
+    The draws are random (no seed), so only what holds for every draw is asserted: ignore_eos
+    makes every request N_NEW tokens long (a CI run sampled an end token after 27 of 32), and
+    "some tree round accepted a node" fails only if every round accepts nothing: 156 of 346
+    rounds did in five runs (0.45; the count is printed), and 4 x 32 tokens take at least 32
+    rounds of at most 4 tokens, so at most 0.55^32 < 1e-8 of runs."""
     with Client(trees.addresses["orch"], timeout=120) as c:
-        tree_rounds = accepted = 0
+        tree_rounds = accepted = empty = 0
         for p in PROMPTS[:4]:
-            out = c.complete(p, max_new_tokens=N_NEW, temperature=0.7, proposer="draft", k=3)
+            out = c.complete(p, max_new_tokens=N_NEW, temperature=0.7, proposer="draft", k=3, ignore_eos=True)
             assert len(out.token_ids) == N_NEW and not out.stats.fallback_reason
             tree_rounds += sum(r.tree for r in out.stats.rounds)
             accepted += sum(r.accepted for r in out.stats.rounds if r.tree)
+            empty += sum(r.tree and r.accepted == 0 for r in out.stats.rounds)
+    print(f"\nunseeded trees: {tree_rounds} tree rounds, {accepted} accepted, {empty} accepting nothing")
     assert tree_rounds > 0 and accepted > 0, (tree_rounds, accepted)
 
 

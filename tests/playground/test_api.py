@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gateway.playground import STATIC
+from tests.chance import FALSE_ALARM
 from tests.integration.stack import post_json
 from tests.playground.conftest import BIG_QUOTA, start_gateway
 
@@ -142,13 +143,19 @@ def test_check_endpoint_commits_the_accepted_guess_and_the_targets_token(pg, grp
 
 
 def test_sample_endpoint_exact_and_control(pg):
+    """Seed 2 is fixed: given the code the outcome is deterministic. For a fresh seed the exact
+    sampler fails its check with probability 1e-6 (tests.chance.FALSE_ALARM); the control's
+    statistic (printed) is 524 against a critical value of 65 (20 degrees of freedom): it is
+    caught at any seed."""
     body = {"prompt": "The dog sat on the", "draws": 3000, "seed": 2}
     status, exact = post(pg.base, "/sample", body)
-    assert status == 200 and exact["p_value"] > 0.01, exact
+    assert status == 200 and exact["p_value"] > FALSE_ALARM, exact
     assert sum(b["count"] for b in exact["bins"]) == 3000
     assert exact["charged"] == 1 and exact["target_only_passes"] == 3000
     status, wrong = post(pg.base, "/sample", {**body, "sampler": "wrong"})
-    assert status == 200 and wrong["p_value"] < 1e-6, wrong
+    print(f"\nsample panel: exact chi-square {exact['chi_square']:.1f} (p={exact['p_value']:.3f}), wrong "
+          f"{wrong['chi_square']:.1f} on {wrong['dof']} degrees of freedom (p={wrong['p_value']:.2e})")
+    assert status == 200 and wrong["p_value"] < FALSE_ALARM, wrong
     assert wrong["charged"] == 0 and wrong["cached"]  # the same p and q: no new pass
 
 

@@ -129,3 +129,20 @@ def wait_serving(address: str, pki: Pki, proc, timeout: float = 120.0) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{address} not SERVING: {procs.log_tail(proc)}")
             time.sleep(0.2)
+
+
+def wait_listening(port: int, proc, timeout: float = 60.0) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:`port` (a redis-server started as
+    `proc`, which binds its TLS port only once its certificates are loaded): no fixed sleep."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the server on port {port} exited with {proc.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listening on port {port} after {timeout:.0f} s"
+            time.sleep(0.05)

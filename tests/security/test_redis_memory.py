@@ -25,6 +25,7 @@ from specdec.runtime.store import ServiceEntry, ServiceRegistry, SessionRecord, 
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.integration.stack import REDIS_URL, Stack
+from tests.security.conftest import wait_listening
 
 
 def _env_file(path) -> dict[str, str]:
@@ -46,7 +47,7 @@ def small_redis(tmp_path_factory):
          "--tls-ca-cert-file", str(own / "ca.crt"), "--save", "", "--appendonly", "no",
          "--dir", str(folder), "--user", "admin", "on", ">admin-test", "~*", "+@all"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    wait_listening(port, proc)
     yield folder / "secrets", f"rediss://localhost:{port}/0?ssl_ca_certs={own / 'ca.crt'}"
     proc.terminate()
     proc.wait(timeout=10)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import time
 
 import pytest
 
 from specdec.runtime import procs
 from specdec.runtime.store import StoreUnavailable, connect, SessionStore
+from tests.security.conftest import wait_listening
 
 PASSWORD = "a-redis-password-for-the-test"
 
@@ -27,7 +27,7 @@ def tls_redis(pki, tmp_path_factory):
          "--tls-ca-cert-file", str(pki.ca), "--tls-auth-clients", "no", "--requirepass", PASSWORD,
          "--save", "", "--appendonly", "no", "--dir", str(folder)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    wait_listening(port, proc)
     yield port
     proc.terminate()
     proc.wait(timeout=10)

@@ -29,6 +29,7 @@ from specdec.runtime.errors import ErrorInterceptor
 from specdec.runtime.launch import Processes, child_env, service_argv
 from specdec.runtime.security import BearerGuard, TokenTable
 from specdec.v1 import common_pb2, model_pb2, model_pb2_grpc
+from tests.security.conftest import wait_listening
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 
@@ -416,7 +417,7 @@ def acl_redis(tmp_path_factory):
          "--tls-cert-file", str(own / "server.crt"), "--tls-key-file", str(own / "server.key"),
          "--tls-ca-cert-file", str(own / "ca.crt"), "--save", "", "--appendonly", "no",
          "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    wait_listening(port, proc)
     yield folder / "secrets", f"rediss://localhost:{port}/0?ssl_ca_certs={own / 'ca.crt'}"
     proc.terminate()
     proc.wait(timeout=10)

@@ -91,17 +91,30 @@ def test_sigterm_finishes_the_call_in_flight(services) -> None:
 
     from specdec.v1 import model_pb2
 
+    from tests.service.conftest import scrape
+
     svc = services("target", None, "--grace", "120", timeout=600)
     tokens = [198 + (i * 7919) % 40000 for i in range(1000)]  # a ~seconds-long prefill on a CPU
+    started = scrape(svc.metrics_port).get("specdec_queue_seconds_count", 0.0)
     call = svc.stub.Score.future(model_pb2.ScoreRequest(session_id="long", tokens=tokens), timeout=120)
-    time.sleep(0.5)
-    assert not call.done()
+    deadline = time.monotonic() + 60
+    # Events, not sleeps: the call is running once the service has counted its time in the queue.
+    while scrape(svc.metrics_port).get("specdec_queue_seconds_count", 0.0) == started:
+        assert time.monotonic() < deadline and not call.done()
+        time.sleep(0.01)
+    assert not call.done()  # 16 prefill chunks: seconds to go
     os.kill(svc.proc.pid, signal.SIGTERM)
-    time.sleep(0.2)
-    with pytest.raises(grpc.RpcError) as refused:  # no new model calls once draining
-        svc.stub.Score(model_pb2.ScoreRequest(session_id="new", tokens=[1, 2]), timeout=10)
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert refused.value.details().startswith("draining")
+    deadline = time.monotonic() + 30
+    while True:  # no new model calls once draining (it begins a moment after the signal)
+        try:
+            svc.stub.Score(model_pb2.ScoreRequest(session_id="new", tokens=[1, 2]), timeout=10)
+        except grpc.RpcError as exc:
+            refused = exc
+            break
+        assert time.monotonic() < deadline, "new calls still served 30 s after SIGTERM"
+        time.sleep(0.05)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.details().startswith("draining")
     reply = call.result()
     assert reply.cache_length == 1000 and len(reply.argmax_ids) == 1
     assert svc.proc.wait(timeout=30) == 0

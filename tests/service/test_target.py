@@ -117,8 +117,8 @@ def test_eviction_by_max_sessions_and_ttl(services, tiny_pair, tokenizer) -> Non
     for name in ("a", "b", "c"):  # the third evicts the least recently used: a
         score(svc.stub, name, toks, 0, toks[:4])
     _miss(lambda: score(svc.stub, "a", toks, 4, toks[4:5]))
+    last_use = time.monotonic()  # before the last use: the service's own clock reads it later
     score(svc.stub, "c", toks, 4, toks[4:5])
-    last_use = time.monotonic()
     assert scrape(svc.metrics_port)['specdec_cache_evictions_total{reason="max_sessions"}'] == 1
     # Idle beyond the TTL: the sweeper frees both (watched without touching them).
     while scrape(svc.metrics_port)["specdec_active_sessions"] > 0:

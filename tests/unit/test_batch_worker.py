@@ -1,7 +1,8 @@
 """The scheduler in-process on the tiny target: cancellation, failures, early leavers, faults.
 
-The forward is slowed down (a sleep per pass) so that a cancel lands between
-steps deterministically enough: a 400-token prompt takes 7 prefill chunks.
+A cancel lands between steps by construction: the forwards are let through one at a time
+(`_Stepped`) and the cancel is sent while the worker waits before a step; a 400-token prompt
+takes 7 prefill chunks.
 """
 from __future__ import annotations
 
@@ -43,6 +44,38 @@ def _slow(host: ModelHost, seconds: float) -> None:
     host.worker.runner.run = run
 
 
+class _Stepped:
+    """The worker's forwards, let through one at a time: `next_step()` waits (in a thread) until
+    the worker is about to run a forward, with every earlier one done and applied; `step()` lets
+    it run; `free()` lets this and every later forward run at once."""
+
+    def __init__(self, host: ModelHost) -> None:
+        import threading
+
+        self._ready, self._go, self._free = threading.Semaphore(0), threading.Semaphore(0), threading.Event()
+        self.forwards = 0
+        inner = host.worker.runner.run
+
+        def run(plan):
+            self.forwards += 1
+            if not self._free.is_set():
+                self._ready.release()
+                self._go.acquire()
+            return inner(plan)
+
+        host.worker.runner.run = run
+
+    async def next_step(self) -> None:
+        assert await asyncio.to_thread(self._ready.acquire, timeout=60), "no forward came"
+
+    def step(self) -> None:
+        self._go.release()
+
+    def free(self) -> None:
+        self._free.set()
+        self._go.release()
+
+
 def _request(session: str, tokens: list[int], k: int = 0, held: int = 0, committed: list[int] | None = None):
     committed = committed if committed is not None else tokens
     return ModelRequest(session, held, fingerprint(committed[:held]), tokens, k, GREEDY, False)
@@ -52,12 +85,17 @@ def test_a_cancelled_call_leaves_at_a_step_boundary(host) -> None:
     prompts = [[5 + i, 9, 11 + i, 40, 41 + i] for i in range(4)]
 
     async def main():
-        _slow(host, 0.03)
+        stepped = _Stepped(host)
         victim = asyncio.create_task(score(host, _request("victim", LONG)))
         others = [asyncio.create_task(propose(host, _request(f"p{i}", p, k=8), 1, 0.0))
                   for i, p in enumerate(prompts)]
-        await asyncio.sleep(0.12)
+        await stepped.next_step()
+        stepped.step()  # the first forward: the victim's first chunk beside the proposals
+        await stepped.next_step()  # the worker waits before the second: cancel now, between steps
+        assert host.caches._sessions["victim"].length == 64
         victim.cancel()
+        await asyncio.sleep(0)  # the cancellation reaches the victim's call before the worker goes on
+        stepped.free()
         batched = [t.tokens for t in (done.value for done in await asyncio.gather(*others))]
         held = (await host.run(lambda: host.caches._sessions["victim"].length)).value
         # The victim holds a whole number of chunks, with matching fingerprints:
@@ -172,6 +210,7 @@ def test_a_forward_wakes_its_event_loop_once_for_all_its_rows(host) -> None:
     (engine.scheduler._deliver), not one per row: each wake-up writes to the loop's self-pipe."""
     async def main():
         loop = asyncio.get_running_loop()
+        stepped = _Stepped(host)
         wakes = []
         original = loop.call_soon_threadsafe
 
@@ -179,16 +218,19 @@ def test_a_forward_wakes_its_event_loop_once_for_all_its_rows(host) -> None:
             wakes.append(callback)
             return original(callback, *args, **kwargs)
 
-        loop.call_soon_threadsafe = counted
         try:
-            # Queued in one turn of the loop: the idle worker gathers them into one forward.
-            results = await asyncio.gather(*(score(host, _request(f"w{i}", [5 + i, 9, 11, 40]))
-                                             for i in range(12)))
+            # Queued in one turn of the loop; the worker's first forward is held until all twelve
+            # are queued, so they share forwards (what the first one had, then the rest).
+            calls = asyncio.gather(*(score(host, _request(f"w{i}", [5 + i, 9, 11, 40])) for i in range(12)))
+            await stepped.next_step()  # (its own hand-over from a thread is not counted)
+            loop.call_soon_threadsafe = counted
+            stepped.free()
+            results = await calls
         finally:
             loop.call_soon_threadsafe = original
-        return results, wakes
+        return results, wakes, stepped.forwards
 
-    results, wakes = asyncio.run(main())
-    assert len(results) == 12
+    results, wakes, forwards = asyncio.run(main())
+    assert len(results) == 12 and forwards < 12
     assert sum(r.batch_rows for r in results) > 12  # they shared forwards
-    assert 1 <= len(wakes) <= 3, f"{len(wakes)} wake-ups for 12 rows (one per forward expected)"
+    assert len(wakes) == forwards, f"{len(wakes)} wake-ups for {forwards} forwards of 12 rows"

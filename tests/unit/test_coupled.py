@@ -5,6 +5,12 @@ position, token), the torch version agrees with the numpy specification on
 every bit of its uniforms, a draw is exactly distributed as the row's softmax
 (chi-square, with a wrongly scaled noise as the control that must fail), and a
 row's draw does not depend on the rows computed with it.
+
+Chance: the keys are fixed, so given the code every outcome here is deterministic. With fresh
+keys a correct sampler would fail the 3 chi-square checks with probability 1e-6 each
+(tests.chance.FALSE_ALARM) and the noise's mean and spread checks (5.2 and 5.0 standard errors
+wide) with 2e-7 and 6e-7: below 4e-6 for the file. The control's statistic is 612 against a
+critical value of 49 (11 degrees of freedom): it fails at any key.
 """
 from __future__ import annotations
 
@@ -17,9 +23,10 @@ from engine import sampler
 from engine.plan import OutputSpec, RowPlan
 from specdec.core import rng
 from specdec.core.sampling import SamplingParams, coupled_draws, probs_from_logits, sampling_logits
+from tests.chance import FALSE_ALARM
 
 torch.set_num_threads(1)
-P_THRESHOLD = 1e-3
+P_THRESHOLD = FALSE_ALARM  # per check, for fresh keys
 
 
 def _keys(seed: int, positions) -> list[int]:
@@ -46,7 +53,9 @@ def test_torch_noise_matches_the_numpy_specification() -> None:
 
 def test_noise_is_standard_gumbel() -> None:
     g = rng.gumbel_noise(int(rng.gumbel_keys(3, 9)), 200_000).numpy()
-    assert abs(g.mean() - np.euler_gamma) < 0.01 and abs(g.std() - np.pi / np.sqrt(6)) < 0.01
+    # Standard errors over 200,000 draws: 0.0029 for the mean, 0.0030 for the standard deviation
+    # (excess kurtosis 2.4); 0.015 is about 5 of them (a fresh key: below 1e-6 for both).
+    assert abs(g.mean() - np.euler_gamma) < 0.015 and abs(g.std() - np.pi / np.sqrt(6)) < 0.015
     assert np.isfinite(g).all()
 
 

@@ -21,6 +21,7 @@ from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
 from specdec.core import masks
 from specdec.core.sampling import SamplingParams, probs_from_logits
 from specdec.runtime.errors import InvalidArgument
+from tests.chance import FALSE_ALARM
 from tests.unit.test_loop import (
     EOS, GREEDY, PROMPTS, FakeService, Stack, TableModel, Tokenizer, make_models, plain_greedy,
     sampling_models,
@@ -126,7 +127,11 @@ def test_min_tokens_with_the_coupled_sampler_is_one_text_per_seed() -> None:
 
 S_EOS = 2
 TRIALS = 3000
-P_THRESHOLD = 1e-3
+# Seeds 1..3,000 are fixed: given the code the outcome is deterministic. With fresh seeds a correct
+# sampler fails the one check with probability 1e-6 (tests.chance.FALSE_ALARM); the control emits
+# the masked end token (p = 0.036 at the first position) in 3,000 trials at any seed but with a
+# probability below 1e-40, and then fails at once.
+P_THRESHOLD = FALSE_ALARM
 
 
 def _first_two(ignore_masks: bool) -> np.ndarray:

@@ -87,9 +87,10 @@ def test_unrolled_passes_are_what_drafting_computes(tiny_run) -> None:
     """Pass 1 is head_hidden; pass d is the sequential chain's d-th draft (checked from every start)."""
     target_dir, target, records, features, _, _ = tiny_run
     model = _head(target_dir, torch.arange(0, 384, 2))
+    gen = torch.Generator().manual_seed(0)  # fixed noise: the run-for-run check below sees the same head
     with torch.no_grad():  # not the identity init, so that the passes differ
         for _, p in drafts.trainable_named(model):
-            p.add_(torch.randn_like(p) * 0.05)
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
     batch = eagle.collate(records[:3], features[:3], torch.device("cpu"), 0)
     with torch.inference_mode():
         outs = eagle.multi_pass(model, batch["ids"], batch["features"], 3)

@@ -193,7 +193,10 @@ def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(k
         frozen_s = time.monotonic() - started
         ejected = health.ejected("draft", "d0")
         hang.on = False
-        await asyncio.sleep(0.5)  # its probe answers: back in rotation
+        for _ in range(500):  # its probe answers: back in rotation (waited for, at most 10 s)
+            if not health.ejected("draft", "d0"):
+                break
+            await asyncio.sleep(0.02)
         back = await stack.arun(PROMPTS[1], k=3, proposer=kind, sampling=stack_greedy(), seed=1,
                                 max_new=48, parallel=parallel)
         await health.close()

@@ -113,11 +113,16 @@ def test_cost_stays_flat_as_history_grows() -> None:
     pl.extend([rnd.randrange(5000) for _ in range(20_000)])
 
     def per_round() -> float:
-        start = time.perf_counter()
-        for _ in range(200):
-            pl.propose()
-            pl.extend([rnd.randrange(5000), rnd.randrange(5000)])
-        return (time.perf_counter() - start) / 200
+        """The fastest of 5 batches of 40 rounds: a pause of the shared machine (another process,
+        a collection) lengthens one batch, not all five, so it does not count as cost."""
+        batches = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(40):
+                pl.propose()
+                pl.extend([rnd.randrange(5000), rnd.randrange(5000)])
+            batches.append((time.perf_counter() - start) / 40)
+        return min(batches)
 
     at_20k = per_round()
     pl.extend([rnd.randrange(5000) for _ in range(80_000)])

@@ -6,6 +6,7 @@ from scipy.stats import kstest
 
 from specdec.core import fingerprint as fp
 from specdec.core.rng import Purpose, uniform, uniforms
+from tests.chance import FALSE_ALARM
 
 
 def test_uniform_is_a_pure_function() -> None:
@@ -28,13 +29,16 @@ def test_vectorised_matches_scalar_bit_for_bit() -> None:
 
 
 def test_uniforms_look_uniform() -> None:
+    """Seed 7 is fixed: given the code the outcome is deterministic. For a fresh seed a correct
+    generator fails the KS test with probability 1e-6 (tests.chance.FALSE_ALARM) and each
+    correlation bound (0.012, 5.4 standard errors of 1 / sqrt(200,000)) with below 1e-7."""
     u = uniforms(7, np.arange(200_000), Purpose.RESAMPLE)
     assert u.min() >= 0.0 and u.max() < 1.0
-    assert kstest(u, "uniform").pvalue > 1e-3
+    assert kstest(u, "uniform").pvalue > FALSE_ALARM
     # Neighbouring positions and purposes are uncorrelated.
     v = uniforms(7, np.arange(200_000), Purpose.ACCEPT)
-    assert abs(np.corrcoef(u, v)[0, 1]) < 0.01
-    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01
+    assert abs(np.corrcoef(u, v)[0, 1]) < 0.012
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.012
 
 
 def test_fingerprints() -> None:
