@@ -3,6 +3,8 @@
 #               # stream a generation
 #   make test   # install that plus the test and benchmark extras, run the test suite
 #   make playground  # install what serving needs, start everything; open http://127.0.0.1:8000/playground
+#   make flake-hunt  # the suite FLAKE_RUNS times and tests/integration, tests/security FLAKE_REPEATS
+#                    # times more each; which tests failed in which runs: build/flake-hunt/summary.txt
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
@@ -24,8 +26,8 @@ GUIDELLM_PACKAGES := guidellm==0.8.1 Faker==40.63.0 aiofiles==25.1.0 aiologic==0
   sanic-routing==23.12.0 tracerite==2.6.5 ujson==6.1.0 uvloop==0.23.0 wcwidth==0.9.4 websockets==17.4 \
   wrapt==2.5.2 xxhash==4.1.0
 
-.PHONY: install install-core demo playground test test-oldest-transformers guidellm bench-quick proto \
-	config-docs clean
+.PHONY: install install-core demo playground test test-oldest-transformers flake-hunt guidellm bench-quick \
+	proto config-docs clean
 
 # install-core: what serving needs (the demo, the playground): torch, the package, the embedded model.
 # install: that plus the test and benchmark extras (make test, the benchmarks, proto).
@@ -62,6 +64,36 @@ test: install guidellm
 test-oldest-transformers: install $(OLDEST_DIR)/.installed
 	PYTHONPATH=$(CURDIR)/$(OLDEST_DIR) $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/unit/test_engine.py tests/unit/test_batch_worker.py tests/service/test_target.py tests/service/test_draft.py
+
+# Tests that fail by chance: the whole suite FLAKE_RUNS times, then tests/integration and
+# tests/security (processes, ports, faults, timing) FLAKE_REPEATS times each, going on after a
+# failure. Each run's log, every FAILED/ERROR line (failures.txt) and a summary (runs, failed runs,
+# each failing test with the number of runs it failed in) go to FLAKE_DIR; exits 1 if any run
+# failed. (guidellm as for make test: the whole suite runs tests/integration/test_serving_quick.py.)
+FLAKE_RUNS ?= 3
+FLAKE_REPEATS ?= 10
+FLAKE_DIR ?= build/flake-hunt
+
+flake-hunt: install guidellm
+	@rm -rf $(FLAKE_DIR); mkdir -p $(FLAKE_DIR); : >$(FLAKE_DIR)/failures.txt; \
+	runs=0; failed=0; \
+	hunt() { \
+	  name=$$1; shift; runs=$$((runs + 1)); log=$(FLAKE_DIR)/$$name.log; \
+	  printf 'flake-hunt: %s: pytest %s ... ' "$$name" "$${*:-(whole suite)}"; \
+	  $(PY) -m pytest -q -rfE "$$@" >$$log 2>&1; rc=$$?; \
+	  if [ $$rc -eq 0 ]; then echo passed; return; fi; \
+	  failed=$$((failed + 1)); echo "FAILED (exit $$rc, $$log)"; \
+	  if grep -qE '^(FAILED|ERROR) ' $$log; then \
+	    grep -E '^(FAILED|ERROR) ' $$log | sed "s|^|$$name: |" >>$(FLAKE_DIR)/failures.txt; \
+	  else echo "$$name: exit $$rc with no FAILED or ERROR line (see $$log)" >>$(FLAKE_DIR)/failures.txt; fi; \
+	}; \
+	for i in $$(seq $(FLAKE_RUNS)); do hunt suite-$$i; done; \
+	for i in $$(seq $(FLAKE_REPEATS)); do hunt integration-$$i tests/integration; hunt security-$$i tests/security; done; \
+	{ echo "flake-hunt: $$failed of $$runs runs failed ($(FLAKE_RUNS) x the suite, $(FLAKE_REPEATS) x tests/integration and tests/security)"; \
+	  if [ $$failed -gt 0 ]; then echo "failing tests (runs failed in, test):"; \
+	    sed -E 's/^[^:]+: //; s/ - .*//' $(FLAKE_DIR)/failures.txt | sort | uniq -c | sort -rn; fi; \
+	} | tee $(FLAKE_DIR)/summary.txt; \
+	[ $$failed -eq 0 ]
 
 $(OLDEST_DIR)/.installed: Makefile
 	$(PY) -m pip install --quiet --no-deps --target $(OLDEST_DIR) --upgrade \
