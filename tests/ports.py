@@ -11,7 +11,7 @@ with SO_REUSEPORT, two servers share the port and split its connections.
 `free_port` here draws from below the ephemeral range, where the kernel never picks a port on its
 own, hands out no port twice in one test process, and checks each one free when it hands it out. A
 process starts its walk at a place drawn from its pid, so two test runs on one machine walk apart.
-tests/conftest.py puts it in place of procs.free_port for the whole suite.
+tests/__init__.py puts it in place of procs.free_port for the whole suite.
 """
 from __future__ import annotations
 
