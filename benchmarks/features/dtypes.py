@@ -107,6 +107,16 @@ def report(rows: list[dict], args, n_prompts: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=12, help="held-out prompts (default 12)")
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({
         "rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
-        "machine": {"processor": platform.processor(), "machine": platform.machine()},
+        "machine": {"cpu": _cpu_model(), "machine": platform.machine()},
         "tokens": {f"{s}|{c}|{i}": ids for (s, c, i), ids in result["tokens"].items()},
     }, indent=1))
     return 0
