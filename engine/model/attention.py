@@ -15,12 +15,17 @@ keys in logical order, exactly the call a one-token decode makes:
     never a masked key between two of its own);
   * a long row (a prefill chunk of more than SHARED_FROM tokens) gathers its
     keys once and hands each block of LANE_BLOCK lanes the prefix its last lane
-    needs, expanded without a copy, each lane masked to its own position.
+    needs, expanded without a copy, each lane masked to its own position;
+  * a Score row (2 .. SHARED_FROM - 1 chain tokens) also gathers its keys once:
+    its lanes are folded into SDPA's head axis (n lanes x the query heads of one
+    KV head share that KV head, each (lane, head) masked to the lane's
+    position), and rows of the same n and padded length share one call.
 
 One-query SDPA (measured on the same CPU, bf16, fp16 and fp32, 1 and 2
 threads): a query's output is bitwise the same for any number of other lanes
-in the call and for any key padding that is a multiple of ONE_QUERY_ALIGN with
-the padding masked. So lanes are grouped by padded key length only
+in the call, for any key padding that is a multiple of ONE_QUERY_ALIGN with
+the padding masked, and folded into the head axis as above (each (row, head)
+is its own one-query product; the start-up check proves it on the device). So lanes are grouped by padded key length only
 (`one_query_lengths`), whoever they belong to.
 
 Where exactness is switched off (--no-batch-invariant), every row of several tokens is one
@@ -109,7 +114,9 @@ class Group:
     q_index: torch.Tensor | None  # [size] packed token of each lane (None: identity)
     kv_index: torch.Tensor  # [size * length] pool slot of each (lane, key), or [length] if shared; 0 = scratch
     shared: bool  # every lane reads the same keys (one long row's block), masked to its own position
-    mask: torch.Tensor  # [size, 1, 1, length] bool: True = attend
+    mask: torch.Tensor  # [size, 1, 1, length] bool: True = attend; folded: [size, fold, length] per lane
+    fold: int = 0  # > 0: `size` Score rows of `fold` lanes each, folded into the head axis (q_index row-major)
+    head_mask: torch.Tensor | None = None  # folded: the mask per (row, query head), made at the first layer
 
 
 @dataclass
@@ -144,6 +151,7 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
     lane_keys: list[int] = []  # its key count
     lane_tree: list[list[int] | None] = []  # a tree node's keys above its base
     shared: list[tuple[int, int, int]] = []  # long rows: (row, first packed token, n)
+    scores: dict[int, list[tuple[int, int]]] = {}  # Score rows by n: (row, first packed token)
     at = 0
     for r, (kv, past, n, tree) in enumerate(rows):
         if n == 1 and tree is None:  # a decode step, the common case, spelled out
@@ -156,6 +164,8 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
             write.extend(kv.slots(past, n))
             if tree is None and (n >= SHARED_FROM or multi_query):
                 shared.append((r, at, n))
+            elif tree is None:
+                scores.setdefault(n, []).append((r, at))
             else:
                 for i, (keys, seen) in enumerate(_lane_positions(past, n, tree)):
                     lane_row.append(r)
@@ -170,10 +180,16 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
         for lane, length in enumerate(one_query_lengths(lane_keys)):
             members.setdefault(length, []).append(lane)
         for length, lanes in sorted(members.items()):
-            identity = (len(members) == 1 and not shared and len(lanes) == padded_tokens
+            identity = (len(members) == 1 and not shared and not scores and len(lanes) == padded_tokens
                         and lane_token == list(range(padded_tokens)))
             groups.append(_lane_group(rows, lanes, lane_row, lane_token, lane_keys, lane_tree, length, identity,
                                       bs, device))
+    for n, members_n in sorted(scores.items()):
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for member, length in zip(members_n, one_query_lengths([rows[r][1] + n for r, _ in members_n])):
+            by_length.setdefault(length, []).append(member)
+        for length, folded in sorted(by_length.items()):
+            groups.append(_folded_group(rows, folded, n, length, bs, device))
     for r, first, n in shared:
         kv, past, _, _ = rows[r]
         block = n if multi_query else LANE_BLOCK
@@ -201,6 +217,23 @@ def _slots(blocks: Sequence[int], pos: torch.Tensor, valid: int, bs: int) -> tor
     table = torch.tensor(_padded(blocks, int(pos.max()) // bs + 1), dtype=torch.long)
     slots = table[pos // bs] * bs + pos % bs
     return torch.where(pos < valid, slots, torch.zeros_like(slots))
+
+
+def _folded_group(rows, folded: list[tuple[int, int]], n: int, length: int, bs: int,
+                  device: torch.device) -> Group:
+    """Score rows of n chain tokens and one padded key length: each row's keys gathered once."""
+    width = -(-length // bs)
+    table = torch.tensor([_padded(rows[r][0].blocks, width) for r, _ in folded], dtype=torch.long)  # [rows, width]
+    pos = torch.arange(length)
+    slots = table[:, pos // bs] * bs + pos % bs  # [rows, length]
+    pasts = torch.tensor([rows[r][1] for r, _ in folded], dtype=torch.long)
+    valid = pos[None, :] < (pasts + n)[:, None]  # [rows, length]
+    kv_index = torch.where(valid, slots, torch.zeros_like(slots)).reshape(-1)
+    ends = pasts[:, None] + torch.arange(1, n + 1)[None, :]  # [rows, n] each lane's key count
+    mask = pos[None, None, :] < ends[:, :, None]  # [rows, n, length]
+    q_index = torch.tensor([first + i for _, first in folded for i in range(n)], dtype=torch.long)
+    return Group(len(folded), length, False, q_index.to(device, non_blocking=True),
+                 kv_index.to(device, non_blocking=True), False, mask.to(device, non_blocking=True), fold=n)
 
 
 def _lane_group(rows, lanes: list[int], lane_row: list[int], lane_token: list[int], lane_keys: list[int],
@@ -245,6 +278,9 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
         if group.shared and plan.multi_query:
             out = _multi_query(keys, values, group, q, out, scaling, compute)
             continue
+        if group.fold:
+            out = _folded(keys, values, group, q, out, scaling, compute)
+            continue
         rows = 1 if group.shared else group.size
         gk = keys.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
         gv = values.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
@@ -277,4 +313,26 @@ def _multi_query(keys: torch.Tensor, values: torch.Tensor, group: Group, q: torc
     if out is None:
         out = q.new_zeros(t, heads * hd)
     out.index_copy_(0, group.q_index, o[0].transpose(0, 1).reshape(group.size, heads * hd).to(q.dtype))
+    return out
+
+
+def _folded(keys: torch.Tensor, values: torch.Tensor, group: Group, q: torch.Tensor, out: torch.Tensor | None,
+            scaling: float, compute: torch.dtype) -> torch.Tensor:
+    """Score rows with their lanes in the head axis: query head (j, lane, g) reads KV head j."""
+    t, heads, hd = q.shape
+    kvh = keys.shape[1]
+    g, n, rows = heads // kvh, group.fold, group.size
+    if group.head_mask is None:  # [rows, n, L] -> [rows, kvh * n * g, 1, L], once per forward
+        group.head_mask = group.mask[:, None, :, None, :].expand(rows, kvh, n, g, group.length).reshape(
+            rows, kvh * n * g, 1, group.length)
+    gk = keys.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
+    gv = values.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
+    gq = q.index_select(0, group.q_index).to(compute).view(rows, n, kvh, g, hd).permute(0, 2, 1, 3, 4).reshape(
+        rows, kvh * n * g, 1, hd)
+    o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.head_mask, scale=scaling,
+                                       enable_gqa=True)  # [rows, kvh * n * g, 1, hd]
+    o = o.view(rows, kvh, n, g, hd).permute(0, 2, 1, 3, 4).reshape(rows * n, heads * hd).to(q.dtype)
+    if out is None:
+        out = q.new_zeros(t, heads * hd)
+    out.index_copy_(0, group.q_index, o)
     return out

@@ -205,13 +205,17 @@ def test_every_token_is_a_lane_grouped_by_its_own_key_length() -> None:
         kv.length = past
         rows.append((kv, past, n, None))
     plan = plan_attention(pool, rows, sum(n for _, _, n, _ in rows), torch.device("cpu"))
-    lanes = [g for g in plan.groups if not g.shared]
-    # 16 decode lanes + 5 + 4 + 5 Score lanes, each one query, grouped by padded key length only.
-    assert sum(g.size for g in lanes) == 16 + 5 + 4 + 5
-    assert all(g.mask.shape == (g.size, 1, 1, g.length) and g.length % 16 == 0 for g in lanes)
-    by_length = {g.length: g.mask.sum(-1).flatten().tolist() for g in lanes}
-    assert sorted(k for keys in by_length.values() for k in keys) == sorted(
-        [11] * 16 + list(range(31, 36)) + list(range(31, 35)) + list(range(101, 106)))
+    lanes = [g for g in plan.groups if not g.shared and not g.fold]
+    # 16 decode lanes, one query each, grouped by padded key length only.
+    assert [g.size for g in lanes] == [16] and lanes[0].length == 16
+    assert lanes[0].mask.shape == (16, 1, 1, 16) and lanes[0].mask.sum(-1).flatten().tolist() == [11] * 16
+    # Score rows gather their keys once, their lanes folded into the head axis: by n, then by
+    # padded length (the 5-token rows at 30 and 100 share one call, padded to 112).
+    folded = sorted((g.fold, g.size, g.length) for g in plan.groups if g.fold)
+    assert folded == [(4, 1, 48), (5, 2, 112)]
+    five = next(g for g in plan.groups if g.fold == 5)
+    assert five.kv_index.shape == (2 * 112,) and five.q_index.tolist() == list(range(16, 21)) + list(range(25, 30))
+    assert five.mask.shape == (2, 5, 112) and five.mask.sum(-1).tolist() == [list(range(31, 36)), list(range(101, 106))]
     # Long rows (prefill chunks) share one gather per block of LANE_BLOCK lanes, each lane masked
     # to its own position: 64 -> 1 block, 40 -> 1, 150 tokens after 10 -> 3.
     shared = [g for g in plan.groups if g.shared]
