@@ -65,6 +65,7 @@ def _info(address: str):
 def test_greedy_of_every_proposer_and_of_trees_is_target_only_in_the_dtype(stack) -> None:
     s, dtype = stack
     assert _info(s.addresses["target"]).dtype == dtype
+    tree_rounds = 0
     with Client(s.addresses["orch"], timeout=120) as c, Client(s.addresses["trees"], timeout=120) as trees:
         for p in PROMPTS:
             reference = c.complete(p, max_new_tokens=N_NEW, proposer="none").token_ids
@@ -75,7 +76,10 @@ def test_greedy_of_every_proposer_and_of_trees_is_target_only_in_the_dtype(stack
             for k in (2, 4):
                 out = trees.complete(p, max_new_tokens=N_NEW, proposer="draft", k=k)
                 assert out.token_ids == reference, (dtype, p, "tree", k)
-                assert any(r.tree for r in out.stats.rounds)
+                tree_rounds += sum(1 for r in out.stats.rounds if r.tree)
+    # Trees were verified (counted over all prompts: a prompt whose text ends after a round or two
+    # may have none of its own).
+    assert tree_rounds > 0
 
 
 def test_concurrent_streams_are_target_only_in_the_dtype(stack) -> None:
