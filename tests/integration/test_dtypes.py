@@ -169,7 +169,6 @@ def test_the_embedded_target_is_exact_in_bfloat16(tmp_path_factory, dtype) -> No
         t = s.start_service("target", "target", None, register=False, wait=False, extra=("--dtype", dtype))
         d = s.start_service("draft", "draft", None, register=False, wait=False, extra=("--dtype", dtype))
         s.wait_serving("target", "draft")
-        from engine.model.loader import cache_root  # noqa: F401 - the embedded model is converted by now
         s.start_orchestrator("orch", None, targets=[t], drafts=[d], extra=("--rate-per-tenant", "0"))
         with Client(s.addresses["orch"], timeout=300) as c:
             for messages in prompts:
