@@ -14,6 +14,11 @@ FORWARD_SECONDS = Histogram(
     ["verb"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+PASS_SECONDS = Counter(
+    "specdec_pass_seconds",
+    "Wall time of the forward passes, each pass once whatever its rows (the service's time outside "
+    "them is its control plane)",
+)
 QUEUE_SECONDS = Histogram(
     "specdec_queue_seconds",
     "Time a call waited before joining a forward (or running, for Release)",

@@ -486,6 +486,7 @@ class Scheduler:
         finally:
             self.forward_started = None
         elapsed = time.perf_counter() - started
+        metrics.PASS_SECONDS.inc(elapsed)
         metrics.BATCH_ROWS.observe(len(batch))
         metrics.BATCH_TOKENS.observe(tokens)
         for job, out in zip(batch, outs):

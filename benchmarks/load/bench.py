@@ -182,6 +182,13 @@ class LoadStack:
     def address_for(self, config: LoadConfig) -> str:
         return self.default_address if config.proposer == "default" else self.address
 
+    def cpu(self) -> dict[str, float]:
+        """{process: CPU seconds (user + system) so far} for the stack's processes, and "client" for
+        this one (it runs every cell's streams)."""
+        out = {name: proc_cpu_s(proc.pid) for name, proc in self.group.running.items()}
+        out["client"] = time.process_time()
+        return {name: v for name, v in out.items() if v is not None}
+
     def scrape(self) -> dict:
         """{role: {metric: {"count", "sum", "buckets": {le: cumulative}}}} for the batch histograms."""
         return parse_scrape(self.fetch())
@@ -228,6 +235,10 @@ def _histograms(text: str) -> dict:
         return {}
     out: dict[str, dict] = {}
     for family in text_string_to_metric_families(text):
+        if family.name == "specdec_pass_seconds":  # forward passes' wall time (each pass once)
+            out["pass_seconds"] = {"count": 0.0, "sum": sum(s.value for s in family.samples
+                                                            if s.name.endswith("_total")), "buckets": {}}
+            continue
         if family.name == "specdec_requests":  # the counter (exposed as specdec_requests_total)
             h = out.setdefault("specdec_rpcs", {"count": 0.0, "sum": 0.0, "buckets": {}})
             for s in family.samples:
@@ -264,7 +275,37 @@ def histogram_delta(before: dict, after: dict) -> dict:
                 prev = v
             out.setdefault(role, {})[name.replace("specdec_", "")] = {
                 "forwards": count, "mean": (h["sum"] - b["sum"]) / count if count else None,
-                "buckets": per_bucket}
+                "sum": h["sum"] - b["sum"], "buckets": per_bucket}
+    return out
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process `pid` has used, from /proc (None where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_stream_round(before: dict[str, float], after: dict[str, float], batches: dict, rounds: int,
+                         orchestrator: str) -> dict[str, float] | None:
+    """Each process's CPU time per stream-round over a cell, µs: the orchestrator that served it, the
+    client (this process), and each model service's outside its forward passes (its CPU time minus the
+    passes' wall time; with one torch thread a pass's CPU is its wall time)."""
+    if not rounds or not before or not after:
+        return None
+    used = {name: after[name] - before[name] for name in after if name in before}
+    out = {}
+    if orchestrator in used:
+        out["orchestrator"] = used[orchestrator] / rounds * 1e6
+    if "client" in used:
+        out["client"] = used["client"] / rounds * 1e6
+    for role in ("target", "draft"):
+        if role in used:
+            passes = (batches.get(role, {}).get("pass_seconds") or {}).get("sum") or 0.0
+            out[role] = max(0.0, used[role] - passes) / rounds * 1e6
+            out[f"{role}_forward"] = passes / rounds * 1e6
     return out
 
 
@@ -638,6 +679,7 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
     cell_limit = limiter.measure(len(group), reps=5) if held else None
     decode_limit = limiter.measure(len(group), reps=5, grown=True) if held else None
     before = stack.scrape() if stack is not None else {}
+    cpu_before = stack.cpu() if stack is not None else {}
     t0 = time.perf_counter()
     decoding = None
     if mode == PEER:
@@ -648,11 +690,16 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
             stack.address_for(config), config, group, args.max_new_tokens, args.seed,
             ignore_eos=args.ignore_eos, scrape=stack.fetch))
     wall = time.perf_counter() - t0
+    cpu_after = stack.cpu() if stack is not None else {}
     after = stack.scrape() if stack is not None else {}
     batches = histogram_delta(before, after) if stack is not None else {}
     record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
               "proposer": config.proposer, "k": config.k, "wall_s": wall, "streams": streams,
               "batches": batches}
+    if stack is not None:
+        orchestrator = "orchestrator-default" if config.proposer == "default" else "orchestrator"
+        record["cpu_us"] = cpu_per_stream_round(cpu_before, cpu_after, batches,
+                                                sum(s.get("rounds", 0) for s in streams), orchestrator)
     if cell_limit is not None:
         record["limit_ms"] = cell_limit
         record["decode_limit_ms"] = decode_limit

@@ -226,6 +226,7 @@ def summarize(records: list[dict], limit: dict[int, dict] | None = None) -> list
             "cell_limit_tps": statistics.median(n / r["limit_ms"] * 1e3 for r in rs if r.get("limit_ms"))
             if any(r.get("limit_ms") for r in rs) else None,
             "round_parts": _median_phase(parts),
+            "cpu_us": _median_phase([r["cpu_us"] for r in rs if r.get("cpu_us")]),
         })
     return out
 
@@ -320,6 +321,15 @@ def goals(summaries: list[dict], ident: dict, settings: dict) -> list[dict]:
         rps = (c64 or {}).get("rounds_per_s")
         add("tiny models: target-only rounds/s in all at N=64", rps, ">= 2000",
             None if rps is None else rps >= 2000)
+    for n in (1, 64):  # the control plane at GPU speed: its share of the physical limit
+        cell = _cell(summaries, "batched", "target-only", n) or {}
+        v, lim = cell.get("agg_tps"), cell.get("cell_limit_tps") or limit.get(n, {}).get("limit_tps")
+        if v and lim:
+            add(f"target-only at N={n} / physical limit (control plane's share)", v / lim, ">= 0.50",
+                v / lim >= 0.50, f"{v:.1f} of {lim:.1f} tok/s")
+    cpu64 = ((_cell(summaries, "batched", "target-only", 64) or {}).get("cpu_us") or {}).get("orchestrator")
+    if cpu64 is not None:
+        add("orchestrator CPU per stream-round at N=64, target-only (µs)", cpu64, "<= 30", cpu64 <= 30)
     pairs = [(n, tps("batched", "target-only", n), tps("peer", "hf-padded", n)) for n in ns]
     pairs = [(n, a / p) for n, a, p in pairs if a and p]
     if pairs:
@@ -353,7 +363,7 @@ def _met(m) -> str:
 
 def markdown(result: dict) -> str:
     lines = _header(result) + _goals_section(result["goals"]) + _identity_section(result["identity"])
-    lines += _cells_section(result) + _round_parts_section(result["summaries"]) + NOTES
+    lines += _cells_section(result) + _round_parts_section(result["summaries"]) + _cpu_section(result["summaries"]) + NOTES
     return "\n".join(lines)
 
 
@@ -448,6 +458,29 @@ def _cells_section(result: dict) -> list[str]:
             f"{_f(s['stream_tps_min'])} | {_f(s['ttft_p50_ms'], '.0f')} / {_f(s['ttft_p99_ms'], '.0f')} | "
             f"{_f(s['itl_p50_ms'], '.0f')} / {_f(s['itl_p99_ms'], '.0f')} | {_f(t_rows, '.2f')} / {_f(t_tok, '.1f')} "
             f"| {_f(d_rows, '.2f')} | {k} |")
+    return lines
+
+
+CPU_PARTS = ("orchestrator", "target", "draft", "client", "target_forward", "draft_forward")
+
+
+def _cpu_section(summaries: list[dict]) -> list[str]:
+    """Each process's CPU time per stream-round (bench.cpu_per_stream_round)."""
+    rows = [s for s in summaries if s.get("cpu_us")]
+    if not rows:
+        return []
+    lines = ["", "CPU time per stream-round (µs; a stream-round is one stream's round, so a batched round of "
+             "N streams counts N): the orchestrator that served the cell, each model service outside its "
+             "forward passes (its control plane: gRPC, decoding, scheduling, sampling), the client streaming "
+             "every stream (this benchmark's process), and the forward passes' own time per stream-round "
+             "for comparison.", "",
+             "| stack | config | N | orchestrator | target outside forward | draft outside forward | client "
+             "| target forward | draft forward |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in rows:
+        c = s["cpu_us"]
+        lines.append(f"| {s['mode']} | {s['config']} | {s['n']} | "
+                     + " | ".join(_f(c.get(name), ".0f") for name in CPU_PARTS) + " |")
     return lines
 
 

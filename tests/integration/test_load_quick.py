@@ -60,6 +60,9 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
                 assert d["limit_tps"] > 0 and d["efficiency"] > 0 and 0 < d["rows"] <= 4, s
             parts = s["round_parts"]  # where a round's time goes
             assert parts["round"] > 0 and parts["target"] > 0, s
+            cpu = s["cpu_us"]  # each process's CPU per stream-round; the target's passes read from it
+            assert cpu["orchestrator"] > 0 and cpu["client"] > 0 and cpu["target_forward"] > 0, s
+            assert cpu["target"] >= 0, s
     adaptive = [s for s in result["summaries"] if s["config"] == "adaptive"]
     assert all(s["k_mean"] is not None and 0 <= s["k0_share"] <= 1 for s in adaptive)
     if result["settings"]["batching_flag"]:
@@ -72,6 +75,7 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
     assert {g["figure"] for g in result["goals"]} >= {"greedy identity (every stream = target-only alone)"}
     md = (out / "results.md").read_text()
     assert "## Goals" in md and "PASSED" in md and "| batched | target-only | 4 |" in md
+    assert "CPU time per stream-round" in md
     for png in ("tps_vs_n.png", "ttft_vs_n.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png

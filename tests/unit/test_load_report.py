@@ -1,7 +1,9 @@
 """The load benchmark's arithmetic: histogram deltas, inter-token latency, the goal table."""
 from __future__ import annotations
 
-from benchmarks.load.bench import histogram_delta, limit_sizes
+import os
+
+from benchmarks.load.bench import cpu_per_stream_round, histogram_delta, limit_sizes, parse_scrape, proc_cpu_s
 from benchmarks.load.report import _itl, decode_phase, forward_ms, goals, identity, rep_ratios, summarize
 
 
@@ -11,8 +13,30 @@ def test_histogram_delta_gives_the_batches_formed_in_between() -> None:
     after = {"target": {"specdec_batch_rows": {"count": 14.0, "sum": 22.0,
                                                "buckets": {"1.0": 11.0, "4.0": 14.0, "+Inf": 14.0}}}}
     d = histogram_delta(before, after)["target"]["batch_rows"]
-    assert d == {"forwards": 4.0, "mean": 3.0, "buckets": {"1.0": 1.0, "4.0": 3.0}}
+    assert d == {"forwards": 4.0, "mean": 3.0, "sum": 12.0, "buckets": {"1.0": 1.0, "4.0": 3.0}}
     assert histogram_delta({}, {"draft": {}}) == {}
+
+
+def test_cpu_per_stream_round_takes_the_forward_passes_out_of_a_service() -> None:
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()
+    passes = Counter("specdec_pass_seconds", "the engine's own counter's name", registry=registry)
+    passes.inc(1.5)
+    before = parse_scrape({"target": generate_latest(registry).decode()})
+    passes.inc(0.5)
+    after = parse_scrape({"target": generate_latest(registry).decode()})
+    batches = histogram_delta(before, after)
+    assert batches["target"]["pass_seconds"]["sum"] == 0.5
+    cpu = cpu_per_stream_round({"orchestrator-default": 1.0, "orchestrator": 5.0, "target": 2.0, "client": 0.0},
+                               {"orchestrator-default": 1.2, "orchestrator": 5.0, "target": 2.9, "client": 0.1},
+                               batches, rounds=1000, orchestrator="orchestrator-default")
+    # 0.2 s over 1000 stream-rounds; the target's 0.9 s less its 0.5 s of passes.
+    assert {k: round(v, 3) for k, v in cpu.items()} == {
+        "orchestrator": 200.0, "client": 100.0, "target": 400.0, "target_forward": 500.0}
+    assert cpu_per_stream_round({}, {}, batches, rounds=10, orchestrator="orchestrator") is None
+    assert cpu_per_stream_round({"target": 1.0}, {"target": 2.0}, {}, rounds=0, orchestrator="x") is None
+    assert proc_cpu_s(os.getpid()) > 0 and proc_cpu_s(2 ** 30) is None
 
 
 def test_itl_spreads_a_chunk_over_its_tokens() -> None:
