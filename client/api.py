@@ -179,6 +179,15 @@ def build_request(
     )
 
 
+def build_tokenize_request(prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None,
+                           tools: Sequence[Mapping[str, Any]] | None = None, add_special_tokens: bool = False,
+                           return_token_strs: bool = False) -> pb.TokenizeRequest:
+    """A TokenizeRequest: a prompt, or messages (and tools) as build_request takes them."""
+    return pb.TokenizeRequest(prompt=prompt or "", messages=[_chat_message(m) for m in messages or ()],
+                              tools=json.dumps(list(tools)) if tools else "",
+                              add_special_tokens=add_special_tokens, return_token_strs=return_token_strs)
+
+
 def _chat_message(m: Mapping[str, Any]) -> pb.ChatMessage:
     """{"role", "content"} and, for tool calling, "tool_calls" (a list or its JSON text),
     "tool_call_id" and "name"."""
@@ -489,11 +498,24 @@ class AsyncClient(_Orchestrators):
                                                   sampling_top_k),
                                         timeout=self.timeout, metadata=_with_token(self._token, None))
 
-    async def end_session(self, session_id: str) -> bool:
+    async def end_session(self, session_id: str, *, metadata: Metadata | None = None) -> bool:
         reply = await self._stub.EndSession(pb.EndSessionRequest(session_id=session_id),
                                             timeout=self.timeout,
-                                            metadata=_with_token(self._token, None))
+                                            metadata=_with_token(self._token, metadata))
         return reply.existed
+
+    async def tokenize(self, request: pb.TokenizeRequest, *,
+                       metadata: Metadata | None = None) -> pb.TokenizeResponse:
+        """The target's token ids (build_tokenize_request makes the request)."""
+        return await self._stub.Tokenize(request, timeout=self.timeout,
+                                         metadata=_with_token(self._token, metadata))
+
+    async def detokenize(self, token_ids: Sequence[int], *,
+                         metadata: Metadata | None = None) -> str:
+        reply = await self._stub.Detokenize(pb.DetokenizeRequest(token_ids=list(token_ids)),
+                                            timeout=self.timeout,
+                                            metadata=_with_token(self._token, metadata))
+        return reply.text
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),
                               tls_ca=args.tls_ca, tls_cert=args.client_cert, tls_key=args.client_key,
                               playground=playground, max_body_bytes=int(args.max_body_bytes),
-                              allowed_hosts=parse_hosts(args.allowed_hosts)))
+                              allowed_hosts=parse_hosts(args.allowed_hosts),
+                              responses_ttl_s=float(args.responses_ttl),
+                              max_stored_responses=int(args.max_stored_responses)))
     log = logging.getLogger("gateway")
     if int(args.metrics_port):
         from prometheus_client import start_http_server

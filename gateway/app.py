@@ -22,14 +22,16 @@ from starlette.responses import Response
 
 from gateway.errors import APIError
 from gateway.guard import BodyLimit, HostCheck
-from gateway.protocol import ChatRequest, CompletionRequest
-from gateway.routes import completions, health, models, playground
-from gateway.schemas import REF, ChatCompletionChunk
+from gateway.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from gateway.responses_api import ResponsesRequest
+from gateway.routes import completions, health, models, playground, responses, tokenize
+from gateway.schemas import REF, ChatCompletionChunk, ResponseEvent
 from gateway.state import Gateway, Settings
 
 __all__ = ["Settings", "create_app"]
 
-_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"}
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses", "/tokenize",
+           "/detokenize", "/health"}
 
 HTTP_REQUESTS = Counter("specdec_http_requests_total",
                         "HTTP responses of the OpenAI-compatible gateway, by route and status",
@@ -53,7 +55,7 @@ def create_app(settings: Settings) -> FastAPI:
         playground.install(app)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
-    for router in (health.router, models.router, completions.router):
+    for router in (health.router, models.router, completions.router, responses.router, tokenize.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)
     return app
@@ -81,7 +83,9 @@ def _openapi(app: FastAPI) -> dict:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for model, mode in ((ChatRequest, "validation"), (CompletionRequest, "validation"),
-                            (ChatCompletionChunk, "serialization")):
+                            (ResponsesRequest, "validation"), (TokenizeRequest, "validation"),
+                            (DetokenizeRequest, "validation"), (ChatCompletionChunk, "serialization"),
+                            (ResponseEvent, "serialization")):
             schema = model.model_json_schema(mode=mode, ref_template=REF)
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
@@ -100,6 +104,7 @@ class _CountResponses:
             return await self.app(scope, receive, send)
         path = scope["path"]
         route = (path if path in _ROUTES else "/v1/models" if path.startswith("/v1/models/")
+                 else "/v1/responses" if path.startswith("/v1/responses/")
                  else "/playground" if path.startswith("/playground") else "other")
         start = time.perf_counter()
 

@@ -30,7 +30,7 @@ Anything else is 400 `unknown_parameter`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -258,8 +258,12 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
           "tool": "tool"}
 
 
-def parse(model: type[_Common], body: Any) -> _Common:
-    """Validate a request body; every failure is an APIError naming the parameter."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(model: type[M], body: Any, neutral: dict[str, tuple[Any, ...]] = NEUTRAL) -> M:
+    """A request body as `model`, its `neutral` parameters at a value that means "off"; every
+    failure is an APIError naming the parameter."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_json")
     try:
@@ -274,7 +278,7 @@ def parse(model: type[_Common], body: Any) -> _Common:
         param = ".".join(loc[:2]) if loc[:1] == ["speculation"] and len(loc) > 1 else (
             loc[0] if loc else None)
         raise invalid(f"{'.'.join(loc)}: {err['msg']}", param=param) from None
-    for name, allowed in NEUTRAL.items():
+    for name, allowed in neutral.items():
         value = getattr(request, name, None)
         if isinstance(value, BaseModel):
             value = value.model_dump(exclude_none=True)
@@ -282,6 +286,12 @@ def parse(model: type[_Common], body: Any) -> _Common:
             why = _WHY.get(name, "")
             raise invalid(f"{name}: not supported by this server (only {allowed[-1]!r} is accepted)"
                           + (f": {why}" if why else ""), param=name, code="unsupported_parameter")
+    return request
+
+
+def parse(model: type[_Common], body: Any) -> _Common:
+    """Validate a chat or completion request body; every failure is an APIError naming the parameter."""
+    request = validate(model, body)
     if request.stream_options is not None and not request.stream:
         raise invalid("stream_options: only allowed when stream is true", param="stream_options")
     best_of = getattr(request, "best_of", None)
@@ -459,3 +469,24 @@ def usage(choices: Sequence) -> dict[str, Any]:
         },
         "speculation": speculation,
     }
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize (vLLM's body): a prompt, or messages (and tools) through the chat template
+    with the generation prompt, counted as a generation's prompt is (no special tokens added to a
+    prompt unless add_special_tokens)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = Field(None, min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: Literal[True] = True  # as Generate renders messages
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize (vLLM's body)."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT32)]] = Field(max_length=1 << 20)

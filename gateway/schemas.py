@@ -189,3 +189,78 @@ def responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str,
         429: {**error, "description": "An admission limit (Retry-After says when to retry)"},
         503: {**error, "description": "The orchestrator is unavailable"},
     }
+
+
+class ResponseUsage(_Closed):
+    input_tokens: int = Field(ge=0)
+    input_tokens_details: dict[str, int] = Field(
+        description="cached_tokens: the prompt tokens served from a kept session's KV caches")
+    output_tokens: int = Field(ge=0)
+    output_tokens_details: dict[str, int]
+    total_tokens: int = Field(ge=0)
+    speculation: SpeculationStats
+
+
+class ResponseObject(_Closed):
+    """A Response of POST /v1/responses (and GET /v1/responses/{id}); `output` holds `message`
+    items (one output_text part) and `function_call` items."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    background: bool
+    error: None
+    incomplete_details: dict[str, str] | None
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: int | None
+    model: str
+    output: list[dict[str, Any]]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: dict[str, None]
+    service_tier: str
+    store: bool
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponseUsage | None
+    user: str | None
+    metadata: dict[str, str]
+
+
+class ResponseEvent(_Closed):
+    """One server-sent event of a streamed response (`event:` is its type): response.created,
+    response.in_progress, response.output_item.added, response.content_part.added,
+    response.output_text.delta, response.output_text.done, response.content_part.done,
+    response.function_call_arguments.delta / .done, response.output_item.done, then
+    response.completed or response.incomplete; `error` if the generation fails mid-stream."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    sequence_number: int = Field(ge=0)
+
+
+class ResponseDeleted(_Closed):
+    id: str
+    object: Literal["response"]
+    deleted: Literal[True]
+
+
+class Tokenized(_Closed):
+    """POST /tokenize (vLLM's shape)."""
+
+    count: int = Field(ge=0)
+    max_model_len: int = Field(ge=0)
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class Detokenized(_Closed):
+    """POST /detokenize (vLLM's shape)."""
+
+    prompt: str

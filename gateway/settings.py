@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gateway.guard import LOCAL_HOSTS
+from gateway.kept import RECORD_TTL_S
 from specdec.runtime.settings import CLIENT_TLS, ON, Flag, Group, Settings
 
 GATEWAY = Group("gateway", (
@@ -18,6 +19,10 @@ GATEWAY = Group("gateway", (
     Flag("no-playground", "do not serve the playground page at /playground", False, kind=ON),
     Flag("playground-passes-per-minute", "pass quota: target passes per visitor (client address) per "
          "minute on the playground, 0 = none", 30, int),
+    Flag("responses-ttl", "seconds a stored /v1/responses record (the messages of a kept session) is "
+         "kept after its last use; as the orchestrator's --record-ttl by default", RECORD_TTL_S, float),
+    Flag("max-stored-responses", "stored /v1/responses records held at most (the least recently used "
+         "go first; 0 = none: store is ignored)", 10000, int),
     Flag("log-level", "DEBUG, INFO, WARNING...", "INFO"),
 ))
 GUARD = Group("what the gateway accepts", (

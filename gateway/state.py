@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from client import AsyncClient
 from gateway.guard import LOCAL_HOSTS, Credentials
+from gateway.kept import RECORD_TTL_S, ResponseStore
 from gateway.playground import Playground, PlaygroundSettings
 from gateway.served import Served
 from specdec.runtime.security import aio_channel, channel_credentials
@@ -30,10 +31,13 @@ class Settings:
     playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
     max_body_bytes: int = 4 << 20        # a larger request body is a 413, refused as it is read
     allowed_hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS)  # None: any (see gateway.guard)
+    responses_ttl_s: float = RECORD_TTL_S  # a stored response's record (gateway.kept)
+    max_stored_responses: int = 10000
 
 
 class Gateway:
-    """One app's shared state; `client` and `channel` exist while the app runs (its lifespan)."""
+    """One app's shared state; `client` and `channel` exist while the app runs (its lifespan);
+    `stored` holds /v1/responses' records."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -41,6 +45,7 @@ class Gateway:
         self.credentials = Credentials()  # whether the orchestrator requires a token
         self.served = Served(settings.served_model_names)  # the model ids, the target's name and context
         self.playground = Playground(settings.playground) if settings.playground is not None else None
+        self.stored = ResponseStore(settings.responses_ttl_s, settings.max_stored_responses)
         self.client: AsyncClient | None = None  # Generate streams
         self.channel: grpc.aio.Channel | None = None  # health, Check, Predict, EndSession
 

@@ -22,6 +22,7 @@ from orchestrator.api import chat
 from orchestrator.api import bounds as bounding
 from orchestrator.api import check as checking
 from orchestrator.api import predict as predicting
+from orchestrator.api import tokens
 from orchestrator.api import metrics
 from orchestrator.api.choices import SharedPrefill, choice_requests, merged, resumed_choices
 from orchestrator.round.grammar import Constraint
@@ -56,10 +57,10 @@ def _prompt_ids(config: LoopConfig, request: pb.GenerateRequest | pb.CheckReques
 T = TypeVar("T")
 
 
-def text_bytes(request: pb.GenerateRequest | pb.CheckRequest) -> int:
+def text_bytes(request: pb.GenerateRequest | pb.CheckRequest | pb.TokenizeRequest) -> int:
     """UTF-8 bytes of every text field a request carries, its constraint's included (checked
     before any tokenising)."""
-    size = len(request.prompt.encode()) + len(request.guess.encode())
+    size = len(request.prompt.encode()) + len(getattr(request, "guess", "").encode())
     size += len(getattr(request, "prediction", "").encode())
     size += sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
     size += chat.text_bytes(request)
@@ -427,6 +428,21 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                               tool_call_format=tool_call_format(config.tokenizer),
                               max_new_tokens_limit=config.max_new_tokens_limit,
                               draft_mode=config.draft_mode)
+
+    async def Tokenize(  # noqa: N802
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        self.quota.rate(TENANT.get())
+        self.quota.check_bytes(text_bytes(request))
+        return await self._off_loop(tokens.tokenize, self.config.tokenizer, request,
+                                    self.config.context_length)
+
+    async def Detokenize(  # noqa: N802
+        self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetokenizeResponse:
+        self.quota.rate(TENANT.get())
+        return await self._off_loop(tokens.detokenize, self.config.tokenizer, request,
+                                    self.config.vocab_size or len(self.config.tokenizer))
 
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext

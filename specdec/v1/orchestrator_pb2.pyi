@@ -447,3 +447,39 @@ class ServedModel(_message.Message):
     max_new_tokens_limit: int
     draft_mode: str
     def __init__(self, model_name: _Optional[str] = ..., context_length: _Optional[int] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_limit: _Optional[int] = ..., draft_mode: _Optional[str] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("prompt", "messages", "tools", "add_special_tokens", "return_token_strs")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    tools: str
+    add_special_tokens: bool
+    return_token_strs: bool
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., return_token_strs: _Optional[bool] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "token_strs", "context_length")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_strs: _containers.RepeatedScalarFieldContainer[str]
+    context_length: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., token_strs: _Optional[_Iterable[str]] = ..., context_length: _Optional[int] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...

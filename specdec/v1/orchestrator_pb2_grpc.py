@@ -59,6 +59,16 @@ class OrchestratorStub:
                 request_serializer=specdec_dot_v1_dot_orchestrator__pb2.GetServedModelRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.ServedModel.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/specdec.v1.Orchestrator/Tokenize',
+                request_serializer=specdec_dot_v1_dot_orchestrator__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/specdec.v1.Orchestrator/Detokenize',
+                request_serializer=specdec_dot_v1_dot_orchestrator__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -105,6 +115,22 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The target's token ids of a prompt, or of chat messages rendered with its chat
+        template, exactly as Generate counts them (vLLM's /tokenize), and the text of
+        token ids (/detokenize). No model work. Added later; older servers answer
+        UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +158,16 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.GetServedModel,
                     request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.GetServedModelRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_orchestrator__pb2.ServedModel.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.TokenizeRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_orchestrator__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.DetokenizeRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_orchestrator__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +305,60 @@ class Orchestrator:
             '/specdec.v1.Orchestrator/GetServedModel',
             specdec_dot_v1_dot_orchestrator__pb2.GetServedModelRequest.SerializeToString,
             specdec_dot_v1_dot_orchestrator__pb2.ServedModel.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Orchestrator/Tokenize',
+            specdec_dot_v1_dot_orchestrator__pb2.TokenizeRequest.SerializeToString,
+            specdec_dot_v1_dot_orchestrator__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Orchestrator/Detokenize',
+            specdec_dot_v1_dot_orchestrator__pb2.DetokenizeRequest.SerializeToString,
+            specdec_dot_v1_dot_orchestrator__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.protocol import NEUTRAL
+from gateway.responses_api import NEUTRAL as RESPONSES_NEUTRAL
 from gateway.schemas import ChatCompletion, ChatCompletionChunk, TextCompletion
 from tests.integration.stack import Stack, post_json
 from tests.integration.test_gateway import disconnect_mid_stream, gw  # noqa: F401 - the module's stack and gateway
@@ -237,7 +238,7 @@ def test_prediction_keeps_the_text_and_reports_its_tokens(gw):  # noqa: F811
 def _fuzz(base: str, doc: dict, total: int) -> tuple[collections.Counter, list]:
     """Send about `total` schemathesis cases (valid and invalid) to every operation of `doc`.
 
-    Valid chat / completion bodies name the served model, ask for at most 4 tokens and leave
+    Valid chat / completion / responses bodies name the served model, ask for at most 4 tokens and leave
     out the parameters accepted only at their default here (and unknown session ids), so
     they reach the orchestrator and the budget goes to requests, not to decoding.
     """
@@ -248,7 +249,7 @@ def _fuzz(base: str, doc: dict, total: int) -> tuple[collections.Counter, list]:
 
     schema = schemathesis.openapi.from_dict(doc)
     operations = [op.ok() for op in schema.get_all_operations()]
-    generating = {"/v1/chat/completions", "/v1/completions"}
+    generating = {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
     others = max(1, sum(op.path not in generating for op in operations))
     statuses: collections.Counter = collections.Counter()
     failures: list = []
@@ -262,11 +263,12 @@ def _fuzz(base: str, doc: dict, total: int) -> tuple[collections.Counter, list]:
         def send(case) -> None:
             if bounded and isinstance(case.body, dict):
                 case.body["model"] = MODEL
-                for key in ("max_tokens", "max_completion_tokens"):
+                limit = "max_output_tokens" if operation.path == "/v1/responses" else "max_tokens"
+                for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
                     if isinstance(case.body.get(key), int):
                         case.body[key] = min(case.body[key], 4)
-                case.body.setdefault("max_tokens", 4)
-                for key in (*NEUTRAL, "best_of", "session_id"):
+                case.body.setdefault(limit, 4)
+                for key in (*NEUTRAL, *RESPONSES_NEUTRAL, "best_of", "session_id", "previous_response_id"):
                     case.body.pop(key, None)
             response = case.call(base_url=base, timeout=60)
             statuses[response.status_code] += 1
@@ -279,7 +281,7 @@ def _fuzz(base: str, doc: dict, total: int) -> tuple[collections.Counter, list]:
             pass
 
     for operation in operations:
-        share = 0.4 if operation.path in generating else 0.2 / others
+        share = 0.8 / len(generating) if operation.path in generating else 0.2 / others
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             run(operation, mode, max(1, round(total * share / 2)))
     return statuses, failures
