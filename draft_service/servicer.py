@@ -1,5 +1,5 @@
 """DraftService: decode -> draft_service.drafting (a chain) or .trees (a token tree) on the scheduler
--> encode (Propose, ProposeBatch). A feature head, and a model served through the stock forward, draft
+-> encode (Propose, ProposeBatch, ProposeStream). A feature head, and a model served through the stock forward, draft
 chains only (their response names no parents)."""
 from __future__ import annotations
 
@@ -53,3 +53,8 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
     async def ProposeBatch(self, request: model_pb2.ProposeBatchRequest,
                            context: Any) -> model_pb2.ProposeBatchResponse:
         return await self._batch(request, model_pb2.ProposeBatchResponse(), "ProposeBatch")
+
+    async def ProposeStream(self, requests: Any, context: Any) -> Any:
+        async for response in self._stream(requests, model_pb2.ProposeBatchResponse, "ProposeBatch",
+                                           "/specdec.v1.DraftService/ProposeStream"):
+            yield response

@@ -78,10 +78,11 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     on_serving = [hooks.sweeper(host)]
     if options.redis_url:
         on_serving.append(hooks.registration(host, options, role.name))
+    servicer, drain = role.make_servicer(host), Drain.for_service(role.service_name)
+    servicer.drain = drain  # the batch stream gates each of its batches
     try:
-        code = run_server([partial(role.add_to_server, role.make_servicer(host))], [role.service_name],
-                          options, on_serving=hooks.chain(*on_serving),
-                          drain=Drain.for_service(role.service_name))
+        code = run_server([partial(role.add_to_server, servicer)], [role.service_name],
+                          options, on_serving=hooks.chain(*on_serving), drain=drain)
     finally:
         if host.fatal is None:
             host.shutdown()

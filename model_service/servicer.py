@@ -5,18 +5,22 @@ Propose) as two small functions, `prepare` (decode and check a request into
 the role's Work) and `respond` (a finished Work into the response); the base
 runs them for the single call and for the batch call (ScoreBatch,
 ProposeBatch), whose items are queued together so they can share a forward and
-get one status each.
+get one status each, and for the batch stream (ScoreStream, ProposeStream): batch
+calls as messages of one long-lived stream, each run as it arrives and answered
+as it finishes, with no call set-up per batch.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
 
 from engine.host import ModelHost, SessionWork
 from engine.scheduler import Work
+from specdec.runtime.drain import Drain, Draining
 from specdec.runtime.errors import InvalidArgument, new_request_id, status_for
 from model_service.requests import ModelRequest, decode_request, require_session_id
 from specdec.runtime.limits import MAX_SESSION_ID
@@ -35,6 +39,7 @@ class ModelServicerBase:
 
     def __init__(self, host: ModelHost):
         self.host = host
+        self.drain: Drain | None = None  # the server's (model_service.serve): a stream's batches are gated
 
     def decode(self, request: Any) -> ModelRequest:
         return decode_request(request, self.host.loaded, self.host.limits)
@@ -87,6 +92,54 @@ class ModelServicerBase:
                 response.items.append(self.respond(item, outcome, started))
                 response.status.add(code=0)
         return response
+
+    async def _stream(self, batches: AsyncIterator[Any], response_type: type, method: str,
+                      path: str) -> AsyncIterator[Any]:
+        """A batch stream: every batch message runs as `_batch` as soon as it arrives (several at
+        once, as separate batch calls would), and its response goes out as soon as it is done,
+        with the request's batch_id. While the server drains, a batch's items are each refused
+        UNAVAILABLE "draining:" (the orchestrator moves those sessions), as a new call would be."""
+        done: asyncio.Queue = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def run(batch: Any) -> None:
+            try:
+                if self.drain is not None:
+                    self.drain._enter(path)
+            except Draining as exc:
+                response = response_type()
+                for _ in batch.items:
+                    code, message = status_for(exc, method, new_request_id())
+                    response.items.add()
+                    response.status.add(code=code.value[0], message=message)
+            else:
+                try:
+                    response = await self._batch(batch, response_type(), method)
+                finally:
+                    if self.drain is not None:
+                        self.drain._exit()
+            response.batch_id = batch.batch_id
+            done.put_nowait(response)
+
+        async def read() -> None:
+            try:
+                async for batch in batches:
+                    task = asyncio.get_running_loop().create_task(run(batch))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.wait(set(running))
+            finally:
+                done.put_nowait(None)  # the caller closed its side, or the stream broke
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (response := await done.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: Any) -> common_pb2.ReleaseResponse:
         timed = await self.host.run(self.host.release, require_session_id(request.session_id))

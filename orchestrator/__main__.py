@@ -103,7 +103,8 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         registry = None
     security = service_client_from_args(args)
     batch = BatchCalls(enabled=bool(args.batch_calls), max_items=max(1, int(args.batch_max_items)),
-                       max_wait_s=max(0.0, float(args.batch_max_wait_ms)) / 1e3)
+                       max_wait_s=max(0.0, float(args.batch_max_wait_ms)) / 1e3,
+                       stream=bool(args.batch_stream))
     costs = CostBook()
     health, admission = gray_from_args(args, costs)
     router = Router(registry, {"target": args.target, "draft": args.draft}, health=health,

@@ -1,4 +1,4 @@
-"""TargetService: decode -> target_service.scoring on the scheduler -> encode (Score, ScoreBatch)."""
+"""TargetService: decode -> target_service.scoring on the scheduler -> encode (Score, ScoreBatch, ScoreStream)."""
 from __future__ import annotations
 
 from typing import Any
@@ -52,3 +52,8 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
 
     async def ScoreBatch(self, request: model_pb2.ScoreBatchRequest, context: Any) -> model_pb2.ScoreBatchResponse:
         return await self._batch(request, model_pb2.ScoreBatchResponse(), "ScoreBatch")
+
+    async def ScoreStream(self, requests: Any, context: Any) -> Any:
+        async for response in self._stream(requests, model_pb2.ScoreBatchResponse, "ScoreBatch",
+                                           "/specdec.v1.TargetService/ScoreStream"):
+            yield response

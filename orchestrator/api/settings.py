@@ -67,6 +67,9 @@ BATCH_CALLS = Group("batch calls (orchestrator.fleet.batching): many sessions' c
          "on the same replica (never when they are all there; at most half a batch RPC's measured time)",
          20.0, float),
     Flag("batch-max-items", "calls in one batch RPC", 64, int),
+    Flag("batch-stream", "send the batches as messages of one long-lived ScoreStream/ProposeStream per "
+         "replica instead of a ScoreBatch/ProposeBatch call each (no call set-up per batch; a replica "
+         "without the stream gets batch calls)", True, kind=SWITCH),
 ))
 
 

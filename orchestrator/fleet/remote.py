@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import grpc
 
 from orchestrator.fleet.batching import CallBatcher, frame
+from orchestrator.fleet.streams import BatchStream, NoStream, StreamFailed
 from orchestrator.fleet.outliers import SESSION_MOVES, ReplicaHealth
 from specdec.runtime import tracing
 from specdec.core.fingerprint import EMPTY, extend
@@ -133,10 +134,12 @@ class BatchCalls:
     max_items: int = 64
     max_wait_s: float = 0.02
     wait_fraction: float = 0.5
+    stream: bool = True  # batches as messages of one stream per replica (orchestrator.fleet.streams)
 
 
 _BATCH = {"Score": ("ScoreBatch", model_pb2.ScoreBatchResponse),
           "Propose": ("ProposeBatch", model_pb2.ProposeBatchResponse)}
+_STREAM = {"Score": "ScoreStream", "Propose": "ProposeStream"}
 
 
 class ModelClient:
@@ -163,6 +166,11 @@ class ModelClient:
             for name in ("GetInfo", "Release", "Fork", verb, _BATCH[verb][0])
         }
         batch = batch or BatchCalls()
+        self._stream: BatchStream | None = None
+        if batch.enabled and batch.stream:
+            open_stream = self.channel.stream_stream(_method_path(service, _STREAM[verb]))
+            self._stream = BatchStream(lambda: open_stream(metadata=self._metadata), _BATCH[verb][1].FromString,
+                                       name=f"{role} {address} {_STREAM[verb]}", timeout_s=timeout_s)
         self._batcher: CallBatcher | None = None
         if batch.enabled:
             self._batcher = CallBatcher(partial(self._send_batch, verb), max_items=batch.max_items,
@@ -208,6 +216,16 @@ class ModelClient:
         """One batch RPC for the gathered items: per item (response, end time, decode seconds) or an error."""
         name, response_type = _BATCH[verb]
         payload = b"".join(frame(item.payload) for item in items)
+        if self._stream is not None:
+            try:
+                batch, received = await self._stream.send(payload)
+                end = time.perf_counter()
+                return self._items(batch, len(items), received, end)
+            except StreamFailed as exc:
+                return [self._error(exc.code, exc.details)] * len(items)
+            except NoStream:  # a replica without the stream: unary batch calls from now on
+                log.info("%s %s has no %s: sending batch calls", self.role, self.address, _STREAM[verb])
+                self._stream = None
         try:
             raw = await self._methods[name](payload, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
@@ -220,9 +238,13 @@ class ModelClient:
         received = time.perf_counter()
         batch = response_type.FromString(raw)
         end = time.perf_counter()
-        share = (end - received) / max(1, len(items))
+        return self._items(batch, len(items), received, end)
+
+    def _items(self, batch, n: int, received: float, end: float) -> list:
+        """Per item of a batch response: (response, end time, its share of the decode) or its error."""
+        share = (end - received) / max(1, n)
         out: list = []
-        for i in range(len(items)):
+        for i in range(n):
             status = batch.status[i] if i < len(batch.status) else None
             if status is None or i >= len(batch.items):
                 out.append(UpstreamError(grpc.StatusCode.INTERNAL, f"the {self.role} service: a short batch reply"))
@@ -345,6 +367,8 @@ class ModelClient:
         return response, total + call
 
     async def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
         await self.channel.close()
 
 

@@ -114,32 +114,40 @@ class ItemStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ScoreBatchRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "batch_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ScoreRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[ScoreRequest, _Mapping]]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoreRequest, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class ScoreBatchResponse(_message.Message):
-    __slots__ = ("items", "status")
+    __slots__ = ("items", "status", "batch_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ScoreResponse]
     status: _containers.RepeatedCompositeFieldContainer[ItemStatus]
-    def __init__(self, items: _Optional[_Iterable[_Union[ScoreResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoreResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class ProposeBatchRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "batch_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ProposeRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[ProposeRequest, _Mapping]]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ProposeRequest, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class ProposeBatchResponse(_message.Message):
-    __slots__ = ("items", "status")
+    __slots__ = ("items", "status", "batch_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ProposeResponse]
     status: _containers.RepeatedCompositeFieldContainer[ItemStatus]
-    def __init__(self, items: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ..., status: _Optional[_Iterable[_Union[ItemStatus, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class ForkRequest(_message.Message):
     __slots__ = ("session_id", "new_session_id", "length", "prefix_hash", "tenant")

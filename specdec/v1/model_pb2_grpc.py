@@ -45,6 +45,11 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.FromString,
                 _registered_method=True)
+        self.ScoreStream = channel.stream_stream(
+                '/specdec.v1.TargetService/ScoreStream',
+                request_serializer=specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -87,6 +92,17 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreStream(self, request_iterator, context):
+        """ScoreBatch over one long-lived stream (added later; an orchestrator falls
+        back to ScoreBatch where a replica answers UNIMPLEMENTED): one message per
+        batch each way, with no call set-up per batch. Each response carries its
+        request's batch_id; batches run concurrently and may answer out of order.
+        A draining replica answers every item of a batch UNAVAILABLE "draining:".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -120,6 +136,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
             ),
             'ScoreBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.ScoreBatch,
+                    request_deserializer=specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.SerializeToString,
+            ),
+            'ScoreStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ScoreStream,
                     request_deserializer=specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.SerializeToString,
             ),
@@ -191,6 +212,33 @@ class TargetService:
             request,
             target,
             '/specdec.v1.TargetService/ScoreBatch',
+            specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.SerializeToString,
+            specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.TargetService/ScoreStream',
             specdec_dot_v1_dot_model__pb2.ScoreBatchRequest.SerializeToString,
             specdec_dot_v1_dot_model__pb2.ScoreBatchResponse.FromString,
             options,
@@ -304,6 +352,11 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.FromString,
                 _registered_method=True)
+        self.ProposeStream = channel.stream_stream(
+                '/specdec.v1.DraftService/ProposeStream',
+                request_serializer=specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -344,6 +397,13 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeStream(self, request_iterator, context):
+        """ProposeBatch over one long-lived stream, as ScoreStream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -373,6 +433,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
             ),
             'ProposeBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.ProposeBatch,
+                    request_deserializer=specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.SerializeToString,
+            ),
+            'ProposeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeStream,
                     request_deserializer=specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.SerializeToString,
             ),
@@ -444,6 +509,33 @@ class DraftService:
             request,
             target,
             '/specdec.v1.DraftService/ProposeBatch',
+            specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.SerializeToString,
+            specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.DraftService/ProposeStream',
             specdec_dot_v1_dot_model__pb2.ProposeBatchRequest.SerializeToString,
             specdec_dot_v1_dot_model__pb2.ProposeBatchResponse.FromString,
             options,
