@@ -148,3 +148,30 @@ def test_a_cells_decode_phase_is_one_repetitions_own_figures() -> None:
     assert _median_rep(reps[:2]) == reps[0]  # an even count: the lower one
     unmeasured = [{"tps": 1.0, "efficiency": None}, {"tps": 3.0, "efficiency": None}]
     assert _median_rep(unmeasured)["tps"] == 2.0  # no efficiency anywhere: per-figure medians
+
+
+def test_the_gpu_projection_adds_the_measured_control_plane_to_the_gpu_s_step() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.load import projection
+
+    result = {"settings": {"physical_limit": {"1": {"limit_tps": 1000.0}}}, "summaries": [
+        {"mode": "batched", "config": "target-only", "n": 1, "cell_limit_tps": 500.0,
+         "round_parts": {"round": 3.0}, "cpu_us": {"orchestrator": 900.0, "target": 300.0}},
+        {"mode": "batched", "config": "target-only", "n": 64, "round_parts": {"round": 40.0},
+         "cpu_us": {"orchestrator": 400.0, "target": 100.0}},
+        {"mode": "batched", "config": "default", "n": 64, "cpu_us": {"orchestrator": 9e9}},
+    ]}
+    cp = projection.control_plane(result)
+    # c0: the N = 1 round less its own cell's forward (2 ms); c1: the largest N's serial CPU.
+    assert cp["c0"] == 1.0 and cp["c1"] == 0.5 and cp["n_top"] == 64
+    ns = SimpleNamespace(ns=[1, 10], taus=[2.0], k=2, context=0, weights=3.35e9, kv_per_token=0.0,
+                         bandwidth=3.35e12, draft_ms=0.5)
+    one, ten = projection.rows(cp, ns)
+    assert one["target_ms"] == 1.0 and one["control_ms"] == 1.0 and ten["control_ms"] == 5.5
+    assert one["plain_vs_inprocess"] == 1.0 / 2.0
+    # 2 tokens per round of 1 ms + 2 x 0.5 ms drafting + 1 ms control, against 1 token per 2 ms.
+    assert abs(one["tau2.0"] - (2.0 / 3.0) / (1 / 2.0)) < 1e-12
+    assert abs(one["tau2.0_ideal"] - 1.0) < 1e-12  # 2 tokens per 2 ms of GPU against 1 per 1 ms
+    text = projection.markdown(cp, [one, ten], ns, "a run")
+    assert "a projection, not a measurement" in text and "| 10 |" in text
