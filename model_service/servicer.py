@@ -12,6 +12,7 @@ as it finishes, with no call set-up per batch.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -25,6 +26,8 @@ from specdec.runtime.errors import InvalidArgument, new_request_id, status_for
 from model_service.requests import ModelRequest, decode_request, require_session_id
 from specdec.runtime.limits import MAX_SESSION_ID
 from specdec.v1 import common_pb2, model_pb2
+
+log = logging.getLogger(__name__)
 
 # The one kind of feature served (ModelInfo.feature_kind): the target's final
 # hidden state after its final norm (engine.model.drafts).
@@ -97,24 +100,35 @@ class ModelServicerBase:
                       path: str) -> AsyncIterator[Any]:
         """A batch stream: every batch message runs as `_batch` as soon as it arrives (several at
         once, as separate batch calls would), and its response goes out as soon as it is done,
-        with the request's batch_id. While the server drains, a batch's items are each refused
-        UNAVAILABLE "draining:" (the orchestrator moves those sessions), as a new call would be."""
+        with the request's batch_id. When the server begins to drain, the stream reads no more
+        batches, answers those it has and ends (a stream would otherwise hold the server's stop
+        for its whole grace period); a batch the caller sent after that fails on its side with
+        the stream's end, as a call to a stopping replica does, and its sessions move. A batch
+        read just as the drain begins is refused item by item (UNAVAILABLE "draining:")."""
+        loop = asyncio.get_running_loop()
         done: asyncio.Queue = asyncio.Queue()
         running: set[asyncio.Task] = set()
+
+        def refused(batch: Any, exc: BaseException) -> Any:
+            """Every item of the batch failed with `exc`'s status."""
+            response, request_id = response_type(), new_request_id()
+            code, message = status_for(exc, method, request_id)
+            for _ in batch.items:
+                response.items.add()
+                response.status.add(code=code.value[0], message=message)
+            return response
 
         async def run(batch: Any) -> None:
             try:
                 if self.drain is not None:
                     self.drain._enter(path)
             except Draining as exc:
-                response = response_type()
-                for _ in batch.items:
-                    code, message = status_for(exc, method, new_request_id())
-                    response.items.add()
-                    response.status.add(code=code.value[0], message=message)
+                response = refused(batch, exc)
             else:
                 try:
                     response = await self._batch(batch, response_type(), method)
+                except Exception as exc:  # noqa: BLE001 - answered, never left waiting
+                    response = refused(batch, exc)
                 finally:
                     if self.drain is not None:
                         self.drain._exit()
@@ -122,21 +136,33 @@ class ModelServicerBase:
             done.put_nowait(response)
 
         async def read() -> None:
-            try:
-                async for batch in batches:
-                    task = asyncio.get_running_loop().create_task(run(batch))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.wait(set(running))
-            finally:
-                done.put_nowait(None)  # the caller closed its side, or the stream broke
+            async for batch in batches:
+                task = loop.create_task(run(batch))
+                running.add(task)
+                task.add_done_callback(running.discard)
 
-        reader = asyncio.get_running_loop().create_task(read())
+        async def finish(reader: asyncio.Task) -> None:
+            """The caller closed its side, the stream broke, or the drain began: no more batches;
+            those running are answered, then the stream ends."""
+            ends = [reader] if self.drain is None else [reader, loop.create_task(self.drain.began.wait())]
+            try:
+                await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in ends:
+                    task.cancel()
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                log.debug("%s: the stream broke: %s", path, reader.exception())
+            if running:
+                await asyncio.wait(set(running))
+            done.put_nowait(None)
+
+        reader = loop.create_task(read())
+        closer = loop.create_task(finish(reader))
         try:
             while (response := await done.get()) is not None:
                 yield response
         finally:
+            closer.cancel()
             reader.cancel()
             for task in list(running):
                 task.cancel()

@@ -55,6 +55,7 @@ class Drain:
         self._last_call = 0.0  # monotonic time a gated call last arrived
         self._idle = asyncio.Event()
         self._idle.set()
+        self.began = asyncio.Event()  # set by begin(): long-lived streams finish their batches and end
 
     @classmethod
     def for_service(cls, full_name: str, *, ungated: Collection[str] = ("Release", "GetInfo")) -> Drain:
@@ -70,6 +71,7 @@ class Drain:
         not from here: a replica that saw none for quiet_s has no stream mid-round to move,
         and exits at once (a stop of an idle service waited out the period for nothing)."""
         self.draining = True
+        self.began.set()
 
     async def wait(self, deadline_s: float) -> bool:
         """Until no gated call runs and none arrived for quiet_s; False if `deadline_s` passed first."""

@@ -55,7 +55,7 @@ def test_health_and_reflection(service) -> None:
     pool = DescriptorPool(db)
     methods = {m.name for m in pool.FindServiceByName(name).methods}
     verb = "Score" if service.role == "target" else "Propose"
-    assert methods == {verb, f"{verb}Batch", "Release", "GetInfo", "Fork"}
+    assert methods == {verb, f"{verb}Batch", f"{verb}Stream", "Release", "GetInfo", "Fork"}
 
 
 def test_release_requires_a_session_id(service) -> None:

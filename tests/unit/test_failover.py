@@ -72,29 +72,36 @@ def test_a_strict_request_fails_on_any_draft_error() -> None:
         stack.run(PROMPTS[1], k=3, strict=True)
 
 
-@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("path", ["alone", "batch call", "batch stream"])
 @pytest.mark.parametrize("code, details, down", [
     (grpc.StatusCode.CANCELLED, "stopped", True),  # the server stopped mid-call
     (grpc.StatusCode.UNAVAILABLE, "draining: this replica is shutting down", True),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "tokens: too many", False),
 ])
-def test_statuses_that_mean_the_replica_is_gone(code, details, down, batched) -> None:
+def test_statuses_that_mean_the_replica_is_gone(code, details, down, path) -> None:
     """What ModelClient raises for a status: ServiceDown moves the session on either role,
-    whether the call went alone or in a batch call."""
+    whether the call went alone, in a batch call or on the batch stream."""
     import asyncio
 
     from grpc.aio import AioRpcError, Metadata
 
     from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
+    from orchestrator.fleet.streams import StreamFailed
     from specdec.v1 import model_pb2
 
     async def run():
-        client = ModelClient("127.0.0.1:1", "target", batch=BatchCalls(enabled=batched))
+        client = ModelClient("127.0.0.1:1", "target", batch=BatchCalls(enabled=path != "alone",
+                                                                        stream=path == "batch stream"))
 
         async def method(payload, **kwargs):
             raise AioRpcError(code, Metadata(), Metadata(), details=details)
 
+        async def broken(payload):  # the stream ended with this status under the batch
+            raise StreamFailed(code, details)
+
         client._methods["Score"] = client._methods["ScoreBatch"] = method
+        if client._stream is not None:
+            client._stream.send = broken
         client._request_limit = 0
         try:
             await client.score(model_pb2.ScoreRequest(session_id="s", tokens=[1]))
