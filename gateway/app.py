@@ -23,7 +23,7 @@ from starlette.responses import Response
 from gateway.errors import APIError
 from gateway.guard import BodyLimit, HostCheck
 from gateway.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from gateway.responses_api import ResponsesRequest
+from gateway.responses.translate import ResponsesRequest
 from gateway.routes import completions, health, models, playground, responses, tokenize
 from gateway.schemas import REF, ChatCompletionChunk, ResponseEvent
 from gateway.state import Gateway, Settings

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gateway.guard import LOCAL_HOSTS
-from gateway.kept import RECORD_TTL_S
+from gateway.responses.kept import RECORD_TTL_S
 from specdec.runtime.settings import CLIENT_TLS, ON, Flag, Group, Settings
 
 GATEWAY = Group("gateway", (

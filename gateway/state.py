@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from client import AsyncClient
 from gateway.guard import LOCAL_HOSTS, Credentials
-from gateway.kept import RECORD_TTL_S, ResponseStore
+from gateway.responses.kept import RECORD_TTL_S, ResponseStore
 from gateway.playground import Playground, PlaygroundSettings
 from gateway.served import Served
 from specdec.runtime.security import aio_channel, channel_credentials
@@ -31,7 +31,7 @@ class Settings:
     playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
     max_body_bytes: int = 4 << 20        # a larger request body is a 413, refused as it is read
     allowed_hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS)  # None: any (see gateway.guard)
-    responses_ttl_s: float = RECORD_TTL_S  # a stored response's record (gateway.kept)
+    responses_ttl_s: float = RECORD_TTL_S  # a stored response's record (gateway.responses.kept)
     max_stored_responses: int = 10000
 
 

@@ -1,10 +1,10 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id}: the Responses API over the chat path.
 
-A turn is a chat request (gateway.responses_api) on one Generate stream (gateway.generation).
+A turn is a chat request (gateway.responses.translate) on one Generate stream (gateway.generation).
 With `store` (the default) its conversation is a kept session: the next turn, naming it in
 `previous_response_id`, sends the whole conversation again with that session's id, and the
 services serve the shared prefix from their KV caches (usage.input_tokens_details.cached_tokens).
-The record (gateway.kept) is the caller's; another caller's id is a 404 like an unknown one.
+The record (gateway.responses.kept) is the caller's; another caller's id is a 404 like an unknown one.
 """
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 from starlette.responses import JSONResponse, Response
 
-from gateway import kept, state
+from gateway import state
+from gateway.responses import kept
 from gateway.chunks import DISCONNECTS, choice_stats
 from gateway.errors import APIError, first_chunk, from_rpc_error
 from gateway.generation import body, call_options, collect, metadata as caller, unless_disconnected
-from gateway.responses_api import (
+from gateway.responses.translate import (
     ResponsesRequest, ResponseWriter, assistant_message, chat_request, input_messages, parse_request, skeleton,
 )
 from gateway.schemas import ErrorResponse, ResponseDeleted, ResponseEvent, ResponseObject, request_body, responses

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.protocol import NEUTRAL
-from gateway.responses_api import NEUTRAL as RESPONSES_NEUTRAL
+from gateway.responses.translate import NEUTRAL as RESPONSES_NEUTRAL
 from gateway.schemas import ChatCompletion, ChatCompletionChunk, TextCompletion
 from tests.integration.stack import Stack, post_json
 from tests.integration.test_gateway import disconnect_mid_stream, gw  # noqa: F401 - the module's stack and gateway

@@ -1,7 +1,7 @@
-"""gateway.kept: stored responses are their owner's, expire after their last use, and are bounded."""
+"""gateway.responses.kept: stored responses are their owner's, expire after their last use, and are bounded."""
 from __future__ import annotations
 
-from gateway.kept import RECORD_TTL_S, ResponseStore, StoredResponse, owner
+from gateway.responses.kept import RECORD_TTL_S, ResponseStore, StoredResponse, owner
 
 
 def _record(ident: str, who: str, session: str = "s") -> StoredResponse:
