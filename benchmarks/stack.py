@@ -152,7 +152,7 @@ def prepare_run(args, prefix: str) -> Path:
     if args.tiny:
         from tests.tiny import build_pair
 
-        target_dir, draft_dir = build_pair(workdir / "tiny")
+        target_dir, draft_dir = build_pair(workdir / "tiny", vocab=getattr(args, "tiny_vocab", 0) or 0)
         if getattr(args, "tiny_head", False):
             from tests.tiny import build_feature_head
 

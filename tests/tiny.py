@@ -44,8 +44,9 @@ Please rewrite the following sentence: the cat sat on the mat and purred.
 """
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int = 384):
-    """Train a small byte-level BPE tokenizer and save it to `out_dir`."""
+def build_tokenizer(out_dir: Path, vocab_size: int = 384, *, pad_to: int = 0):
+    """Train a small byte-level BPE tokenizer and save it to `out_dir`; with `pad_to`, added tokens
+    "<|vN|>" make its vocabulary that large (a real model's size: what the vocabulary costs)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -68,6 +69,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 384):
         pad_token="<|im_end|>",
     )
     fast.chat_template = CHAT_TEMPLATE
+    if pad_to > len(fast):
+        fast.add_tokens([f"<|v{i}|>" for i in range(pad_to - len(fast))])
     fast.save_pretrained(out_dir)
     return fast
 
@@ -83,18 +86,20 @@ def build_model(
     context_length: int = 512,
     perturb_from: Path | None = None,
     perturb_std: float = 0.0,
+    pad_vocab_to: int = 0,
 ) -> Path:
     """Save a tiny Llama-architecture model (and its tokenizer) to `out_dir`.
 
     With `perturb_from`, start from that model's weights and add Gaussian noise
     of `perturb_std` (relative to each tensor's std): a draft that agrees with
-    its target often but not always.
+    its target often but not always. `pad_vocab_to`: the tokenizer's (and so the model's) vocabulary
+    padded to that many ids (build_tokenizer).
     """
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out_dir, vocab_size)
+    tokenizer = build_tokenizer(out_dir, vocab_size, pad_to=pad_vocab_to)
     gen = torch.Generator().manual_seed(seed)
     if perturb_from is not None:
         model = AutoModelForCausalLM.from_pretrained(perturb_from, dtype=torch.float32)
@@ -139,11 +144,12 @@ def distill_target(root: Path):
     return target_dir, load(str(target_dir)), train_prompts, heldout_prompts
 
 
-def build_pair(root: Path, *, draft_noise: float = 0.04) -> tuple[Path, Path]:
-    """A tiny target and a tiny draft derived from it by noise; returns (target, draft)."""
+def build_pair(root: Path, *, draft_noise: float = 0.04, vocab: int = 0) -> tuple[Path, Path]:
+    """A tiny target and a tiny draft derived from it by noise; returns (target, draft). `vocab`:
+    both vocabularies padded to that many ids (0: the trained 384)."""
     root = Path(root)
-    target = build_model(root / "target", seed=0)
-    draft = build_model(root / "draft", seed=1, perturb_from=target, perturb_std=draft_noise)
+    target = build_model(root / "target", seed=0, pad_vocab_to=vocab)
+    draft = build_model(root / "draft", seed=1, perturb_from=target, perturb_std=draft_noise, pad_vocab_to=vocab)
     return target, draft
 
 

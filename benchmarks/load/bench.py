@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CI sizes: N = 1, 4; 12 new tokens")
     p.add_argument("--tiny", action="store_true", help="tiny random models (tests.tiny.build_pair)")
+    p.add_argument("--tiny-vocab", type=int, default=0, help="with --tiny: pad both vocabularies to this many "
+                   "ids (e.g. 49152 or 151936, real models' sizes: what the vocabulary costs per round)")
     p.add_argument("--target", help="target --model; default: the embedded one")
     p.add_argument("--draft", help="draft --model; default: the draft service's own (the distilled draft)")
     p.add_argument("--ns", help="concurrent streams (full 1,2,4,8,16; quick 1,4)")

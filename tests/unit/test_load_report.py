@@ -175,3 +175,13 @@ def test_the_gpu_projection_adds_the_measured_control_plane_to_the_gpu_s_step() 
     assert abs(one["tau2.0_ideal"] - 1.0) < 1e-12  # 2 tokens per 2 ms of GPU against 1 per 1 ms
     text = projection.markdown(cp, [one, ten], ns, "a run")
     assert "a projection, not a measurement" in text and "| 10 |" in text
+
+
+def test_tiny_models_can_carry_a_real_model_s_vocabulary(tmp_path) -> None:
+    """benchmarks.load --tiny-vocab: the tiny tokenizer padded with added tokens to the size asked."""
+    from tests.tiny import build_tokenizer
+
+    tok = build_tokenizer(tmp_path, pad_to=1000)
+    assert len(tok) == 1000
+    assert tok.decode([999]) == "<|v615|>"  # 384 trained ids, then <|v0|> .. <|v615|>
+    assert tok.encode("the cat sat") == build_tokenizer(tmp_path / "plain").encode("the cat sat")
