@@ -10,7 +10,11 @@ concurrently and answer out of order.
 
 Failures: the stream breaking (a replica restarting, draining or gone) fails
 every batch waiting on it with the stream's status, and the next batch opens a
-new stream. A batch not answered within `timeout_s` fails with
+new stream. A stream that breaks in transit can end with INTERNAL or UNKNOWN
+("Internal error from Core" when its replica stops under it): any status but
+the caller's own faults (authentication, a message too large, bad input) counts
+as UNAVAILABLE, the replica gone, so the sessions move as they would from a
+failed call. A batch not answered within `timeout_s` fails with
 DEADLINE_EXCEEDED, and the stream is dropped (a replica that stopped answering
 one batch is not trusted with the next). A replica without the stream method
 answers UNIMPLEMENTED: `send` raises `NoStream` and the client goes back to
@@ -28,6 +32,12 @@ from typing import Any
 import grpc
 
 log = logging.getLogger(__name__)
+
+
+# Stream statuses passed on as they are: the replica gone or slow, or the caller's own fault.
+_KEPT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAUTHENTICATED,
+                   grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                   grpc.StatusCode.INVALID_ARGUMENT})
 
 
 class NoStream(Exception):
@@ -130,9 +140,12 @@ class BatchStream:
             self._drop(failure, cancel_reader=False)
 
     def _failure(self, exc: grpc.aio.AioRpcError) -> Exception:
-        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-            return NoStream(exc.details() or "")
-        return StreamFailed(exc.code(), exc.details() or "")
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return NoStream(details)
+        if code in _KEPT:
+            return StreamFailed(code, details)
+        return StreamFailed(grpc.StatusCode.UNAVAILABLE, f"{self.name} broke ({code.name}: {details})")
 
     def _drop(self, failure: BaseException, *, cancel_reader: bool = True) -> None:
         """Forget the stream (the next batch opens another) and fail every batch waiting on it."""

@@ -50,8 +50,8 @@ async def serve(plan: Plan, *, with_stream: bool = True) -> tuple[grpc.aio.Serve
             first = batch.items[0].session_id
             if first == "never":
                 return
-            if first == "break":
-                out.put_nowait("break")
+            if first in ("break", "crash"):
+                out.put_nowait(first)
                 return
             await asyncio.sleep(plan.delay_s.get(first, 0.0))
             reply = model_pb2.ScoreBatchResponse(batch_id=batch.batch_id)
@@ -70,6 +70,8 @@ async def serve(plan: Plan, *, with_stream: bool = True) -> tuple[grpc.aio.Serve
                 reply = await out.get()
                 if reply == "break":
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: going away")
+                if reply == "crash":  # what a stream cut under a stopping replica can end with
+                    await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
                 yield reply
         finally:
             reader.cancel()
@@ -150,6 +152,16 @@ def test_a_broken_stream_fails_every_waiting_batch_with_its_status_and_the_next_
     assert also.code == grpc.StatusCode.UNAVAILABLE
     assert [i.cache_length for i in again.items] == [3]
     assert opened == 2 and plan.streams == 2
+
+
+def test_a_stream_that_breaks_in_transit_means_the_replica_is_gone() -> None:
+    async def body(stream: BatchStream):
+        with pytest.raises(StreamFailed) as broke:
+            await stream.send(batch_bytes("crash"))
+        return broke.value
+
+    broke = asyncio.run(_with_stream(Plan(), body))
+    assert broke.code == grpc.StatusCode.UNAVAILABLE and "INTERNAL: Internal error from Core" in broke.details
 
 
 def test_an_unanswered_batch_times_out_and_the_stream_is_not_trusted_again() -> None:
