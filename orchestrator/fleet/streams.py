@@ -91,10 +91,10 @@ class BatchStream:
                 await call.write(framed_items + batch_id_field(batch_id))
             return await asyncio.wait_for(future, self.timeout_s)
         except asyncio.TimeoutError:
-            self._drop(StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"no answer on {self.name} within {self.timeout_s:.0f} s"))
-            raise StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED,
-                               f"no answer on {self.name} within {self.timeout_s:.0f} s") from None
+            failure = StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"no answer on {self.name} within {self.timeout_s:.0f} s")
+            self._drop(failure)
+            raise failure from None
         except grpc.aio.AioRpcError as exc:  # the write found the stream broken
             failure = self._failure(exc)
             self._drop(failure)
