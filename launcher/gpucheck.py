@@ -163,6 +163,22 @@ def _runner(model: Any, device: torch.device, dtype: torch.dtype, *, invariant: 
         require_exact=invariant, max_k=8))
 
 
+class Runners:
+    """One model and calibrated pooled runner per dtype, shared by the phases that check them: a
+    runner's calibration and self-check cost more than most phases' own work on a CPU."""
+
+    def __init__(self, device: torch.device, layers: int | None):
+        self.device, self.layers = device, layers
+        self.built: dict[torch.dtype, tuple[Any, Any]] = {}
+
+    def __call__(self, dtype: torch.dtype) -> tuple[Any, Any]:
+        """(model, runner); raises engine.host.Inexact as _runner does, again on each call."""
+        if dtype not in self.built:
+            model = build_model(self.device, dtype, self.layers)
+            self.built[dtype] = (model, _runner(model, self.device, dtype))
+        return self.built[dtype]
+
+
 def _logits(runner, rows) -> list[torch.Tensor]:
     from engine.plan import RowPlan, StepPlan
 
@@ -199,7 +215,7 @@ def cached_phase(device: torch.device, layers: int | None, steps: int) -> dict:
     return {"steps": steps, "max_abs_logit_diff": worst, "argmax_flips": flips, "ok": flips == 0}
 
 
-def selfcheck_phase(device: torch.device, layers: int | None) -> dict:
+def selfcheck_phase(runners: Runners) -> dict:
     import logging
 
     records: list[str] = []
@@ -219,7 +235,7 @@ def selfcheck_phase(device: torch.device, layers: int | None) -> dict:
         for name, dtype in DTYPES:
             records.clear()
             try:
-                runner = _runner(build_model(device, dtype, layers), device, dtype)
+                runner = runners(dtype)[1]
             except Inexact as exc:
                 out[name] = {"runner": "refused", "reason": str(exc), "log": list(records)}
                 continue
@@ -234,13 +250,12 @@ def selfcheck_phase(device: torch.device, layers: int | None) -> dict:
         logger.removeHandler(handler)
 
 
-def invariance_phase(device: torch.device, layers: int | None, counts: list[int]) -> dict:
+def invariance_phase(runners: Runners, counts: list[int]) -> dict:
     """One probe session decoding 8 steps alone, then packed with n - 1 others, per count n."""
     out: dict[str, Any] = {}
     ok = True
     for name, dtype in DTYPES:
-        model = build_model(device, dtype, layers)
-        runner = _runner(model, device, dtype)
+        model, runner = runners(dtype)
         vocab = model.config.vocab_size
         gen = torch.Generator(device="cpu").manual_seed(7)
         probe = torch.randint(0, vocab, (30,), generator=gen).tolist()
@@ -278,13 +293,12 @@ def invariance_phase(device: torch.device, layers: int | None, counts: list[int]
     return out
 
 
-def score_steps_phase(device: torch.device, layers: int | None) -> dict:
+def score_steps_phase(runners: Runners) -> dict:
     """Score over k + 1 = 5 tokens in one forward vs 5 one-token steps, 16 sequences."""
     out: dict[str, Any] = {}
     ok = True
     for name, dtype in DTYPES:
-        model = build_model(device, dtype, layers)
-        runner = _runner(model, device, dtype)
+        model, runner = runners(dtype)
         gen = torch.Generator(device="cpu").manual_seed(9)
         worst, flips, positions, bitwise = 0.0, 0, 0, True
         with torch.inference_mode():
@@ -307,7 +321,7 @@ def score_steps_phase(device: torch.device, layers: int | None) -> dict:
     return out
 
 
-def identity_phase(device: torch.device, layers: int | None, counts: list[int], steps: int) -> dict:
+def identity_phase(runners: Runners, counts: list[int], steps: int) -> dict:
     """Greedy speculative decoding against target-only, per dtype and count of concurrent sessions.
 
     Target-only: each session alone, one token per forward. Speculative: every session in one
@@ -322,8 +336,7 @@ def identity_phase(device: torch.device, layers: int | None, counts: list[int], 
     out: dict[str, Any] = {}
     ok = True
     for name, dtype in DTYPES[1:]:
-        model = build_model(device, dtype, layers)
-        runner = _runner(model, device, dtype)
+        model, runner = runners(dtype)
         vocab = model.config.vocab_size
         per = {}
         for n in counts:
@@ -542,12 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     layers = 2 if args.quick else None
     counts = [1, 2, 8, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     check = Check(args.out, device, args.quick)
+    runners = Runners(device, layers)
     check.phase("env", lambda: env_phase(device))
     check.phase("cached", lambda: cached_phase(device, layers, 8 if args.quick else 32))
-    check.phase("selfcheck", lambda: selfcheck_phase(device, layers))
-    check.phase("invariance", lambda: invariance_phase(device, layers, counts))
-    check.phase("score_steps", lambda: score_steps_phase(device, layers))
-    check.phase("identity", lambda: identity_phase(device, layers, [1, 8] if args.quick else [1, 8, 64],
+    check.phase("selfcheck", lambda: selfcheck_phase(runners))
+    check.phase("invariance", lambda: invariance_phase(runners, counts))
+    check.phase("score_steps", lambda: score_steps_phase(runners))
+    check.phase("identity", lambda: identity_phase(runners, [1, 8] if args.quick else [1, 8, 64],
                                                    12 if args.quick else 24))
     check.phase("timing", lambda: timing_phase(device, layers, 5 if args.quick else 30))
     if device.type == "cuda":  # compiling costs minutes on a CPU and measured slower there
