@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--playground-passes-per-minute: must be >= 0")
     if int(args.max_body_bytes) < 1:
         raise SystemExit("--max-body-bytes: must be >= 1")
+    if float(args.body_timeout) <= 0:
+        raise SystemExit("--body-timeout: must be > 0")
+    if int(args.max_concurrency) < 0:
+        raise SystemExit("--max-concurrency: must be >= 0 (0 = no limit)")
     playground = None if args.no_playground else PlaygroundSettings(
         passes_per_minute=passes, trusted_proxies=parse_networks(args.trusted_proxies))
     app = create_app(Settings(orchestrator=args.orchestrator,
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),
                               tls_ca=args.tls_ca, tls_cert=args.client_cert, tls_key=args.client_key,
                               playground=playground, max_body_bytes=int(args.max_body_bytes),
+                              body_timeout_s=float(args.body_timeout),
                               allowed_hosts=parse_hosts(args.allowed_hosts),
                               responses_ttl_s=float(args.responses_ttl),
                               max_stored_responses=int(args.max_stored_responses)))
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     # (a local caller could claim any address); gateway.guard.client_address decides instead.
     uvicorn.run(app, host=args.host, port=int(args.port), log_level=level.lower(),
                 access_log=level == "DEBUG", timeout_graceful_shutdown=float(args.grace) + 1,
-                proxy_headers=False)
+                proxy_headers=False, limit_concurrency=int(args.max_concurrency) or None)
     return 0
 
 

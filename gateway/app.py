@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from gateway.errors import APIError
-from gateway.guard import BodyLimit, HostCheck
+from gateway.guard import BodyLimit, HostCheck, TokenCheck
 from gateway.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from gateway.responses.translate import ResponsesRequest
 from gateway.routes import completions, health, models, playground, responses, tokenize
@@ -31,7 +31,7 @@ from gateway.state import Gateway, Settings
 __all__ = ["Settings", "create_app"]
 
 _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses", "/tokenize",
-           "/detokenize", "/health"}
+           "/detokenize", "/health", "/health/live"}
 
 HTTP_REQUESTS = Counter("specdec_http_requests_total",
                         "HTTP responses of the OpenAI-compatible gateway, by route and status",
@@ -46,9 +46,11 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="specdec OpenAI-compatible API", lifespan=_lifespan,
                   docs_url=None, redoc_url=None)
     gateway = app.state.gateway = Gateway(settings)
-    # Starlette runs the middleware added last first: the count, then Host/Origin, then the size.
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # Starlette runs the middleware added last first: the count, the token, Host/Origin, the size.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts, credentials=gateway.credentials,
+                       channel=lambda: gateway.channel)
+    app.add_middleware(TokenCheck, credentials=gateway.credentials, verdicts=gateway.verdicts,
                        channel=lambda: gateway.channel)
     app.add_middleware(_CountResponses)
     if settings.playground is not None:

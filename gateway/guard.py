@@ -1,8 +1,14 @@
 """What the gateway checks before any route runs: the body's size, who may call, from where.
 
+    TokenCheck    while the orchestrator requires tokens: a request with no bearer token is a 401,
+                  one whose token the orchestrator refuses a 403, both from the headers alone,
+                  before one byte of the body is read (only the probes and the playground's
+                  page go without); each token's verdict is asked of the orchestrator once and
+                  kept a while, by its digest.
     BodyLimit     a body over --max-body-bytes is a 413 while it is read: a Content-Length above
                   the limit is refused before one byte of the body; a chunked body is counted as
-                  it arrives and refused at the first byte over (never buffered whole).
+                  it arrives and refused at the first byte over (never buffered whole); a body
+                  that stalls for --body-timeout seconds is a 408.
     HostCheck     when the orchestrator takes calls without a token, only the --allowed-hosts
                   names (localhost by default) may be in Host, and in Origin when a browser sends
                   one: a web page on another origin, or one that rebinds its DNS name to
@@ -17,10 +23,13 @@ Each is a pure ASGI layer or a small object, so nothing here reads a body it wil
 """
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import ipaddress
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -29,17 +38,34 @@ import grpc
 log = logging.getLogger("gateway")
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
-_UNGUARDED = {("GET", "/health"), ("GET", "/v1/models")}  # the probes' routes: nothing private
+_UNGUARDED = {("GET", "/health"), ("GET", "/health/live"), ("GET", "/v1/models")}  # no Host check
+
+
+def open_to_anyone(method: str, path: str) -> bool:
+    """What needs no token even when tokens are required: the probes (readiness and liveness,
+    which say nothing private) and the playground's page, its files and its read-only views
+    (the page asks for a token before it generates)."""
+    return method == "GET" and (path in ("/health", "/health/live") or path == "/playground"
+                                or path.startswith("/playground/static/")
+                                or path in ("/playground/", "/playground/api/info",
+                                            "/playground/api/speedup"))
 
 
 class BodyTooLarge(Exception):
     """Raised inside `receive` when the body passes the limit (BodyLimit answers 413)."""
 
 
+class BodyStalled(Exception):
+    """Raised inside `receive` when the body's next part takes too long (BodyLimit answers 408)."""
+
+
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}
+
+
 async def _refuse(send, status: int, message: str, code: str) -> None:
     """An OpenAI error body, sent straight on the ASGI channel."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
+    body = json.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "invalid_request_error"),
+                                 "param": None, "code": code}}).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close")]})
@@ -54,10 +80,11 @@ def _header(scope, name: bytes) -> str | None:
 
 
 class BodyLimit:
-    """A 413 for a body over `limit` bytes, decided before reading it or as it is read."""
+    """A 413 for a body over `limit` bytes, decided before reading it or as it is read; a 408 for
+    a body whose next part does not come within `timeout_s`."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = 30.0) -> None:
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -66,15 +93,21 @@ class BodyLimit:
         if declared is not None and (not declared.strip().isdigit() or int(declared) > self.limit):
             return await self._too_large(send)
         received = 0
-        started = False
+        started = whole = False
 
         async def counted_receive():
-            nonlocal received
-            message = await receive()
+            nonlocal received, whole
+            if whole:  # after the body: waits for the client to go (a stream's watch), untimed
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except asyncio.TimeoutError:
+                raise BodyStalled from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     raise BodyTooLarge
+                whole = not message.get("more_body", False)
             return message
 
         async def watched_send(message) -> None:
@@ -87,6 +120,10 @@ class BodyLimit:
         except BodyTooLarge:
             if not started:  # else the route answered without the whole body: nothing to add
                 await self._too_large(send)
+        except BodyStalled:
+            if not started:
+                await _refuse(send, 408, f"the request body stalled: no part of it came for "
+                              f"{self.timeout_s:g} s (--body-timeout)", "request_timeout")
 
     async def _too_large(self, send) -> None:
         await _refuse(send, 413, f"the request body is larger than this gateway's limit of "
@@ -123,6 +160,96 @@ class Credentials:
             else:
                 self.required = code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
         return self.required
+
+
+class TokenVerdicts:
+    """What the orchestrator says of each bearer token: accepted (None), or the HTTP status that
+    refuses it (401 / 403). Asked with a call that does no work and kept for KEEP_S per token
+    digest, at most MAX_KEPT of them (least recently used go first); callers of one token at
+    once share one question."""
+
+    KEEP_S = 30.0
+    MAX_KEPT = 4096
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[str, tuple[float, int | None]] = OrderedDict()
+        self._asking: dict[str, asyncio.Future] = {}
+
+    async def status(self, channel: grpc.aio.Channel, authorization: str) -> int | None:
+        key = hashlib.sha256(authorization.encode("latin-1", "replace")).hexdigest()
+        kept = self._kept.get(key)
+        if kept is not None and time.monotonic() - kept[0] < self.KEEP_S:
+            self._kept.move_to_end(key)
+            return kept[1]
+        if key in self._asking:
+            return await asyncio.shield(self._asking[key])
+        future = self._asking[key] = asyncio.get_running_loop().create_future()
+        try:
+            verdict = await self._ask(channel, authorization)
+            if verdict != 503:  # an unreachable orchestrator's answer is asked again next time
+                self._kept[key] = (time.monotonic(), verdict)
+                self._kept.move_to_end(key)
+                while len(self._kept) > self.MAX_KEPT:
+                    self._kept.popitem(last=False)
+            future.set_result(verdict)
+            return verdict
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no warning when nobody else waited
+            raise
+        finally:
+            del self._asking[key]
+
+    @staticmethod
+    async def _ask(channel: grpc.aio.Channel, authorization: str) -> int | None:
+        from specdec.v1 import orchestrator_pb2 as pb
+        from specdec.v1 import orchestrator_pb2_grpc
+
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        try:
+            await stub.EndSession(pb.EndSessionRequest(session_id=""), timeout=2.0,
+                                  metadata=(("authorization", authorization),))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return 401
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                return 403
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return 503
+        return None  # past the token check (an empty session id is then INVALID_ARGUMENT)
+
+
+class TokenCheck:
+    """While the orchestrator requires tokens, a request's token is checked from its headers,
+    before its body is read: none (or not a bearer token) is a 401, one the orchestrator
+    refuses a 403, an orchestrator that does not answer a 503. Then the route runs, and the
+    orchestrator checks the token again on the real call."""
+
+    def __init__(self, app, credentials: Credentials, verdicts: TokenVerdicts, channel) -> None:
+        self.app, self.credentials, self.verdicts, self.channel = app, credentials, verdicts, channel
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or open_to_anyone(scope["method"], scope["path"]):
+            return await self.app(scope, receive, send)
+        if not await self.credentials.check(self.channel()):
+            return await self.app(scope, receive, send)  # no token needed (or not known yet)
+        authorization = _header(scope, b"authorization") or ""
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return await _refuse(send, 401, "missing credentials: send 'authorization: Bearer <token>'",
+                                 "missing_credentials")
+        verdict = await self.verdicts.status(self.channel(), authorization)
+        if verdict == 503:
+            return await _refuse(send, 503, "the orchestrator does not answer, so the token cannot be "
+                                 "checked; try again", "orchestrator_unavailable")
+        if verdict is not None:
+            log.info("refused a request to %s %s: its token was %s", scope["method"], scope["path"],
+                     "missing" if verdict == 401 else "not accepted")
+            return await _refuse(send, verdict, "the token is not accepted" if verdict == 403
+                                 else "missing credentials: send 'authorization: Bearer <token>'",
+                                 "invalid_api_key")
+        await self.app(scope, receive, send)
 
 
 def parse_hosts(text: str) -> frozenset[str] | None:

@@ -28,6 +28,9 @@ GATEWAY = Group("gateway", (
 GUARD = Group("what the gateway accepts", (
     Flag("max-body-bytes", "a request body larger than this is a 413, refused while it is read "
          "(before any parsing)", 4 << 20, int),
+    Flag("body-timeout", "seconds a request body may stall (no part of it arriving) before a 408", 30.0, float),
+    Flag("max-concurrency", "connections and requests in progress at most; one more is a 503 at once "
+         "(uvicorn's limit_concurrency); 0 = no limit", 1024, int),
     Flag("allowed-hosts", "while the orchestrator takes calls without a token: the names a request's "
          "Host (and a browser's Origin) may carry, comma-separated; others are a 403, so no web page "
          "on another origin can drive this gateway; '*' = any", ",".join(LOCAL_HOSTS)),

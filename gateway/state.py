@@ -11,7 +11,7 @@ import grpc
 from starlette.requests import Request
 
 from client import AsyncClient
-from gateway.guard import LOCAL_HOSTS, Credentials
+from gateway.guard import LOCAL_HOSTS, Credentials, TokenVerdicts
 from gateway.responses.kept import RECORD_TTL_S, ResponseStore
 from gateway.playground import Playground, PlaygroundSettings
 from gateway.served import Served
@@ -30,6 +30,7 @@ class Settings:
     tls_key: str | None = None
     playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
     max_body_bytes: int = 4 << 20        # a larger request body is a 413, refused as it is read
+    body_timeout_s: float = 30.0         # a body whose next part takes longer is a 408
     allowed_hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS)  # None: any (see gateway.guard)
     responses_ttl_s: float = RECORD_TTL_S  # a stored response's record (gateway.responses.kept)
     max_stored_responses: int = 10000
@@ -43,6 +44,7 @@ class Gateway:
         self.settings = settings
         self.created = int(time.time())  # the model card's `created`
         self.credentials = Credentials()  # whether the orchestrator requires a token
+        self.verdicts = TokenVerdicts()  # and if so, what it says of each caller's token
         self.served = Served(settings.served_model_names)  # the model ids, the target's name and context
         self.playground = Playground(settings.playground) if settings.playground is not None else None
         self.stored = ResponseStore(settings.responses_ttl_s, settings.max_stored_responses)

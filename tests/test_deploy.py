@@ -315,6 +315,8 @@ def test_probes_target_the_ports_the_processes_listen_on(name):
             for probe in ("readinessProbe", "livenessProbe"):
                 assert container[probe]["httpGet"]["port"] in ("http", ports["http"])
             assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+            # liveness asks the process alone, and needs no token when tokens are required
+            assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
             continue
         assert ports["grpc"] == int(env["SPECDEC_PORT"]), role
         assert ports["metrics"] == int(env["SPECDEC_METRICS_PORT"]), role

@@ -3,6 +3,7 @@
     python -m benchmarks.faults.attack_bench [--mb 8] [--victims 60] [--json out.json]
     python -m benchmarks.faults.attack_bench --gateway-only [--gateway-body-mb 100]
     python -m benchmarks.faults.attack_bench --bounds-only [--tiny] [--runs 5]
+    python -m benchmarks.faults.attack_bench --flood-only [--flood-requests 12] [--flood-mb 4]
 
 Tiny target + draft + orchestrator (loopback). One task sends short greedy
 Generates back to back and times each one's first chunk; phases alternate
@@ -16,6 +17,10 @@ context). Goal: the p99 delay <= 50 ms.
 The gateway entry (benchmarks.faults.gateway_attack): a --gateway-body-mb MB request body, declared
 and chunked, against the gateway's body limit. Goal: 413 within 1 s, gateway memory growth
 <= 20 MB.
+
+The flood entry (benchmarks.faults.gateway_attack.run_flood, --flood-only): concurrent 4 MB
+requests to a gateway whose orchestrator requires tokens, without one, with one nobody holds, and
+with a real one (the control). Goal: all 401 / 403, gateway memory growth <= 30 MB.
 
 The bounds entry (benchmarks.faults.bounds_attack, --bounds or --bounds-only): 100,000 stop
 strings, a 1 MB prediction, a 1 MB JSON Schema, each refused with a clear error or served with
@@ -124,8 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bounds-only", action="store_true", help="run the bounds entry alone")
     p.add_argument("--runs", type=int, default=5, help="bounds entry: victim streams per measurement")
     p.add_argument("--tiny", action="store_true", help="bounds entry: the tiny test models, not the embedded")
+    p.add_argument("--flood-only", action="store_true", help="run the anonymous flood entry alone")
+    p.add_argument("--flood-requests", type=int, default=12, help="flood entry: concurrent requests")
+    p.add_argument("--flood-mb", type=float, default=4.0, help="flood entry: each body's size, MB")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.flood_only:
+        from benchmarks.faults import gateway_attack
+
+        flood = gateway_attack.run_flood(args.flood_requests, args.flood_mb)
+        for name, r in flood.items():
+            counts = {s: r["statuses"].count(s) for s in dict.fromkeys(r["statuses"])}
+            print(f"{r['requests']} concurrent {r['body_mb']:g} MB requests, {name}: statuses "
+                  f"{', '.join(f'{s} x{n}' for s, n in counts.items())}; slowest answer "
+                  f"{r['worst_seconds']:.2f} s; gateway memory growth {r['rss_growth_mb']:.1f} MB")
+        if args.json:
+            Path(args.json).write_text(json.dumps(flood, indent=2))
+        return 0
     results = {} if args.gateway_only or args.bounds_only else run(args)
     for mode, r in results.items():
         print(f"{args.mb} MB prompts, {mode}: first token p50 {r['quiet_p50_ms']:.1f} -> "

@@ -9,6 +9,12 @@ to send before the answer, and the gateway process's peak resident memory growth
 lasted (Linux: VmHWM in /proc, reset first through clear_refs). The gateway runs alone: the
 limit answers before any route, so no orchestrator is involved. Goal: 413 within 1 s, growth
 <= 20 MB.
+
+The anonymous flood (`anonymous_flood`, `--anonymous-flood` of attack_bench): N concurrent
+requests without a token, each a valid JSON body of MB megabytes (a prompt of token ids, the
+costliest kind to parse), to a gateway whose orchestrator requires tokens. The figures: every
+status (401 expected, from the headers alone) and the gateway's peak memory growth. Goal: all 401,
+growth <= 30 MB.
 """
 from __future__ import annotations
 
@@ -33,10 +39,11 @@ def reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
-def _head(port: int, total: int, chunked: bool) -> bytes:
+def _head(port: int, total: int, chunked: bool, path: str = "/v1/chat/completions",
+          extra: str = "") -> bytes:
     length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}"
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\n{length}\r\n\r\n").encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\n{extra}{length}\r\n\r\n").encode()
 
 
 def _send_body(sock: socket.socket, total: int, chunked: bool, sent: list[int]) -> None:
@@ -83,6 +90,56 @@ def huge_body(port: int, pid: int, total: int, *, chunked: bool, timeout_s: floa
             "rss_growth_mb": growth_mb}
 
 
+def token_id_body(total: int) -> bytes:
+    """A valid /v1/completions body of exactly `total` bytes: a prompt of token ids."""
+    head, tail = b'{"model": "specdec", "max_tokens": 1, "prompt": [1', b"]}"
+    count = (total - len(head) - len(tail)) // 2
+    body = head + b",1" * count + tail
+    return body + b" " * (total - len(body))
+
+
+def anonymous_flood(port: int, pid: int, *, requests: int = 12, total: int = 4_000_000,
+                    authorization: str = "", timeout_s: float = 60.0) -> dict:
+    """`requests` concurrent POSTs of a `total`-byte body, without a token (or with
+    `authorization`); their statuses, the slowest answer, the gateway's peak RSS growth (MB)."""
+    body = token_id_body(total)
+    extra = f"Authorization: {authorization}\r\n" if authorization else ""
+    reset_peak(pid)
+    before_kib = _status_kib(pid, "VmRSS")
+    statuses: list[int | None] = [None] * requests
+    seconds = [0.0] * requests
+
+    def one(i: int) -> None:
+        started = time.perf_counter()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+                sock.sendall(_head(port, total, False, "/v1/completions", extra))
+                writer = threading.Thread(target=_send_all, args=(sock, body), daemon=True)
+                writer.start()
+                first = sock.recv(64)
+                if first.startswith(b"HTTP/1.1 "):
+                    statuses[i] = int(first.split()[1])
+        except OSError:
+            pass
+        seconds[i] = time.perf_counter() - started
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 5)
+    growth_mb = max(0, _status_kib(pid, "VmHWM") - before_kib) / 1024
+    return {"statuses": statuses, "worst_seconds": max(seconds), "rss_growth_mb": growth_mb,
+            "requests": requests, "body_mb": total / 1e6}
+
+
+def _send_all(sock: socket.socket, body: bytes) -> None:
+    try:
+        sock.sendall(body)
+    except OSError:  # answered and closed before the body went
+        pass
+
+
 def start_gateway(max_body_bytes: int | None = None, logs: Path | None = None):
     """`python -m gateway` on a free port (no orchestrator behind it); (process, port)."""
     from specdec.runtime import procs
@@ -118,3 +175,41 @@ def run(mb: int, repeats: int = 3) -> dict:
         return results
     finally:
         procs.stop(proc)
+
+
+def run_flood(requests: int = 12, mb: float = 4.0) -> dict:
+    """The anonymous flood against a gateway whose orchestrator requires tokens (tiny target,
+    loopback): anonymous, with a token nobody holds, and with a real one (the control: its bodies
+    are read and parsed)."""
+    import secrets
+
+    from specdec.runtime import procs
+    from specdec.runtime.launch import Processes, child_env, orchestrator_argv, service_argv
+    from tests.integration.stack import wait_http
+    from tests.tiny import build_pair
+
+    work = Path(tempfile.mkdtemp(prefix="specdec-flood-"))
+    target, _ = build_pair(work / "models")
+    (work / "logs").mkdir()
+    token = secrets.token_urlsafe(24)
+    (work / "tokens").write_text(f"alice:{token}\n")
+    group = Processes(work / "logs", env=child_env(1, quiet=True))
+    try:
+        tport, oport, gport = procs.free_port(), procs.free_port(), procs.free_port()
+        group.serve("target", service_argv("target", tport, model=target, threads=1), tport)
+        orch = group.serve("orch", orchestrator_argv(oport, tokenizer=target, targets=[f"127.0.0.1:{tport}"],
+                                                      extra=("--auth-tokens", str(work / "tokens"))), oport)
+        gateway = procs.start(["python", "-m", "gateway", "--orchestrator", orch, "--port", str(gport),
+                               "--no-playground"], env=child_env(1, quiet=True),
+                              log_path=work / "logs" / "gateway.log")
+        try:
+            wait_http(f"http://127.0.0.1:{gport}/health", gateway)
+            total = int(mb * 1e6)
+            return {name: anonymous_flood(gport, gateway.pid, requests=requests, total=total,
+                                          authorization=auth)
+                    for name, auth in (("anonymous", ""), ("unknown token", "Bearer nobodys"),
+                                       ("valid token (control)", f"Bearer {token}"))}
+        finally:
+            procs.stop(gateway)
+    finally:
+        group.stop_all()

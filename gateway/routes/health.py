@@ -1,5 +1,11 @@
-"""GET /health: readiness, from the orchestrator's gRPC health service."""
+"""GET /health: readiness, from the orchestrator's gRPC health service; GET /health/live: liveness.
+
+Both answer anyone, even while tokens are required (gateway.guard.open_to_anyone), so they say
+nothing about the deployment: the orchestrator's address and status go to the log, not the body.
+"""
 from __future__ import annotations
+
+import logging
 
 import grpc
 from fastapi import APIRouter, Request
@@ -9,6 +15,7 @@ from gateway import state
 from gateway.errors import APIError
 
 router = APIRouter()
+log = logging.getLogger("gateway")
 
 
 @router.get("/health")
@@ -22,6 +29,12 @@ async def health(request: Request) -> dict:
     except grpc.RpcError as exc:
         status = f"{exc.code().name}: {exc.details()}"
     if status != "SERVING":
-        raise APIError(503, f"orchestrator {gw.settings.orchestrator}: {status}",
-                       code="orchestrator_unavailable")
-    return {"status": "ok", "orchestrator": gw.settings.orchestrator}
+        log.warning("not ready: orchestrator %s answers %s", gw.settings.orchestrator, status)
+        raise APIError(503, "the orchestrator is not serving", code="orchestrator_unavailable")
+    return {"status": "ok"}
+
+
+@router.get("/health/live")
+async def live() -> dict:
+    """200 while this process answers (liveness): the orchestrator is not asked."""
+    return {"status": "ok"}

@@ -92,6 +92,12 @@ def wait_http(url: str, proc, timeout: float = 60.0) -> None:
         try:
             urllib.request.urlopen(url, timeout=2).read()
             return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:  # it answers (a 401 where tokens are required)
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} answers {exc.code}; log:\n{procs.log_tail(proc)}") from None
+            time.sleep(0.2)
         except (urllib.error.URLError, ConnectionError):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} not answering; log:\n{procs.log_tail(proc)}") from None

@@ -94,9 +94,10 @@ def test_models_and_health(gw):
     # The target's own name first (the tiny target's folder), the old id an alias.
     assert [m.id for m in gw.openai.models.list()] == ["target", MODEL]
     assert gw.openai.models.retrieve(MODEL).id == MODEL
-    with urllib.request.urlopen(f"{gw.base}/health", timeout=5) as reply:
-        assert reply.status == 200
-        assert json.loads(reply.read())["status"] == "ok"
+    for path in ("/health", "/health/live"):  # open to anyone: they name no address
+        with urllib.request.urlopen(f"{gw.base}{path}", timeout=5) as reply:
+            assert reply.status == 200
+            assert json.loads(reply.read()) == {"status": "ok"}
 
 
 # ------------------------------------------------------------------- identity with gRPC
