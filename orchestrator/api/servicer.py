@@ -254,8 +254,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         bounding.check(request, self.bounds)
         self.quota.check_bytes(text_bytes(request))
         with self.quota.enter(tenant, streams=min(max(1, request.n), MAX_CHOICES), rated=True):
-            if request.keep_session and not request.session_id:
-                await self._room_to_keep(tenant)
+            if request.keep_session:
+                await self._room_to_keep(tenant, request.session_id)
             req = await self._off_loop(turn_request, request, self.config, tenant)
             req = await bounding.prepare(req, self.config.grammars, self.bounds, self._off_loop)
             reqs = choice_requests(req, request.n)
@@ -271,13 +271,22 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             async for response in responses:
                 yield response
 
-    async def _room_to_keep(self, tenant: str) -> None:
-        """A new kept session: RESOURCE_EXHAUSTED past the tenant's --max-kept-sessions-per-tenant
-        (counted in Redis; concurrent new ones may pass it by the tenant's streams in flight)."""
+    async def _room_to_keep(self, tenant: str, session_id: str) -> None:
+        """A request that may make a kept session: RESOURCE_EXHAUSTED past the tenant's
+        --max-kept-sessions-per-tenant (counted in Redis; concurrent new ones may pass it by the
+        tenant's streams in flight). Only a later turn of the tenant's own kept session is no new
+        one: a new id, a resume of an id nobody holds (which would start a record under it), and
+        a single-turn session turned kept all count."""
         count = getattr(self.config.store, "kept", None)  # None: a store that does not count
-        if self.quota.limits.max_kept_sessions and count is not None:
-            held = await retry_redis(lambda: count(tenant), self.config.redis_outage_s, "kept sessions")
-            self.quota.check_kept(held)
+        if not self.quota.limits.max_kept_sessions or count is None:
+            return
+        if session_id:
+            record = await retry_redis(lambda: self.config.store.load(session_id),
+                                       self.config.redis_outage_s, "session load")
+            if record is not None and record.tenant == tenant and record.multi_turn:
+                return  # already counted
+        held = await retry_redis(lambda: count(tenant), self.config.redis_outage_s, "kept sessions")
+        self.quota.check_kept(held)
 
     async def _choice(self, req: TurnRequest, shared: SharedPrefill) -> AsyncIterator[pb.GenerateResponse]:
         """Choice i > 0 of n: waits for choice 0's prefill, then runs from its fork."""

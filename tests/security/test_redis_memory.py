@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -166,9 +167,27 @@ def capped(tiny_pair, tmp_path_factory):
             "--auth-tokens", str(logs / "tokens"), "--max-kept-sessions-per-tenant", "2",
             "--rate-per-tenant", "0"))
         with grpc.insecure_channel(s.addresses["orch"]) as channel:
-            yield orchestrator_pb2_grpc.OrchestratorStub(channel)
+            yield Capped(orchestrator_pb2_grpc.OrchestratorStub(channel), s.prefix)
     finally:
         s.stop()
+
+
+@dataclass
+class Capped:
+    stub: orchestrator_pb2_grpc.OrchestratorStub
+    prefix: str  # the stack's Redis key prefix
+
+
+def _kept(capped: Capped, tenant: str) -> int:
+    """The tenant's kept sessions as Redis counts them."""
+    async def count() -> int:
+        client = connect(REDIS_URL)
+        try:
+            return await SessionStore(client, url=REDIS_URL, prefix=capped.prefix, ttl_s=60).kept(tenant)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(count())
 
 
 def _as(tenant: str):
@@ -181,17 +200,26 @@ def _turn(stub, tenant: str, keep: bool) -> pb.Stats:
 
 
 def test_a_tenant_past_its_kept_sessions_is_refused_and_others_are_not(capped) -> None:
-    first = _turn(capped, "alice", keep=True)
-    second = _turn(capped, "alice", keep=True)
+    first = _turn(capped.stub, "alice", keep=True)
+    second = _turn(capped.stub, "alice", keep=True)
     with pytest.raises(grpc.RpcError) as err:
-        _turn(capped, "alice", keep=True)
+        _turn(capped.stub, "alice", keep=True)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert err.value.details().startswith("max_kept_sessions_per_tenant: 2 kept sessions per tenant")
-    assert _turn(capped, "alice", keep=False).finish_reason  # single-turn requests still run
-    assert _turn(capped, "bob", keep=True).session_id  # another tenant has its own count
+    assert _turn(capped.stub, "alice", keep=False).finish_reason  # single-turn requests still run
+    assert _turn(capped.stub, "bob", keep=True).session_id  # another tenant has its own count
     # A later turn of a kept session is no new one; ending one makes room.
     request = build_request("one two three four", max_new_tokens=3, session_id=second.session_id,
                             keep_session=True)
-    assert list(capped.Generate(request, metadata=_as("alice"), timeout=60))
-    capped.EndSession(pb.EndSessionRequest(session_id=first.session_id), metadata=_as("alice"), timeout=10)
-    assert _turn(capped, "alice", keep=True).session_id
+    assert list(capped.stub.Generate(request, metadata=_as("alice"), timeout=60))
+    # No way around the cap: a resume of an id nobody holds would start a kept record under it.
+    forged = build_request("one two three", max_new_tokens=3, session_id="chosen-by-the-client",
+                           keep_session=True)
+    forged.resume_from = first.prompt_tokens  # resumed before its first token: a valid resume
+    forged.delivered.append(pb.Delivered(index=0, token_ids=[]))
+    with pytest.raises(grpc.RpcError) as err:
+        list(capped.stub.Generate(forged, metadata=_as("alice"), timeout=60))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+    assert _kept(capped, "alice") == 2
+    capped.stub.EndSession(pb.EndSessionRequest(session_id=first.session_id), metadata=_as("alice"), timeout=10)
+    assert _turn(capped.stub, "alice", keep=True).session_id
