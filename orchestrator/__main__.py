@@ -34,7 +34,7 @@ from orchestrator.proposers.bridge import TextBridge
 from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint
 from specdec.runtime.limits import request_limits_from_args, tenant_limits_from_args
-from specdec.runtime.security import service_client_from_args
+from specdec.runtime.security import TokenTable, service_client_from_args
 from specdec.runtime.server import configure_logging, options_from_args, serve
 from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
@@ -66,9 +66,13 @@ def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHe
                                cold_s=args.deadline_cold_s)
     outliers = OutlierPolicy(slow_ratio=args.outlier_ratio, eject_s=args.eject_s,
                              max_eject_s=max(args.eject_s, args.max_eject_s))
+    if not 0 < float(args.tenant_share) <= 1:
+        raise StartupError(f"--tenant-share: must be in (0, 1], got {args.tenant_share}")
     capacity = CapacityPolicy(sessions=args.target_capacity, pace=args.capacity_pace,
-                              queue_depth=args.admission_queue, wait_s=args.admission_wait_s)
-    return ReplicaHealth(deadlines, outliers), TargetAdmission(capacity, costs)
+                              queue_depth=args.admission_queue, wait_s=args.admission_wait_s,
+                              tenant_share=float(args.tenant_share))
+    tenants = len(TokenTable.from_file(args.auth_tokens).tenants) if args.auth_tokens else 1
+    return ReplicaHealth(deadlines, outliers), TargetAdmission(capacity, costs, tenants=tenants)
 
 
 def _tokenizer(args: argparse.Namespace) -> tuple[object, str]:

@@ -42,7 +42,7 @@ async def score_once(router: Router, tokens: list[int], k: int, sampling: Sampli
     session_id = f"check-{uuid.uuid4().hex}"
     if admission is None:
         return await _score_on(await router.pick("target"), session_id, tokens, k, sampling, tenant)
-    place = await admission.place(router, session_id, "", 0, wait_s=wait_s)
+    place = await admission.place(router, session_id, "", 0, wait_s=wait_s, tenant=tenant)
     try:
         return await _score_on(place.client if place else None, session_id, tokens, k, sampling, tenant)
     finally:

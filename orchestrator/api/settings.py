@@ -97,6 +97,9 @@ def _gray() -> Group:
              "admission_queue)", c.queue_depth, int),
         Flag("admission-wait-s", "longest wait for a target slot (then RESOURCE_EXHAUSTED target_capacity, "
              "with retry-after)", c.wait_s, float),
+        Flag("tenant-share", "with more than one tenant (--auth-tokens): the most of all target replicas' "
+             "slots one tenant's streams hold at once (more: RESOURCE_EXHAUSTED target_share, at once), so "
+             "one tenant cannot take the fleet from the others; 1 = no limit", c.tenant_share, float),
     ))
 
 

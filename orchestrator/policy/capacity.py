@@ -30,7 +30,9 @@ is the streams this orchestrator has placed on it now; other orchestrators'
 streams show in its queue (the saturation rule), since each admits on its own.
 At most `queue_depth` streams wait for a slot at once (more: `admission_queue`),
 none longer than `wait_s` (then `target_capacity`). Admitted streams are never
-stopped. The flags and measured figures: docs/operations.md, "Gray failures and
+stopped. Between tenants (more than one in --auth-tokens), no tenant holds more than
+`tenant_share` of the fleet's target slots at once (`target_share`, at once, no wait): a tenant
+that opens every stream it can leaves the rest of the fleet to the others. The flags and measured figures: docs/operations.md, "Gray failures and
 overload".
 """
 from __future__ import annotations
@@ -72,6 +74,8 @@ class CapacityPolicy:
     queue_factor: float = 4.0  # calls waiting longer than this x a round (RPC + forward): full
     queue_depth: int = 16  # streams waiting for a slot at once
     wait_s: float = 0.25  # the longest a stream waits for a slot
+    # With several tenants: the most of all target replicas' slots one tenant holds; 1 = no limit.
+    tenant_share: float = 0.5
 
 
 @dataclass
@@ -124,10 +128,13 @@ class _Pace:
 class TargetAdmission:
     """Which target replica a new stream may start on, and the streams on each (one event loop)."""
 
-    def __init__(self, policy: CapacityPolicy | None = None, costs: CostBook | None = None) -> None:
+    def __init__(self, policy: CapacityPolicy | None = None, costs: CostBook | None = None,
+                 tenants: int = 1) -> None:
         self.policy = policy or CapacityPolicy()
         self.costs = costs or CostBook()
+        self.tenants = tenants  # tenants that may call (--auth-tokens); the share applies past one
         self.active: dict[SessionReplica, float] = {}  # admitted streams' target places -> admitted at
+        self._tenant_of: dict[SessionReplica, str] = {}  # and whose they are
         self.waiting = 0
         self._waiters: list[asyncio.Future] = []
         self._duration_s = 0.0  # EWMA of admitted streams' durations (the retry-after hint)
@@ -184,10 +191,31 @@ class TargetAdmission:
 
     # ---- admission --------------------------------------------------------------
 
+    def held_by(self, tenant: str) -> int:
+        """Target slots `tenant`'s streams hold now."""
+        return sum(1 for t in self._tenant_of.values() if t == tenant)
+
+    def _check_share(self, caps: dict[str, int], tenant: str) -> None:
+        """RESOURCE_EXHAUSTED target_share when `tenant` holds its share of the slots of the
+        replicas in `caps` (all the usable ones, as just measured)."""
+        total = sum(caps.values())
+        if not total:
+            return  # no replica (or all saturated): place() says so
+        limit = max(1, int(self.policy.tenant_share * total))
+        held = self.held_by(tenant)
+        if held >= limit:
+            raise reject("target_share",
+                         f"this tenant's streams hold {held} of the {total} target slots, its share "
+                         f"({self.policy.tenant_share:g} of them, --tenant-share) while other tenants "
+                         "may call; retry when one of its streams ends",
+                         retry_after_s=self.retry_after_s(len(caps)))
+
     async def place(self, router: Router, session_id: str, preferred: str, held: int, *,
-                    wait_s: float) -> SessionReplica | None:
+                    wait_s: float, tenant: str = "") -> SessionReplica | None:
         """A target place for a new stream with room on its replica; None when there is no target
-        replica at all for `wait_s`. Raises RESOURCE_EXHAUSTED when every replica is full."""
+        replica at all for `wait_s`. Raises RESOURCE_EXHAUSTED when every replica is full, or
+        when `tenant` holds its share of them (several tenants)."""
+        shared = self.tenants > 1 and self.policy.tenant_share < 1.0
         caps: dict[str, int] = {}
 
         def room(address: str) -> bool:
@@ -201,10 +229,13 @@ class TargetAdmission:
             while True:
                 caps.clear()
                 client = await router.pick("target", preferred, room=room)
+                if shared:  # no await from the pick to the record below: concurrent places count
+                    self._check_share(caps, tenant)
                 if client is not None:
                     replica = SessionReplica(router, "target", session_id, client,
                                              held if client.address == preferred else 0)
                     self.active[replica] = time.monotonic()
+                    self._tenant_of[replica] = tenant
                     self._publish(caps)
                     return replica
                 now = time.monotonic()
@@ -262,6 +293,7 @@ class TargetAdmission:
     def leave(self, replica: SessionReplica) -> None:
         """An admitted stream ended (any way): its slot is free."""
         admitted = self.active.pop(replica, None)
+        self._tenant_of.pop(replica, None)
         if admitted is None:
             return
         STREAMS.labels(replica.address).set(self.load(replica.address))

@@ -354,7 +354,8 @@ async def open_session(req: TurnRequest, config: LoopConfig, tally: Tally) -> Se
     reuse = common_prefix(record.tokens, prefix)
     with Timer(tally, "redis_ms"):  # admission: a replica with room, else RESOURCE_EXHAUSTED
         target = await config.admission.place(config.router, record.session_id, record.target,
-                                              min(reuse, record.target_len), wait_s=config.target_wait_s)
+                                              min(reuse, record.target_len), wait_s=config.target_wait_s,
+                                              tenant=req.tenant)
     if target is None:
         raise Unavailable("no target service replica is available")
     tally.target_replica = target.address

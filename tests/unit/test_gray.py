@@ -363,6 +363,34 @@ def test_past_capacity_new_streams_are_refused_naming_the_limit_within_the_wait_
     assert e.address == "t0" and admission.load("t0") == 2
 
 
+def test_no_tenant_holds_more_than_its_share_of_the_fleet_while_others_may_call() -> None:
+    """--tenant-share 0.5 over 2 replicas of 4 slots: a tenant opening every stream it can holds 4,
+    the next is refused at once (target_share), and another tenant still gets a slot at once.
+    With one tenant (no token table) it may hold them all."""
+    target, draft = make_models(0)
+    shared = TargetAdmission(CapacityPolicy(sessions=4, wait_s=5.0, tenant_share=0.5), tenants=2)
+    router = Stack(target, draft, targets=2, admission=shared).config.router
+    alone = TargetAdmission(CapacityPolicy(sessions=4, wait_s=0.05, tenant_share=0.5), tenants=1)
+
+    async def body():
+        mine = [await shared.place(router, f"a{i}", "", 0, wait_s=1.0, tenant="alice") for i in range(4)]
+        started = time.monotonic()
+        with pytest.raises(ResourceExhausted, match="target_share: this tenant's streams hold 4 of the 8") as over:
+            await shared.place(router, "a4", "", 0, wait_s=1.0, tenant="alice")
+        refused_s = time.monotonic() - started  # at once, not after the 5 s slot wait
+        theirs = await shared.place(router, "b0", "", 0, wait_s=1.0, tenant="bob")
+        shared.leave(mine[0])  # one of alice's streams ends: room in her share again
+        again = await shared.place(router, "a5", "", 0, wait_s=1.0, tenant="alice")
+        lone = [await alone.place(router, f"c{i}", "", 0, wait_s=1.0, tenant="carol") for i in range(8)]
+        return refused_s, over.value, theirs, again, lone
+
+    refused_s, over, theirs, again, lone = asyncio.run(body())
+    assert refused_s < 0.5 and over.code == grpc.StatusCode.RESOURCE_EXHAUSTED and over.retry_after_s >= 1
+    assert theirs is not None and again is not None
+    assert shared.held_by("alice") == 4 and shared.held_by("bob") == 1
+    assert all(p is not None for p in lone) and alone.held_by("carol") == 8
+
+
 def test_a_refused_stream_costs_nothing_and_a_finished_one_frees_its_slot() -> None:
     target, draft = make_models(0)
     admission = TargetAdmission(CapacityPolicy(sessions=1, wait_s=0.05))
