@@ -12,6 +12,8 @@ the tenant that created it (specdec.runtime.security.TENANT).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -34,7 +36,7 @@ from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto
 from orchestrator.round.text import encode_prompt, encode_text, tool_call_format
-from specdec.runtime.errors import InvalidArgument, OutOfRange
+from specdec.runtime.errors import DeadlineExceeded, InvalidArgument, OutOfRange
 from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, RequestLimits, TenantQuota, TenantLimits
 from specdec.runtime.security import TENANT
 from specdec.v1 import orchestrator_pb2 as pb
@@ -268,8 +270,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                 shared = SharedPrefill(self.config, reqs)
                 responses = merged([self._generate(reqs[0], resumable=False, shared=shared)]
                                    + [self._choice(s, shared) for s in reqs[1:]])
-            async for response in responses:
-                yield response
+            async with contextlib.aclosing(responses):
+                ends = time.monotonic() + self.quota.limits.max_stream_s
+                async for response in responses:
+                    if self.quota.limits.max_stream_s and time.monotonic() > ends:
+                        raise DeadlineExceeded(
+                            f"max_stream_seconds: the stream ran past this server's limit of "
+                            f"{self.quota.limits.max_stream_s:g} s (--max-stream-seconds)")
+                    yield response
 
     async def _room_to_keep(self, tenant: str, session_id: str) -> None:
         """A request that may make a kept session: RESOURCE_EXHAUSTED past the tenant's

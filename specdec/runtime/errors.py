@@ -93,6 +93,12 @@ class Unavailable(SpecdecError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeadlineExceeded(SpecdecError):
+    """A server-side time limit passed (a stream's --max-stream-seconds)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class Unauthenticated(SpecdecError):
     """No credentials were sent."""
 

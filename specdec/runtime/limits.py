@@ -95,6 +95,9 @@ class TenantLimits:
     # Kept (multi-turn) session records per tenant in Redis; a new one past it is refused
     # (RESOURCE_EXHAUSTED max_kept_sessions_per_tenant); 0 = off.
     max_kept_sessions: int = 1000
+    # The longest a Generate stream runs, server-side: past it DEADLINE_EXCEEDED max_stream_seconds
+    # at its next chunk (its slot and KV go); 0 = off.
+    max_stream_s: float = 3600.0
 
     @property
     def grpc_receive_bytes(self) -> int:
@@ -177,6 +180,7 @@ def tenant_limits_from_args(args: argparse.Namespace) -> TenantLimits:
         burst_per_tenant=float(args.burst_per_tenant),
         max_in_flight=int(args.max_in_flight),
         max_kept_sessions=int(args.max_kept_sessions_per_tenant),
+        max_stream_s=float(args.max_stream_seconds),
     )
 
 

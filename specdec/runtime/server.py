@@ -68,6 +68,25 @@ class ServerOptions:
     # gRPC message caps; the model services size them from the model (serve.py).
     max_receive_bytes: int = 256 << 20
     max_send_bytes: int = 256 << 20
+    keepalive_s: float = 60.0  # ping idle connections; 0 = off
+    keepalive_timeout_s: float = 20.0  # an unanswered ping drops the connection after this
+    max_connection_age_s: float = 0.0  # GOAWAY a connection this old; 0 = off
+    max_connection_age_grace_s: float = 300.0  # its calls in flight may run this much longer
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        """The grpc.aio server's channel arguments: message caps, keepalive, connection age."""
+        out = [("grpc.max_send_message_length", self.max_send_bytes),
+               ("grpc.max_receive_message_length", self.max_receive_bytes)]
+        if self.keepalive_s > 0:
+            out += [("grpc.keepalive_time_ms", int(self.keepalive_s * 1000)),
+                    ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+                    ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.max_pings_without_data", 0)]
+        if self.max_connection_age_s > 0:
+            out += [("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)),
+                    ("grpc.max_connection_age_grace_ms", int(self.max_connection_age_grace_s * 1000))]
+        return out
 
     @property
     def address(self) -> str:
@@ -96,6 +115,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         metrics_host=args.metrics_host,
         health_port=int(getattr(args, "health_port", 0) or 0),
         security=security_from_args(args),
+        keepalive_s=float(getattr(args, "keepalive_s", 60.0)),
+        keepalive_timeout_s=float(getattr(args, "keepalive_timeout_s", 20.0)),
+        max_connection_age_s=float(getattr(args, "max_connection_age_s", 0.0)),
+        max_connection_age_grace_s=float(getattr(args, "max_connection_age_grace_s", 300.0)),
     )
 
 
@@ -131,8 +154,7 @@ async def serve(
         interceptors = [*interceptors, TracingInterceptor(options.public_address)]
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
-        options=[("grpc.max_send_message_length", options.max_send_bytes),
-                 ("grpc.max_receive_message_length", options.max_receive_bytes)],
+        options=options.grpc_options(),
     )
     for add in adders:
         add(server)

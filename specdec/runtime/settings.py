@@ -280,6 +280,15 @@ SERVER = Group("server", (
     Flag("log-level", "DEBUG, INFO, WARNING...", "INFO"),
     Flag("trace-file", "append OpenTelemetry spans to this JSON-lines file (one span per line); OTLP "
          "export instead: OTEL_TRACES_EXPORTER=otlp and OTEL_EXPORTER_OTLP_ENDPOINT; empty = off", ""),
+    Flag("keepalive-s", "ping each connection after this many idle seconds; a peer that does not answer "
+         "within --keepalive-timeout-s is dropped, and its calls cancelled (a client that died or went "
+         "away without closing frees what it held); 0 = off", 60.0, float),
+    Flag("keepalive-timeout-s", "how long a keepalive ping may go unanswered", 20.0, float),
+    Flag("max-connection-age-s", "close each client connection after this long (GOAWAY: clients reconnect, "
+         "calls in flight get --max-connection-age-grace-s to finish), so load spreads over new replicas; "
+         "0 = off", 0.0, float),
+    Flag("max-connection-age-grace-s", "how long calls in flight on a connection past its age may run on",
+         300.0, float),
 ))
 
 _TLS = (
@@ -343,6 +352,9 @@ def limits_group() -> Group:
         Flag("max-kept-sessions-per-tenant", "kept (multi-turn) session records one tenant may hold in Redis; "
              "a new one past it is refused until the tenant ends one (EndSession) or one expires "
              "(--record-ttl), 0 = off", d.max_kept_sessions, int),
+        Flag("max-stream-seconds", "the longest one Generate stream runs, whatever its client's deadline: "
+             "past it the stream ends with DEADLINE_EXCEEDED max_stream_seconds at its next chunk, and its "
+             "target slot and KV go, 0 = off", d.max_stream_s, float),
     ))
 
 
