@@ -553,7 +553,7 @@ def test_model_services_require_the_orchestrators_certificate_and_hold_no_creden
         assert "SPECDEC_SERVICE_TOKEN" not in env and token not in json.dumps(env), role
         assert env["SPECDEC_SERVICE_TOKEN_SHA256"].split(",")[0] == token_sha256(token), role
         assert "SPECDEC_SERVICE_TOKEN_SHA256" in _help(_module(container))
-        assert env["SPECDEC_REDIS_USERNAME"] == "model"  # may write only the registry
+        assert env["SPECDEC_REDIS_USERNAME"] == role  # may write only its own role's registry keys
         assert env["SPECDEC_REDIS_PASSWORD"] != orchestrator_env["SPECDEC_REDIS_PASSWORD"]
         assert "SPECDEC_TLS_CLIENT_ID" not in env  # the default: spiffe://specdec/orchestrator
     # The orchestrator presents what the services require.

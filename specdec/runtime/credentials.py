@@ -15,8 +15,10 @@ each container or pod mounts its own folder and nothing else:
     orchestrator/    ca.crt, server.crt/key (server use only), client.crt/key (the one client
                      certificate: spiffe://specdec/orchestrator), tokens (tenant:token lines),
                      orchestrator.env (SPECDEC_SERVICE_TOKEN, its Redis user and password)
-    target/, draft/  ca.crt, server.crt/key (server use only), model.env (the service token's
-                     SHA-256, never the token; a Redis user that may write only the registry)
+    target/, draft/  ca.crt, server.crt/key (server use only; its URI SAN names the role:
+                     spiffe://specdec/target or .../draft), model.env (the service token's SHA-256,
+                     never the token; the role's own Redis user, which may write only that role's
+                     registry keys)
     redis/           ca.crt, server.crt/key, redis.conf (TLS only; ACL users, passwords as SHA-256;
                      --redis-maxmemory with maxmemory-policy volatile-lru: only keys with a TTL
                      are evicted, least recently used first, i.e. idle sessions' records)
@@ -55,7 +57,10 @@ ROLES = (*SERVER_ROLES, "gateway")
 DEFAULT_HOSTS = {"orchestrator": ("orchestrator",), "target": ("target", "target-cpu", "*.target.specdec"),
                  "draft": ("draft", "draft-cpu", "*.draft.specdec"), "redis": ("redis",)}
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")  # every server: the in-container probes dial these
-REDIS_USERS = {"orchestrator": "orchestrator", "target": "model", "draft": "model"}
+# One Redis user per role: a model service's may write only its own role's registry keys, so a
+# draft pod's credentials cannot announce a target (nor delete the targets' index).
+REDIS_USERS = {"orchestrator": "orchestrator", "target": "target", "draft": "draft"}
+LEGACY_REDIS_USERS = ("model",)  # the shared model user of older folders: accepted until --drop-previous
 DEFAULT_PREFIX = "specdec:"
 # Redis's memory bound (under the Kubernetes pod's 1 GiB limit, with room for copy-on-write).
 DEFAULT_REDIS_MAXMEMORY = "512mb"
@@ -236,9 +241,18 @@ def _redis_conf(state: dict) -> bytes:
         "user default off\n"
         f"user orchestrator on {passwords('orchestrator')} ~{prefix}* resetchannels "
         "+@all -@admin -@dangerous\n"
-        f"user model on {passwords('model')} ~{prefix}service:* ~{prefix}services:* resetchannels "
-        "-@all +ping +hello +select +multi +exec +discard +set +zadd +pexpire +del +zrem\n"
+        + "".join(_model_user(user, passwords(user), keys) for user, keys in (
+            ("target", f"~{prefix}service:target:* ~{prefix}services:target"),
+            ("draft", f"~{prefix}service:draft:* ~{prefix}services:draft"),
+            *((legacy, f"~{prefix}service:* ~{prefix}services:*") for legacy in LEGACY_REDIS_USERS
+              if legacy in state["redis"])))
     ).encode()
+
+
+def _model_user(user: str, passwords: str, keys: str) -> str:
+    """A model service's Redis user: its keys only, and only what a heartbeat does."""
+    return (f"user {user} on {passwords} {keys} resetchannels "
+            "-@all +ping +hello +select +multi +exec +discard +set +zadd +pexpire +del +zrem\n")
 
 
 def _env_files(state: dict) -> dict[str, bytes]:
@@ -283,10 +297,13 @@ def _new_secrets(state: dict) -> dict:
     """The state with a fresh service token and Redis passwords (the replaced ones still accepted)."""
     token = random.token_urlsafe(32)
     redis = {}
-    for user in ("orchestrator", "model"):
+    for user in dict.fromkeys(REDIS_USERS.values()):
         password = random.token_urlsafe(24)
         old = state.get("redis", {}).get(user, {}).get("sha256", [])
         redis[user] = {"password": password, "sha256": _accepting(password, old)}
+    for legacy in LEGACY_REDIS_USERS:  # running model services still log in with it until restarted
+        if legacy in state.get("redis", {}):
+            redis[legacy] = {"password": "", "sha256": state["redis"][legacy]["sha256"][:1]}
     return {**state, "service_token": token,
             "service_token_sha256": _accepting(token, state.get("service_token_sha256", [])),
             "redis": redis}
@@ -349,6 +366,8 @@ def drop_previous(folder: Path) -> None:
     folder = Path(folder)
     state = _load_state(folder)
     state["service_token_sha256"] = state["service_token_sha256"][:1]
+    for legacy in LEGACY_REDIS_USERS:
+        state["redis"].pop(legacy, None)
     for user in state["redis"].values():
         user["sha256"] = user["sha256"][:1]
     _write(folder / "ca.crt", _bundle(folder)[0])

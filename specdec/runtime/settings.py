@@ -244,8 +244,8 @@ class EnvOnly:
 ENV_ONLY = (
     EnvOnly("SPECDEC_REDIS_PASSWORD", "password for Redis (kept out of --redis-url, so it is in no "
             "process listing)", "specdec.runtime.store: every server's Redis client"),
-    EnvOnly("SPECDEC_REDIS_USERNAME", "Redis ACL user (`specdec secrets` makes one per role: the model "
-            "services' may write only the service registry)", "specdec.runtime.store: every server's Redis client"),
+    EnvOnly("SPECDEC_REDIS_USERNAME", "Redis ACL user (`specdec secrets` makes one per role: a model "
+            "service's may write only its own role's registry keys)", "specdec.runtime.store: every server's Redis client"),
     EnvOnly("SPECDEC_CACHE_DIR", "where converted models are cached (default ~/.cache/specdec)",
             "engine.model.loader"),
     EnvOnly("SPECDEC_PARENT_PID", "set by the launcher for its children: a child stops when that "

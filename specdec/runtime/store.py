@@ -52,6 +52,9 @@ DEFAULT_PREFIX = "specdec:"
 SESSION_TTL_S = 3600
 SINGLE_TURN_TTL_S = 300  # a single-turn record outlives its stream only if the stream never ends
 HEARTBEAT_S = 2.0
+MAX_ENTRY_BYTES = 4096  # a registry entry is a few hundred bytes; a larger value is ignored unparsed
+MAX_REPLICAS = 1024  # replicas of one role read from the index at most (its lowest-scored first)
+CLOCK_SKEW_S = 30.0  # an entry's own `seen` may lag this much past its TTL (hosts' clocks differ)
 RETRY_BEAT_S = 0.25  # a replica's next try while Redis does not answer
 
 log = logging.getLogger(__name__)
@@ -388,7 +391,7 @@ class ServiceRegistry:
         index = self._index(role)
         pipe = self._r.pipeline(transaction=False)
         pipe.zremrangebyscore(index, "-inf", now)
-        pipe.zrange(index, 0, -1)
+        pipe.zrange(index, 0, MAX_REPLICAS - 1)
         _, ids = await _guard("service list", self._url, pipe.execute())
         if not ids:
             return []
@@ -399,7 +402,13 @@ class ServiceRegistry:
         return sorted(entries, key=lambda e: (e.load, e.replica_id))
 
     def _usable(self, key: str, role: str, value: bytes) -> ServiceEntry | None:
-        """The entry under `key` if it is well-formed and one of ours; else None, logged once."""
+        """The entry under `key` if it is well-formed, fresh and one of ours; else None, logged once.
+        Fresh: its own heartbeat time within the TTL (plus clock skew), so a value written without
+        a TTL, or kept alive in the index by a far-future score, stops counting once it stops
+        beating."""
+        if len(value) > MAX_ENTRY_BYTES:
+            self._report(key, f"ignored: {len(value)} bytes, above {MAX_ENTRY_BYTES}")
+            return None
         try:
             entry, unknown = parse_entry(value)
         except BadEntry as exc:
@@ -408,6 +417,10 @@ class ServiceRegistry:
         if unknown:
             self._report(key, f"fields {', '.join(unknown)} ignored")
         problem = f"it names role {entry.role!r}" if entry.role != role else self.expected.mismatch(entry)
+        age = time.time() - entry.seen
+        if not problem and abs(age) > self.ttl_s + CLOCK_SKEW_S:
+            problem = (f"its last heartbeat is {age:.0f} s old (a TTL of {self.ttl_s:g} s)" if age > 0
+                       else f"its heartbeat is {-age:.0f} s in the future")
         if problem:
             self._report(key, f"ignored: {problem}")
             return None

@@ -2,9 +2,10 @@
 
 The only usable target entry carries an unknown field: it is used (the field ignored, one log
 line). Entries that would be preferred (lower load) but have no tokenizer fingerprint, another
-fingerprint, another model, another role, no address, or no JSON at all point at a socket that
-counts connections: requests keep succeeding, nothing ever dials it, and each entry is logged
-once as ignored.
+fingerprint, another model, another role, no address, no JSON at all, an oversized value, or a
+heartbeat long past (or far in the future: a value written to live for ever) point at a socket
+that counts connections: requests keep succeeding, nothing ever dials it, and each entry is
+logged once as ignored.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def registry_stack(tiny_pair, tmp_path_factory):
     stack = Stack(logs=tmp_path_factory.mktemp("registry"))
     r = redis.Redis.from_url(REDIS_URL)
     bogus = CountingListener()
+    beating = threading.Event()
     try:
         address = stack.start_service("target", "target", target_dir, register=False)
         import grpc
@@ -65,8 +67,16 @@ def registry_stack(tiny_pair, tmp_path_factory):
             info = model_pb2_grpc.TargetServiceStub(channel).GetInfo(common_pb2.GetInfoRequest(), timeout=30)
         real = {"address": address, "role": "target", "replica_id": "real", "model_name": info.model_name,
                 "tokenizer_fingerprint": info.tokenizer_fingerprint, "load": 0.0, "seen": time.time()}
-        # The one usable target: from a newer replica that sends a field this version lacks.
+        # The one usable target: from a newer replica that sends a field this version lacks,
+        # beating as a replica does (its heartbeat time kept fresh).
+        def beat() -> None:
+            while not beating.is_set():
+                _plant(r, stack.prefix, "target", "real", json.dumps({**real, "zone": "eu-west",
+                                                                      "seen": time.time()}))
+                beating.wait(1.0)
+
         _plant(r, stack.prefix, "target", "real", json.dumps({**real, "zone": "eu-west"}))
+        threading.Thread(target=beat, daemon=True).start()
         stack.start_orchestrator("orch", target_dir)  # discovers the target in the registry alone
         lure = {**real, "address": bogus.address, "load": -10.0}  # preferred, were it trusted
         planted = {
@@ -77,12 +87,16 @@ def registry_stack(tiny_pair, tmp_path_factory):
             "draft-as-target": {**lure, "replica_id": "draft-as-target", "role": "draft"},
             "no-address": {**lure, "replica_id": "no-address", "address": ""},
             "wrong-type": {**lure, "replica_id": "wrong-type", "load": "low"},
+            "stale": {**lure, "replica_id": "stale", "seen": time.time() - 3600},
+            "for-ever": {**lure, "replica_id": "for-ever", "seen": time.time() + 10 ** 6},
+            "oversized": {**lure, "replica_id": "oversized", "zone": "x" * 8192},
         }
         for replica_id, entry in planted.items():
             _plant(r, stack.prefix, "target", replica_id, json.dumps(entry))
         _plant(r, stack.prefix, "target", "not-json", "{this is not json")
         yield stack, bogus, [*planted, "not-json"]
     finally:
+        beating.set()
         bogus.close()
         stack.stop()  # deletes every key under the stack's own prefix
         r.close()
@@ -103,3 +117,4 @@ def test_requests_keep_succeeding_and_bad_entries_are_ignored_with_a_log_line(re
         assert len(mine) == 1, (replica_id, mine)  # logged once, not once per request
     assert "it has no tokenizer fingerprint" in log and "its tokenizer fingerprint ffff" in log
     assert "serves 'someone-elses-model'" in log and "it names role 'draft'" in log
+    assert "its last heartbeat is 3" in log and "s in the future" in log and "bytes, above 4096" in log

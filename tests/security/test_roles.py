@@ -107,7 +107,7 @@ def test_each_role_holds_only_its_own_files(tmp_path) -> None:
     for role in ("target", "draft"):
         env = _env_file(secrets / role / "model.env")
         assert env["SPECDEC_SERVICE_TOKEN_SHA256"] == token_sha256(token)
-        assert env["SPECDEC_REDIS_USERNAME"] == "model"
+        assert env["SPECDEC_REDIS_USERNAME"] == role  # each role its own Redis user
 
     def usage(path: Path) -> set:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
@@ -130,8 +130,8 @@ def test_rotation_accepts_the_previous_generation_until_it_is_dropped(tmp_path) 
     accepted = _env_file(secrets / "target" / "model.env")["SPECDEC_SERVICE_TOKEN_SHA256"].split(",")
     assert len(accepted) == 2 and accepted[1] == first
     conf = (secrets / "redis" / "redis.conf").read_text()
-    old_hash = first_conf.split("user model on #", 1)[1].split()[0]
-    assert f"#{old_hash}" in conf.split("user model on", 1)[1].split("~", 1)[0]
+    old_hash = first_conf.split("user target on #", 1)[1].split()[0]
+    assert f"#{old_hash}" in conf.split("user target on", 1)[1].split("~", 1)[0]
     rotate_ca(secrets)
     assert (secrets / "gateway" / "ca.crt").read_text().count("BEGIN CERTIFICATE") == 2
     drop_previous(secrets)
@@ -140,6 +140,28 @@ def test_rotation_accepts_the_previous_generation_until_it_is_dropped(tmp_path) 
     assert old_hash not in (secrets / "redis" / "redis.conf").read_text()
     with pytest.raises(FileExistsError):
         generate(secrets)
+
+
+def test_a_folder_with_the_shared_model_user_keeps_it_until_drop_previous(tmp_path) -> None:
+    """Folders written before each role had its own Redis user: --rotate writes the role users and
+    keeps the old shared one (running services still log in with it); --drop-previous removes it."""
+    import hashlib
+    import json
+
+    secrets = tmp_path / "secrets"
+    generate(secrets)
+    state = json.loads((secrets / "state.json").read_text())
+    digest = hashlib.sha256(b"old-model-password").hexdigest()
+    state["redis"] = {"orchestrator": state["redis"]["orchestrator"],
+                      "model": {"password": "old-model-password", "sha256": [digest]}}
+    (secrets / "state.json").write_text(json.dumps(state))
+    rotate(secrets)
+    conf = (secrets / "redis" / "redis.conf").read_text()
+    assert f"user model on #{digest} " in conf
+    assert "user target on " in conf and "user draft on " in conf
+    assert _env_file(secrets / "draft" / "model.env")["SPECDEC_REDIS_USERNAME"] == "draft"
+    drop_previous(secrets)
+    assert "user model " not in (secrets / "redis" / "redis.conf").read_text()
 
 
 def test_a_folder_of_the_single_certificate_layout_is_replaced_whole(tmp_path) -> None:
@@ -423,8 +445,8 @@ def acl_redis(tmp_path_factory):
     proc.wait(timeout=10)
 
 
-async def _as_role(url: str, env: dict[str, str]) -> dict[str, str]:
-    """What a role's Redis login may do: register a replica, read the registry, read a session."""
+async def _as_role(url: str, env: dict[str, str], role: str = "target") -> dict[str, str]:
+    """What a role's Redis login may do: register a replica of `role`, read the registry, read a session."""
     from specdec.runtime.store import ServiceEntry, ServiceRegistry, SessionStore, StoreUnavailable, connect
 
     saved = {k: os.environ.get(k) for k in ("SPECDEC_REDIS_USERNAME", "SPECDEC_REDIS_PASSWORD")}
@@ -434,10 +456,10 @@ async def _as_role(url: str, env: dict[str, str]) -> dict[str, str]:
     try:
         registry = ServiceRegistry(client, url=url)
         for name, step in (
-                ("register", lambda: registry.register(ServiceEntry("h:1", "target", "t1", "m", "f"))),
-                ("list", lambda: registry.live("target")),
+                ("register", lambda: registry.register(ServiceEntry("h:1", role, "t1", "m", "f"))),
+                ("list", lambda: registry.live(role)),
                 ("read session", lambda: SessionStore(client, url=url).load("someone")),
-                ("deregister", lambda: registry.deregister("target", "t1"))):
+                ("deregister", lambda: registry.deregister(role, "t1"))):
             try:
                 await step()
                 out[name] = "ok"
@@ -452,8 +474,13 @@ async def _as_role(url: str, env: dict[str, str]) -> dict[str, str]:
 
 def test_model_services_may_write_only_the_registry(acl_redis) -> None:
     secrets, url = acl_redis
-    model = asyncio.run(_as_role(url, _env_file(secrets / "target" / "model.env")))
-    assert model == {"register": "ok", "list": "refused", "read session": "refused", "deregister": "ok"}
+    for role, other in (("target", "draft"), ("draft", "target")):
+        env = _env_file(secrets / role / "model.env")
+        own = asyncio.run(_as_role(url, env, role))
+        assert own == {"register": "ok", "list": "refused", "read session": "refused", "deregister": "ok"}, role
+        # Another role's keys: a draft pod cannot announce a target (nor remove one), and back.
+        assert asyncio.run(_as_role(url, env, other)) == {
+            "register": "refused", "list": "refused", "read session": "refused", "deregister": "refused"}, role
     orchestrator = asyncio.run(_as_role(url, _env_file(secrets / "orchestrator" / "orchestrator.env")))
     assert set(orchestrator.values()) == {"ok"}
     assert asyncio.run(_as_role(url, {"SPECDEC_REDIS_USERNAME": "default",
