@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from orchestrator.policy.capacity import CapacityPolicy, TargetAdmission
 from orchestrator.policy.costs import CostBook
 from orchestrator.fleet.deadlines import DeadlinePolicy
+from orchestrator.fleet.identity import PeerRoles
 from orchestrator.fleet.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.fleet.routing import Router
@@ -111,7 +112,10 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
                        stream=bool(args.batch_stream))
     costs = CostBook()
     health, admission = gray_from_args(args, costs)
-    router = Router(registry, {"target": args.target, "draft": args.draft}, health=health,
+    roles = PeerRoles(security, args.service_role_id)
+    if roles.on:
+        log.info("model replicas must present a certificate naming %s", args.service_role_id)
+    router = Router(registry, {"target": args.target, "draft": args.draft}, health=health, roles=roles,
                     fingerprint=fingerprint, timeout_s=args.rpc_timeout,
                     connect=lambda address, role: ModelClient(
                         address, role, timeout_s=args.rpc_timeout, security=security, batch=batch))

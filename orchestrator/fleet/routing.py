@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from orchestrator.fleet.outliers import ReplicaHealth
 from orchestrator.fleet.remote import ModelClient, release_in_background
+from orchestrator.fleet.identity import PeerRoles
 from specdec.core.fingerprint import EMPTY
 from specdec.runtime.store import ServiceRegistry, StoreUnavailable
 from specdec.v1 import model_pb2
@@ -37,8 +38,10 @@ class Router:
         timeout_s: float = 60.0,
         connect: Callable[[str, str], ModelClient] | None = None,
         health: ReplicaHealth | None = None,
+        roles: PeerRoles | None = None,
     ) -> None:
         self.registry = registry
+        self.roles = roles  # with TLS to the services: each replica's certificate names its role
         self.static = {role: list(addrs) for role, addrs in static.items()}
         self.fingerprint = fingerprint
         self.fingerprints: dict[str, str] = {}  # role -> its own tokenizer's, where it differs
@@ -60,7 +63,16 @@ class Router:
         return client
 
     async def candidates(self, role: str) -> list[tuple[str, float, float]]:
-        """(address, load, last heartbeat) of usable replicas of `role`."""
+        """(address, load, last heartbeat) of usable replicas of `role`: listed, and (with TLS to
+        the services) presenting a certificate that names the role."""
+        listed = await self._listed(role)
+        if self.roles is None or not self.roles.on:
+            return listed
+        named = [await self.roles.named(address, role) for address, _, _ in listed]
+        return [o for o, ok in zip(listed, named) if ok]
+
+    async def _listed(self, role: str) -> list[tuple[str, float, float]]:
+        """(address, load, last heartbeat) of the replicas of `role` the registry (or the flags) list."""
         if self.registry is not None:
             try:
                 entries = await self.registry.live(role)

@@ -324,6 +324,10 @@ SERVICE_CLIENT = Group("calls to the model services", (
     Flag("service-tls-cert", "client certificate for mutual TLS with the services", ""),
     Flag("service-tls-key", "its private key", ""),
     SERVICE_TOKEN,
+    Flag("service-role-id", "with --service-tls-ca: the name (URI or DNS SAN) a replica's certificate must "
+         "carry to be routed to as its role ('{role}' stands for target or draft; `specdec secrets` "
+         "writes these); a replica whose certificate does not is never used; empty = no check",
+         "spiffe://specdec/{role}"),
 ))
 
 # A client's connection to a specdec server (the gateway, specdec generate / health).

@@ -66,8 +66,10 @@ class Secured:
         return self.stack.addresses[name]
 
 
-def server_tls(pki: Pki, *, mutual: bool) -> tuple[str, ...]:
-    flags = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+def server_tls(pki: Pki, *, mutual: bool, role: str = "orchestrator") -> tuple[str, ...]:
+    """A server's TLS flags, with its role's certificate (which names the role: spiffe://specdec/ROLE)."""
+    own = pki.secrets / role
+    flags = ("--tls-cert", str(own / "server.crt"), "--tls-key", str(own / "server.key"))
     return flags + (("--tls-client-ca", str(pki.ca)) if mutual else ())
 
 
@@ -81,9 +83,9 @@ def secured(tiny_pair, pki, tmp_path_factory) -> Secured:
     s = Stack(logs=logs)
     metrics_port = procs.free_port()
     try:
-        service = (*server_tls(pki, mutual=True), "--service-token", service_token)
         for role, model in (("target", target_dir), ("draft", draft_dir)):
             port = procs.free_port()
+            service = (*server_tls(pki, mutual=True, role=role), "--service-token", service_token)
             argv = service_argv(role, port, model=model, threads=1, replica_id=role, extra=service)
             s.processes.start(role, argv)
             s.addresses[role] = f"127.0.0.1:{port}"
