@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                               max_stored_responses=int(args.max_stored_responses)))
     log = logging.getLogger("gateway")
     if int(args.metrics_port):
-        from prometheus_client import start_http_server
+        from specdec.runtime.server import serve_metrics
 
-        start_http_server(int(args.metrics_port), addr=args.metrics_host)
+        serve_metrics(int(args.metrics_port), args.metrics_host)
         log.info("metrics on http://%s:%d/metrics", args.metrics_host, int(args.metrics_port))
     log.info("OpenAI-compatible API on http://%s:%d/v1 -> orchestrator %s",
              args.host, args.port, args.orchestrator)

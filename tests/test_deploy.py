@@ -790,6 +790,9 @@ def _pod_templates(docs):
 
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
 def test_every_pod_meets_the_restricted_pod_security_standard(name):
+    # The namespace enforces it too: the API server refuses a pod spec that breaks it.
+    namespace = _find(rendered(name), "Namespace", "specdec")["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "restricted", namespace
     templates = list(_pod_templates(rendered(name)))
     assert len(templates) == 5  # the four roles and Redis
     for where, template in templates:
@@ -840,9 +843,12 @@ def _selects(selector: dict, labels: dict) -> bool:
     return True
 
 
-def reachable(policies: list[dict], source: dict | None, target: dict, port: str) -> bool:
-    """Whether a pod labelled `source` (None: a pod in another namespace) may open `port` (a
-    container port name) on a pod labelled `target`, under these ingress NetworkPolicies."""
+def reachable(policies: list[dict], source: dict | None, target: dict, port: str,
+              namespace: dict | None = None) -> bool:
+    """Whether a pod labelled `source` (None: a pod in another namespace, labelled `namespace`)
+    may open `port` (a container port name) on a pod labelled `target`, under these ingress
+    NetworkPolicies."""
+    namespace = {"kubernetes.io/metadata.name": "specdec"} if source is not None else (namespace or {})
     selecting = [p["spec"] for p in policies if _selects(p["spec"]["podSelector"], target)
                  and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
     if not selecting:
@@ -856,7 +862,7 @@ def reachable(policies: list[dict], source: dict | None, target: dict, port: str
                 return True
             for peer in peers:
                 if "namespaceSelector" in peer:
-                    if _selects(peer["namespaceSelector"], {}) and (
+                    if _selects(peer["namespaceSelector"], namespace) and (
                             "podSelector" not in peer or _selects(peer["podSelector"], source or {})):
                         return True
                 elif "podSelector" in peer and source is not None and _selects(peer["podSelector"], source):
@@ -882,11 +888,30 @@ def test_network_policies_let_only_orchestrators_reach_the_model_services():
         ("elsewhere", "redis", "redis"): False,
         ("gateway", "orch", "grpc"): True, ("target", "orch", "grpc"): False,
         ("elsewhere", "orch", "grpc"): False, ("elsewhere", "gateway", "http"): True,
-        ("elsewhere", "target", "metrics"): True, ("elsewhere", "orch", "metrics"): True,
-        ("elsewhere", "gateway", "metrics"): True,
+        # metrics: the monitoring namespace only
+        ("elsewhere", "target", "metrics"): False, ("elsewhere", "orch", "metrics"): False,
+        ("elsewhere", "gateway", "metrics"): False, ("gateway", "target", "metrics"): False,
+        ("monitoring", "target", "metrics"): True, ("monitoring", "orch", "metrics"): True,
+        ("monitoring", "gateway", "metrics"): True, ("monitoring", "target", "grpc"): False,
     }
+    labels["monitoring"] = None
     for (source, dest, port), allowed in expected.items():
-        assert reachable(policies, labels[source], labels[dest], port) == allowed, (source, dest, port)
+        namespace = {"kubernetes.io/metadata.name": source} if labels[source] is None else None
+        assert reachable(policies, labels[source], labels[dest], port, namespace) == allowed, (source, dest, port)
+    # Egress is denied by default too: each pod reaches DNS and what it calls, nothing else.
+    out = None  # an address outside the cluster
+    egress = {
+        ("gateway", "orch", 50050): True, ("gateway", "target", 50061): False, ("gateway", out, 443): False,
+        ("gateway", "redis", 6379): False, ("orch", "target", 50061): True, ("orch", "draft", 50062): True,
+        ("orch", "redis", 6379): True, ("orch", out, 443): False, ("orch", out, 6379): False,
+        ("target", "redis", 6379): True, ("draft", "redis", 6379): True, ("target", "draft", 50062): False,
+        ("target", out, 443): False, ("redis", out, 443): False, ("redis", "target", 50061): False,
+    }
+    for (source, dest, port), allowed in egress.items():
+        assert _egress_allowed(policies, labels[source], labels[dest] if dest else None, port) == allowed, \
+            (source, dest, port)
+    for role in ("gateway", "orch", "target", "draft", "redis"):
+        assert _egress_allowed(policies, labels[role], None, 53, "UDP"), role  # cluster DNS
     # Each port a policy names is a port of the pods it selects.
     for policy in policies:
         pods = [t for _, t in _pod_templates(docs) if _selects(policy["spec"]["podSelector"], t["metadata"]["labels"])]
@@ -1013,10 +1038,9 @@ def test_pods_that_fetch_reach_the_hub_dns_and_their_namespace_only(name):
         assert not _egress_allowed(policies, source, None, 80), role
     assert _egress_allowed(policies, labels["orchestrator"], labels["target"], 50061)
     assert _egress_allowed(policies, labels["orchestrator"], labels["draft"], 50062)
-    # Pods that fetch nothing keep the base's open egress; the base itself restricts none.
-    assert _egress_allowed(policies, labels["gateway"], None, 80)
-    assert not [d for d in rendered("base") if d["kind"] == "NetworkPolicy"
-                and "Egress" in d["spec"].get("policyTypes", [])]
+    # Pods that fetch nothing keep the base's egress: what they call, nothing out.
+    assert not _egress_allowed(policies, labels["gateway"], None, 80)
+    assert not _egress_allowed(policies, labels["gateway"], None, 443)
 
 
 # ------------------------------------------------------------------- dashboard

@@ -172,9 +172,7 @@ async def serve(
         raise OSError(f"cannot bind {options.address}")
     health_only = _health_server(health, options.health_port) if options.health_port else None
     if options.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(options.metrics_port, addr=options.metrics_host)
+        serve_metrics(options.metrics_port, options.metrics_host)
         log.info("metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
 
     stop = asyncio.Event()
@@ -215,6 +213,34 @@ async def serve(
         await health_only.stop(0)
     tracing.shutdown()  # flush the spans still queued
     log.info("stopped")
+
+
+METRICS_TIMEOUT_S = 10.0  # a metrics connection silent this long is closed
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1", timeout_s: float = METRICS_TIMEOUT_S):
+    """Prometheus /metrics on its own port, served from a daemon thread. Unlike
+    prometheus_client.start_http_server, a connection that sends nothing for `timeout_s` is
+    closed, so idle or slow clients cannot pile up threads. Returns the HTTP server."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from prometheus_client import REGISTRY
+    from prometheus_client.exposition import MetricsHandler
+
+    class Handler(MetricsHandler.factory(REGISTRY)):
+        timeout = timeout_s  # socket timeout per connection (socketserver.StreamRequestHandler)
+
+        def log_message(self, format, *args):  # noqa: A002 - no line per scrape
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = Server((host.strip("[]"), port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
 
 
 def _health_server(health: HealthServicer, port: int) -> grpc.aio.Server:

@@ -412,7 +412,8 @@ def test_the_orchestrator_runs_with_the_defaults_of_specdec_up():
 def test_each_model_role_takes_a_folder_or_a_hugging_face_id():
     """SPECDEC_TARGET_MODEL / SPECDEC_DRAFT_MODEL (and their revisions) per role; a folder under
     /models, from SPECDEC_MODELS_DIR (a host folder or the named volume), or an id fetched into the
-    model-cache volume, where the orchestrator reads the target's tokenizer offline."""
+    role's own cache volume (no other role writes it), where the orchestrator reads the target's
+    tokenizer offline, read-only."""
     spec = _spec()
     services = spec["services"]
     orchestrator = services["orchestrator"]
@@ -424,12 +425,12 @@ def test_each_model_role_takes_a_folder_or_a_hugging_face_id():
         assert "HF_TOKEN" in env and env["HF_TOKEN"] is None, name  # passed through from the host only
         volumes = services[name]["volumes"]
         assert any(v.startswith("${SPECDEC_MODELS_DIR:-./models}:/models:ro") for v in volumes), name
-        assert env["HF_HOME"].startswith("/cache/") and "model-cache:/cache" in volumes, name
+        assert env["HF_HOME"].startswith("/cache/") and f"{role}-cache:/cache" in volumes, name
     env = orchestrator["environment"]
     target = services["target-cpu"]["environment"]
     assert _interpolated(env["SPECDEC_TOKENIZER"]) == _interpolated(target["SPECDEC_MODEL"])
     assert _interpolated(env["SPECDEC_TOKENIZER_REVISION"]) == _interpolated(target["SPECDEC_REVISION"])
-    assert env["HF_HOME"] == target["HF_HOME"] and "model-cache:/cache" in orchestrator["volumes"]
+    assert env["HF_HOME"] == target["HF_HOME"] and "target-cache:/cache:ro" in orchestrator["volumes"]
     assert env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in env  # the target fetched it first
     assert orchestrator["depends_on"]["target-cpu"]["condition"] == "service_healthy"
     assert "models" in spec["volumes"]  # SPECDEC_MODELS_DIR=models
