@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                               tls_ca=args.tls_ca, tls_cert=args.client_cert, tls_key=args.client_key,
                               playground=playground, max_body_bytes=int(args.max_body_bytes),
                               body_timeout_s=float(args.body_timeout),
+                              max_whole_response_bytes=int(args.max_whole_response_bytes),
                               allowed_hosts=parse_hosts(args.allowed_hosts),
                               responses_ttl_s=float(args.responses_ttl),
                               max_stored_responses=int(args.max_stored_responses)))

@@ -47,7 +47,27 @@ async def call_options(gw, req: ChatRequest | CompletionRequest,
     else:
         options["prompt"] = completion_prompt(req)
     gw.served.check(req.model)
+    if not getattr(req, "stream", False):
+        _check_whole_size(options, gw.settings.max_whole_response_bytes)
     return options, plan
+
+
+# A token's share of a whole (not streamed) response: its text and, with log-probabilities,
+# an entry per alternative (the JSON of a token, its bytes and its logprob), as an upper bound.
+BYTES_PER_ENTRY = 64
+
+
+def _check_whole_size(options: dict, cap: int) -> None:
+    """A response that is not streamed is built whole in memory: refuse one whose worst case
+    (n x max_tokens x (1 + top_logprobs) entries) is past --max-whole-response-bytes."""
+    entries = int(options.get("n") or 1) * int(options.get("max_new_tokens") or 0) * \
+        (1 + int(options.get("top_logprobs") or 0) if options.get("logprobs") else 1)
+    worst = entries * BYTES_PER_ENTRY
+    if cap and worst > cap:
+        raise invalid(f"the response could be {worst / 2**20:.0f} MiB (n x max_tokens x (1 + top_logprobs) "
+                      f"= {entries} entries), above this gateway's {cap / 2**20:.0f} MiB for a response "
+                      "that is not streamed (--max-whole-response-bytes); set stream: true, or ask for less",
+                      param="stream", code="response_too_large")
 
 
 async def body(request: Request):

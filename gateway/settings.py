@@ -28,6 +28,9 @@ GATEWAY = Group("gateway", (
 GUARD = Group("what the gateway accepts", (
     Flag("max-body-bytes", "a request body larger than this is a 413, refused while it is read "
          "(before any parsing)", 4 << 20, int),
+    Flag("max-whole-response-bytes", "a request that is not streamed whose worst-case response (n x max_tokens "
+         "x (1 + top_logprobs) entries of 64 bytes) is larger is a 400: it would be built whole in memory; "
+         "0 = no limit", 64 << 20, int),
     Flag("body-timeout", "seconds a request body may stall (no part of it arriving) before a 408", 30.0, float),
     Flag("max-concurrency", "connections and requests in progress at most; one more is a 503 at once "
          "(uvicorn's limit_concurrency); 0 = no limit", 1024, int),

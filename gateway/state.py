@@ -31,6 +31,7 @@ class Settings:
     playground: PlaygroundSettings | None = PlaygroundSettings()  # None: no /playground
     max_body_bytes: int = 4 << 20        # a larger request body is a 413, refused as it is read
     body_timeout_s: float = 30.0         # a body whose next part takes longer is a 408
+    max_whole_response_bytes: int = 64 << 20  # worst case of a response not streamed (gateway.generation)
     allowed_hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS)  # None: any (see gateway.guard)
     responses_ttl_s: float = RECORD_TTL_S  # a stored response's record (gateway.responses.kept)
     max_stored_responses: int = 10000

@@ -257,6 +257,13 @@ def test_other_errors(gw):
     status, body = _post(f"{gw.base}/v1/completions",
                          {"model": MODEL, "prompt": "x", "max_tokens": 2, "session_id": "nope"})
     assert (status, body["error"]["code"]) == (404, "not_found")
+    # A response that is not streamed is built whole: past --max-whole-response-bytes in the worst
+    # case (16 x 10,000 x 21 entries) it is refused before any work, and streaming is the way.
+    huge = {"model": MODEL, "messages": CHAT, "max_tokens": 10_000, "n": 16, "logprobs": True, "top_logprobs": 20}
+    status, body = _post(f"{gw.base}/v1/chat/completions", huge)
+    assert (status, body["error"]["code"], body["error"]["param"]) == (400, "response_too_large", "stream")
+    status, body = _post(f"{gw.base}/v1/chat/completions", {**huge, "stream": True})
+    assert body is None or body.get("error", {}).get("code") != "response_too_large"
 
 
 # ------------------------------------------------------------------- disconnect
