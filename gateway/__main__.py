@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.guard import parse_hosts, parse_networks
+    from gateway.guard import header_timeout_protocol, parse_hosts, parse_networks
     from gateway.playground import PlaygroundSettings
     from gateway.served import parse_names
     from gateway.state import Settings
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--max-body-bytes: must be >= 1")
     if float(args.body_timeout) <= 0:
         raise SystemExit("--body-timeout: must be > 0")
+    if float(args.header_timeout) < 0:
+        raise SystemExit("--header-timeout: must be >= 0 (0 = none)")
     if int(args.max_concurrency) < 0:
         raise SystemExit("--max-concurrency: must be >= 0 (0 = no limit)")
     playground = None if args.no_playground else PlaygroundSettings(
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     # (a local caller could claim any address); gateway.guard.client_address decides instead.
     uvicorn.run(app, host=args.host, port=int(args.port), log_level=level.lower(),
                 access_log=level == "DEBUG", timeout_graceful_shutdown=float(args.grace) + 1,
-                proxy_headers=False, limit_concurrency=int(args.max_concurrency) or None)
+                proxy_headers=False, limit_concurrency=int(args.max_concurrency) or None,
+                http=header_timeout_protocol(float(args.header_timeout)) if float(args.header_timeout) else "h11")
     return 0
 
 

@@ -5,6 +5,10 @@
                   before one byte of the body is read (only the probes and the playground's
                   page go without); each token's verdict is asked of the orchestrator once and
                   kept a while, by its digest.
+    header_timeout_protocol  uvicorn's HTTP/1.1 protocol with a deadline on a request's headers:
+                  a connection whose request line and headers do not all arrive within
+                  --header-timeout seconds is closed (uvicorn keeps a slow sender's
+                  connection for ever, and it counts against --max-concurrency).
     BodyLimit     a body over --max-body-bytes is a 413 while it is read: a Content-Length above
                   the limit is refused before one byte of the body; a chunked body is counted as
                   it arrives and refused at the first byte over (never buffered whole); a body
@@ -70,6 +74,48 @@ async def _refuse(send, status: int, message: str, code: str) -> None:
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+def header_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol class, closing a connection whose next request's headers take
+    longer than `seconds` from their first byte (or from the connection's start)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeout(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            before = self.cycle
+            if self._header_timer is None and (before is None or before.response_complete):
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+            if self.cycle is not before:  # its headers are all in: the request runs
+                self._disarm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                log.info("closed a connection from %s: its request headers took over %g s",
+                         self.client, seconds)
+                self.transport.close()
+
+    return HeaderTimeout
 
 
 def _header(scope, name: bytes) -> str | None:

@@ -31,6 +31,8 @@ GUARD = Group("what the gateway accepts", (
     Flag("max-whole-response-bytes", "a request that is not streamed whose worst-case response (n x max_tokens "
          "x (1 + top_logprobs) entries of 64 bytes) is larger is a 400: it would be built whole in memory; "
          "0 = no limit", 64 << 20, int),
+    Flag("header-timeout", "seconds a request's line and headers may take to arrive; a connection that "
+         "is slower is closed (it would hold a --max-concurrency place); 0 = none", 10.0, float),
     Flag("body-timeout", "seconds a request body may stall (no part of it arriving) before a 408", 30.0, float),
     Flag("max-concurrency", "connections and requests in progress at most; one more is a 503 at once "
          "(uvicorn's limit_concurrency); 0 = no limit", 1024, int),

@@ -6,7 +6,8 @@ on, and checked from the headers before a body is read.
   parsed them first);
 - /v1/models and the rest need a token; the probes (/health, /health/live) do not, and say
   nothing about the deployment;
-- a body that stalls is a 408, and connections past --max-concurrency a 503 at once.
+- a body that stalls is a 408, headers that never finish close the connection, and connections
+  past --max-concurrency are a 503 at once.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from specdec.runtime.launch import child_env
 
 MAX_CONCURRENCY = 24
 BODY_TIMEOUT_S = 3
+HEADER_TIMEOUT_S = 2
 
 
 def _call(url: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:
@@ -52,7 +54,8 @@ def gateway(secured, tmp_path_factory):
     port = procs.free_port()
     proc = procs.start(["python", "-m", "gateway", "--orchestrator", secured.address("orch"),
                         "--port", str(port), "--tls-ca", str(secured.pki.ca),
-                        "--max-concurrency", str(MAX_CONCURRENCY), "--body-timeout", str(BODY_TIMEOUT_S)],
+                        "--max-concurrency", str(MAX_CONCURRENCY), "--body-timeout", str(BODY_TIMEOUT_S),
+                        "--header-timeout", str(HEADER_TIMEOUT_S)],
                        env=child_env(1, quiet=True),
                        log_path=tmp_path_factory.mktemp("gateway-auth") / "gateway.log")
     try:
@@ -139,3 +142,17 @@ def test_a_stalled_body_is_a_408_and_connections_past_the_limit_a_503(secured, g
     while _call(base + "/health/live")[0] != 200:  # the slots come back as the sockets close
         assert time.monotonic() < deadline, "connections not released"
         time.sleep(0.1)
+
+
+def test_headers_that_never_finish_lose_their_connection(gateway) -> None:
+    """A slow sender (one header line, then nothing) would hold a --max-concurrency place for
+    ever; past --header-timeout its connection is closed."""
+    port = int(gateway[0].rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never ends
+        started = time.monotonic()
+        assert sock.recv(64) == b""  # closed by the gateway, well before our 30 s timeout
+        assert time.monotonic() - started < 20
+    finally:
+        sock.close()
