@@ -76,7 +76,7 @@ def new_head(target: Any, layers: tuple[int, ...], draft_ids: torch.Tensor) -> A
 
     model = target.model
     config = model.config
-    raw = {**eagle3.head_config(config), "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}}
+    raw = {**eagle3.head_config(config), **eagle3.aux_layer_fields(layers)}
     embed = model.get_input_embeddings().weight.detach().float()
     head, layers = eagle3.build(raw, config, draft_ids, embed, torch.float32)
     last = model.model.layers[-1]

@@ -195,7 +195,7 @@ def build_eagle3_head(target: Path, out_dir: Path, *, layers: tuple[int, ...] = 
     as vLLM and SGLang load them), written from scratch here, not through specdec's code.
 
     config.json: a Llama config with draft_vocab_size and
-    eagle_config.eagle_aux_hidden_state_layer_ids; model.safetensors: fc.weight
+    eagle_aux_hidden_state_layer_ids (and the nested SpecForge form); model.safetensors: fc.weight
     [H, n H], midlayer.* (q/k/v reading 2H, hidden_norm), norm.weight,
     lm_head.weight [draft_vocab, H], d2t (draft id i -> target id i + d2t[i]) and
     t2d. The draft vocabulary is every other token id from 0 up (so d2t is not
@@ -242,7 +242,11 @@ def build_eagle3_head(target: Path, out_dir: Path, *, layers: tuple[int, ...] = 
         "rope_theta": float(target_config.get("rope_theta", 10000.0)),
         "max_position_embeddings": 2048, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
         "tie_word_embeddings": False, "torch_dtype": "float32",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers), "use_aux_hidden_state": True},
+        # Both conventions, naming the same layers: the top level as entered (EAGLE, vLLM), the
+        # nested one as outputs (SpecForge, SGLang), where it can name them.
+        "eagle_aux_hidden_state_layer_ids": list(layers),
+        **({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+                             "use_aux_hidden_state": True}} if all(i >= 1 for i in layers) else {}),
     }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

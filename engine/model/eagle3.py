@@ -4,10 +4,14 @@ The layout EAGLE's and SpecForge's training write, and vLLM and SGLang serve:
 
   config.json   a Llama config of the head (hidden_size, heads, intermediate
                 size, rope, rms_norm_eps, vocab_size = the target's) plus
-                `draft_vocab_size` and, where given, the target layers it reads:
-                `eagle_config.eagle_aux_hidden_state_layer_ids` (or the same
-                key at the top level). Absent: layers 2, L // 2 and L - 3 of an
-                L-layer target, EAGLE-3's own choice.
+                `draft_vocab_size` and, where given, the target layers it reads,
+                in either of two conventions (aux_layers):
+                `eagle_aux_hidden_state_layer_ids` at the top level (EAGLE's own
+                key, the one vLLM reads): the layers whose incoming residual
+                stream the head reads; `eagle_config.eagle_aux_hidden_state_layer_ids`
+                (SpecForge's, which SGLang reads and adds 1 to): the layers whose
+                output it reads, one less. Absent: layers 2, L // 2 and L - 3 of
+                an L-layer target, EAGLE-3's own choice. `save` writes both.
   model.safetensors (or pytorch_model.bin)
                 fc.weight       [H, n * H_target]  the n target layers -> H, no bias
                 midlayer.*      one decoder layer whose q/k/v read 2H:
@@ -65,16 +69,36 @@ def is_eagle3_folder(path: Path) -> bool:
 
 
 def aux_layers(config: dict, target_layers: int) -> tuple[int, ...]:
-    """The target layers the head reads (their incoming residual streams), checked against the target."""
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
-        or config.get("eagle_aux_hidden_state_layer_ids")
+    """The target layers the head reads (their incoming residual streams), checked against the target.
+
+    The top-level `eagle_aux_hidden_state_layer_ids` names them as they are (EAGLE, vLLM); the
+    nested `eagle_config.eagle_aux_hidden_state_layer_ids` names the layers whose output is read,
+    one less (SpecForge writes [1, L/2 - 1, L - 4] for EAGLE-3's default; SGLang adds 1). Given
+    both, they must name the same layers."""
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    from_nested = tuple(int(i) + 1 for i in nested) if nested else ()
+    ids = tuple(int(i) for i in top) if top else from_nested
+    if top and nested and ids != from_nested:
+        raise ValueError(f"EAGLE-3 head: eagle_aux_hidden_state_layer_ids {list(top)} (layers entered) and "
+                         f"eagle_config.eagle_aux_hidden_state_layer_ids {list(nested)} (layers' outputs, "
+                         f"so layers {list(from_nested)} entered) disagree")
     if not ids:
         ids = (2, target_layers // 2, target_layers - 3)
-    ids = tuple(int(i) for i in ids)
     if any(not 0 <= i < target_layers for i in ids) or len(set(ids)) != len(ids):
         raise ValueError(f"EAGLE-3 head: aux layers {list(ids)} are not distinct layers of a "
                          f"{target_layers}-layer target")
     return ids
+
+
+def aux_layer_fields(layers: Sequence[int]) -> dict[str, Any]:
+    """config.json's fields naming `layers` (entered) so that every reader takes the same layers:
+    the top-level key as they are (EAGLE, vLLM, specdec), the nested one as outputs (SpecForge,
+    SGLang), which cannot name layer 0's input (the embeddings) and is then left out."""
+    fields: dict[str, Any] = {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layers]}
+    if all(int(i) >= 1 for i in layers):
+        fields["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in layers]}
+    return fields
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -203,8 +227,7 @@ def save(model: Any, layers: Sequence[int], folder: Path, dtype: torch.dtype,
     config = model.config
     raw = {**head_config(config), "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
            "draft_vocab_size": int(ids.numel()), "target_hidden_size": int(inner.eagle3_fc.in_features // len(layers)),
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layers]},
-           "torch_dtype": str(dtype).removeprefix("torch."), **(extra or {})}
+           **aux_layer_fields(layers), "torch_dtype": str(dtype).removeprefix("torch."), **(extra or {})}
     raw["vocab_size"] = int(inner.embed_tokens.weight.shape[0])
     tensors = {"fc.weight": inner.eagle3_fc.weight, "norm.weight": inner.norm.weight,
                "lm_head.weight": head.sub_weight}

@@ -60,9 +60,30 @@ def test_the_kind_string_round_trips_and_defaults():
     with pytest.raises(ValueError, match="layer ids"):
         parse_feature_kind("layers:a,b")
     assert aux_layers({}, 30) == (2, 15, 27)  # EAGLE-3's own choice for an L-layer target
-    assert aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 9]}}, 30) == (1, 4, 9)
+    # EAGLE's / vLLM's top-level key names the layers entered; SpecForge's nested one the layers'
+    # outputs (SGLang adds 1): SpecForge's default [1, L/2 - 1, L - 4] is EAGLE-3's (2, L/2, L - 3).
+    assert aux_layers({"eagle_aux_hidden_state_layer_ids": [1, 4, 9]}, 30) == (1, 4, 9)
+    assert aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}}, 30) == (2, 15, 27)
+    both = {"eagle_aux_hidden_state_layer_ids": [2, 15, 27], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}}
+    assert aux_layers(both, 30) == (2, 15, 27)
+    with pytest.raises(ValueError, match="disagree"):
+        aux_layers({**both, "eagle_aux_hidden_state_layer_ids": [1, 14, 26]}, 30)
     with pytest.raises(ValueError, match="aux layers"):
         aux_layers({"eagle_aux_hidden_state_layer_ids": [1, 30]}, 30)
+
+
+def test_what_specdec_writes_every_reader_takes_as_the_same_layers():
+    """vLLM reads the top-level ids as they are; SGLang the nested ones plus 1; specdec either."""
+    from engine.model.eagle3 import aux_layer_fields, aux_layers
+
+    for layers in ((2, 15, 27), (1, 5, 9), (0, 2)):
+        fields = aux_layer_fields(layers)
+        vllm = tuple(fields["eagle_aux_hidden_state_layer_ids"])
+        assert vllm == layers and aux_layers(fields, 30) == layers
+        if "eagle_config" in fields:
+            assert tuple(i + 1 for i in fields["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) == layers
+        else:  # layer 0's input (the embeddings) has no output-of-layer id
+            assert 0 in layers
 
 
 def _info(**kw):

@@ -101,7 +101,7 @@ def test_unrolled_passes_are_what_the_served_head_computes(tiny_run, tmp_path: P
     head = _head(tiny_run)
     folder = eagle3_format.save(head, LAYERS, tmp_path / "head", torch.float32)
     config = json.loads((folder / "config.json").read_text())
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
+    assert config["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)  # (0, 2): no nested form for 0
     assert config["draft_vocab_size"] == 160 and config["architectures"] == ["LlamaForCausalLMEagle3"]
     served = load(str(folder), base=str(target_dir))
     assert served.feature_kind == "layers:0,2" and served.feature_dim == 128
