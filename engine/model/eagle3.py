@@ -12,7 +12,7 @@ The layout EAGLE's and SpecForge's training write, and vLLM and SGLang serve:
                 (SpecForge's, which SGLang reads and adds 1 to): the layers whose
                 output it reads, one less. Absent: layers 2, L // 2 and L - 3 of
                 an L-layer target, EAGLE-3's own choice. `save` writes both.
-  model.safetensors (or pytorch_model.bin)
+  model.safetensors (or pytorch_model.bin, or shards named by model.safetensors.index.json)
                 fc.weight       [H, n * H_target]  the n target layers -> H, no bias
                 midlayer.*      one decoder layer whose q/k/v read 2H:
                                 input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj,
@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+SHARD_INDEX = "model.safetensors.index.json"  # sharded safetensors: its weight_map names the files
+# config.json flags some trainers write that change the head's forward; the engine computes
+# neither, so a head that turns one on is refused rather than served as another head.
+UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_output")
 
 
 def is_eagle3_folder(path: Path) -> bool:
@@ -102,6 +106,18 @@ def aux_layer_fields(layers: Sequence[int]) -> dict[str, Any]:
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    index = folder / SHARD_INDEX
+    if index.is_file():
+        from safetensors.torch import load_file
+
+        shards = dict.fromkeys(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if not shards or missing:
+            raise FileNotFoundError(f"{folder}: {SHARD_INDEX} names shards that are not there: {missing or 'none'}")
+        tensors = {}
+        for shard in shards:
+            tensors.update(load_file(str(folder / shard)))
+        return {key.removeprefix("model."): value for key, value in tensors.items()}
     for name in WEIGHT_FILES:
         file = folder / name
         if not file.is_file():
@@ -113,7 +129,7 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         else:
             tensors = torch.load(file, map_location="cpu", weights_only=True)
         return {key.removeprefix("model."): value for key, value in tensors.items()}
-    raise FileNotFoundError(f"{folder}: an EAGLE-3 head needs one of {', '.join(WEIGHT_FILES)}")
+    raise FileNotFoundError(f"{folder}: an EAGLE-3 head needs one of {', '.join(WEIGHT_FILES)} or {SHARD_INDEX}")
 
 
 def head_config(base: Any) -> dict[str, Any]:
@@ -169,6 +185,10 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
     `base_embedding` reads the target's input embedding, asked only where the head holds none."""
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())
+    flags = [f for f in UNSUPPORTED_FLAGS if raw.get(f)]
+    if flags:
+        raise ValueError(f"{folder}: {', '.join(f'{f}: true' for f in flags)} is not supported (the engine "
+                         "computes the head without it, so it would draft as another head)")
     tensors = _read_weights(folder)
     vocab = int(raw.get("vocab_size") or base.vocab_size)
     embed = tensors.pop("embed_tokens.weight", None)

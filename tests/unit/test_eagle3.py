@@ -127,3 +127,33 @@ def test_a_published_head_is_served_in_its_own_dtype_where_the_device_has_it(tmp
         if stored in ("bfloat16", None):  # and the loader serves it so when no --dtype is given
             served = load(str(folder), base=str(tiny_pair[0]), dtype=None)
             assert next(served.model.parameters()).dtype == DTYPES[want]
+
+
+def test_a_sharded_head_loads_as_its_single_file_twin_and_unsupported_flags_are_refused(tmp_path, tiny_pair):
+    """model.safetensors.index.json and its shards give the same head, parameter for parameter;
+    a head that turns on a forward flag the engine does not compute is refused in one line."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.model.loader import load
+    from tests.tiny import build_eagle3_head
+
+    whole = build_eagle3_head(tiny_pair[0], tmp_path / "whole")
+    sharded = build_eagle3_head(tiny_pair[0], tmp_path / "sharded")
+    tensors = load_file(str(sharded / "model.safetensors"))
+    (sharded / "model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in halves.items():
+        save_file({k: tensors[k] for k in keys}, str(sharded / file))
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: file for file, keys in halves.items() for k in keys}}))
+    a, b = (load(str(f), base=str(tiny_pair[0]), dtype="float32").model for f in (whole, sharded))
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    config = json.loads((whole / "config.json").read_text())
+    for flag in ("norm_before_residual", "norm_output"):
+        (whole / "config.json").write_text(json.dumps({**config, flag: True}))
+        with pytest.raises(ValueError, match=f"{flag}: true is not supported"):
+            load(str(whole), base=str(tiny_pair[0]), dtype="float32")
