@@ -18,7 +18,8 @@ The layout EAGLE's and SpecForge's training write, and vLLM and SGLang serve:
                                 input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj,
                                 post_attention_layernorm, mlp.{gate,up,down}_proj
                 norm.weight     the final norm
-                lm_head.weight  [draft_vocab_size, H]
+                lm_head.weight  [draft_vocab_size, H] (absent: the target's rows for the
+                                draft vocabulary, as vLLM and SGLang do)
                 d2t             [draft_vocab_size] int64: draft id i is target id i + d2t[i]
                 t2d             [vocab_size] bool (read, checked against d2t)
                 embed_tokens.weight (optional; absent: the target's, from --base-model)
@@ -179,10 +180,11 @@ def build(raw: dict[str, Any], base: Any, draft_ids: torch.Tensor, embed: torch.
 
 
 def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
-         dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
+         dtype: torch.dtype, base_lm_head: Callable[[], torch.Tensor] | None = None) -> tuple[Any, tuple[int, ...]]:
     """(the head as a one-layer Llama module tree, the target layers it reads), from the published
-    layout in `folder`; `base` is its target's config (layer count, width, vocabulary) and
-    `base_embedding` reads the target's input embedding, asked only where the head holds none."""
+    layout in `folder`; `base` is its target's config (layer count, width, vocabulary),
+    `base_embedding` reads the target's input embedding and `base_lm_head` its lm_head, each
+    asked only where the head holds none."""
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())
     flags = [f for f in UNSUPPORTED_FLAGS if raw.get(f)]
@@ -197,12 +199,20 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
     d2t = tensors.pop("d2t", None)
     t2d = tensors.pop("t2d", None)
     lm_head = tensors.pop("lm_head.weight", None)
-    if lm_head is None:
+    if lm_head is None and base_lm_head is None:
         raise ValueError(f"{folder}: no lm_head.weight")
-    draft_vocab = int(raw.get("draft_vocab_size") or lm_head.shape[0])
+    draft_vocab = int(raw.get("draft_vocab_size") or (d2t.numel() if d2t is not None else 0)
+                      or (lm_head.shape[0] if lm_head is not None else vocab))
     if d2t is None:
         d2t = torch.zeros(draft_vocab, dtype=torch.long)  # a full-vocabulary head: ids map to themselves
     ids = torch.arange(draft_vocab, dtype=torch.long) + d2t.to(torch.long)
+    if lm_head is None:  # as vLLM and SGLang do: the target's own rows for the draft vocabulary
+        full = base_lm_head()
+        if full.shape[0] != vocab or int(ids.max()) >= vocab:
+            raise ValueError(f"{folder}: no lm_head.weight, and the target's {tuple(full.shape)} does not "
+                             f"cover the draft vocabulary")
+        lm_head = full[ids.clamp(0, vocab - 1)]
+        log.info("%s: no lm_head.weight; drafting with the target's lm_head rows", folder)
     if tuple(lm_head.shape) != (draft_vocab, int(raw["hidden_size"])) or ids.numel() != draft_vocab:
         raise ValueError(f"{folder}: lm_head.weight {tuple(lm_head.shape)} / d2t {tuple(d2t.shape)} do not fit "
                          f"draft_vocab_size {draft_vocab} x hidden {raw['hidden_size']}")

@@ -238,17 +238,37 @@ def _load_distilled(folder: Path, name: str, dtype: torch.dtype) -> tuple[Any, A
 def _input_embedding(folder: Path, dtype: torch.dtype) -> torch.Tensor:
     """The input embedding of the model in `folder`: the one tensor, from its safetensors (sharded
     or not), else from the whole model loaded."""
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    name = "model.embed_tokens.weight"
+    tensor = _one_tensor(folder, "model.embed_tokens.weight", dtype)
+    if tensor is not None:
+        return tensor
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).get_input_embeddings().weight.detach()
+
+
+def _output_embedding(folder: Path, dtype: torch.dtype) -> torch.Tensor:
+    """The lm_head of the model in `folder` (its input embedding where the two are tied)."""
+    from transformers import AutoModelForCausalLM
+
+    tied = json.loads((folder / "config.json").read_text()).get("tie_word_embeddings", False) \
+        if (folder / "config.json").is_file() else False
+    tensor = _one_tensor(folder, "model.embed_tokens.weight" if tied else "lm_head.weight", dtype)
+    if tensor is not None:
+        return tensor
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).get_output_embeddings().weight.detach()
+
+
+def _one_tensor(folder: Path, name: str, dtype: torch.dtype) -> torch.Tensor | None:
+    """One tensor from the safetensors (sharded or not) in `folder`, or None where it is not there."""
+    from safetensors import safe_open
+
     index = folder / "model.safetensors.index.json"
     file = json.loads(index.read_text())["weight_map"].get(name) if index.is_file() else "model.safetensors"
     if file and (folder / file).is_file():
         with safe_open(str(folder / file), "pt") as tensors:
             if name in tensors.keys():
                 return tensors.get_tensor(name).to(dtype)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).get_input_embeddings().weight.detach()
+    return None
 
 
 def _load_eagle3(folder: Path, name: str, dtype: torch.dtype, base: str | None) -> tuple[Any, Any, str, str]:
@@ -259,7 +279,8 @@ def _load_eagle3(folder: Path, name: str, dtype: torch.dtype, base: str | None) 
 
     base_folder, base_name = resolve(None if base in (None, "", "default") else base, flag="--base-model")
     config = AutoConfig.from_pretrained(base_folder)
-    model, layers = eagle3.load(folder, config, lambda: _input_embedding(base_folder, dtype), dtype)
+    model, layers = eagle3.load(folder, config, lambda: _input_embedding(base_folder, dtype), dtype,
+                                base_lm_head=lambda: _output_embedding(base_folder, dtype))
     context = int(getattr(config, "max_position_embeddings", 0) or 0)
     if context:
         model.config.max_position_embeddings = context

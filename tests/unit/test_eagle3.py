@@ -157,3 +157,24 @@ def test_a_sharded_head_loads_as_its_single_file_twin_and_unsupported_flags_are_
         (whole / "config.json").write_text(json.dumps({**config, flag: True}))
         with pytest.raises(ValueError, match=f"{flag}: true is not supported"):
             load(str(whole), base=str(tiny_pair[0]), dtype="float32")
+
+
+def test_a_head_without_lm_head_drafts_with_the_targets_rows(tmp_path, tiny_pair):
+    """As vLLM and SGLang do: no lm_head.weight in the head means the target's lm_head rows for the
+    draft vocabulary; the same head with those rows written out loads to the same parameters."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.model.loader import _output_embedding, load
+    from tests.tiny import build_eagle3_head
+
+    headless = build_eagle3_head(tiny_pair[0], tmp_path / "headless")
+    explicit = build_eagle3_head(tiny_pair[0], tmp_path / "explicit")
+    tensors = load_file(str(headless / "model.safetensors"))
+    ids = torch.arange(tensors["d2t"].numel()) + tensors["d2t"].long()
+    target_rows = _output_embedding(tiny_pair[0], torch.float32)[ids]
+    save_file({k: v for k, v in tensors.items() if k != "lm_head.weight"}, str(headless / "model.safetensors"))
+    save_file({**tensors, "lm_head.weight": target_rows.contiguous()}, str(explicit / "model.safetensors"))
+    a, b = (load(str(f), base=str(tiny_pair[0]), dtype="float32").model for f in (headless, explicit))
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert torch.equal(a.lm_head.sub_weight, target_rows)
