@@ -33,11 +33,12 @@ import ipaddress
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import grpc
+
+from specdec.runtime.security import KeptAnswers
 
 log = logging.getLogger("gateway")
 
@@ -218,33 +219,13 @@ class TokenVerdicts:
     MAX_KEPT = 4096
 
     def __init__(self) -> None:
-        self._kept: OrderedDict[str, tuple[float, int | None]] = OrderedDict()
-        self._asking: dict[str, asyncio.Future] = {}
+        self._answers = KeptAnswers(self.MAX_KEPT)
 
     async def status(self, channel: grpc.aio.Channel, authorization: str) -> int | None:
         key = hashlib.sha256(authorization.encode("latin-1", "replace")).hexdigest()
-        kept = self._kept.get(key)
-        if kept is not None and time.monotonic() - kept[0] < self.KEEP_S:
-            self._kept.move_to_end(key)
-            return kept[1]
-        if key in self._asking:
-            return await asyncio.shield(self._asking[key])
-        future = self._asking[key] = asyncio.get_running_loop().create_future()
-        try:
-            verdict = await self._ask(channel, authorization)
-            if verdict != 503:  # an unreachable orchestrator's answer is asked again next time
-                self._kept[key] = (time.monotonic(), verdict)
-                self._kept.move_to_end(key)
-                while len(self._kept) > self.MAX_KEPT:
-                    self._kept.popitem(last=False)
-            future.set_result(verdict)
-            return verdict
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no warning when nobody else waited
-            raise
-        finally:
-            del self._asking[key]
+        # An unreachable orchestrator's answer (503) is asked again next time.
+        return await self._answers.get(key, lambda: self._ask(channel, authorization),
+                                       lambda verdict: 0.0 if verdict == 503 else self.KEEP_S)
 
     @staticmethod
     async def _ask(channel: grpc.aio.Channel, authorization: str) -> int | None:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 
-from specdec.runtime.security import ServiceClientSecurity
+from specdec.runtime.security import KeptAnswers, ServiceClientSecurity
 
 log = logging.getLogger(__name__)
 DEFAULT_ROLE_ID = "spiffe://specdec/{role}"
@@ -34,8 +33,7 @@ class PeerRoles:
     def __init__(self, security: ServiceClientSecurity, role_id: str = DEFAULT_ROLE_ID,
                  keep_s: float = 300.0, timeout_s: float = 5.0) -> None:
         self.security, self.role_id, self.keep_s, self.timeout_s = security, role_id, keep_s, timeout_s
-        self._kept: dict[tuple[str, str], tuple[bool, float]] = {}
-        self._asking: dict[tuple[str, str], asyncio.Future] = {}
+        self._answers = KeptAnswers()
 
     @property
     def on(self) -> bool:
@@ -45,25 +43,12 @@ class PeerRoles:
         """True when the replica at `address` presents a certificate naming `role` (or the check is off)."""
         if not self.on:
             return True
-        key = (address, role)
-        kept = self._kept.get(key)
-        if kept is not None and time.monotonic() < kept[1]:
-            return kept[0]
-        if key in self._asking:
-            return await asyncio.shield(self._asking[key])
-        future = self._asking[key] = asyncio.get_running_loop().create_future()
-        try:
-            ok = await self._ask(address, role)
-            future.set_result(ok)
-            return ok
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no warning when nobody else waited
-            raise
-        finally:
-            del self._asking[key]
+        ok, _ = await self._answers.get((address, role), lambda: self._ask(address, role),
+                                        lambda answer: answer[1])
+        return ok
 
-    async def _ask(self, address: str, role: str) -> bool:
+    async def _ask(self, address: str, role: str) -> tuple[bool, float]:
+        """(whether the certificate names the role, how long that answer is kept)."""
         wanted = self.role_id.format(role=role)
         try:
             names = await asyncio.wait_for(self._names(address), self.timeout_s)
@@ -71,14 +56,12 @@ class PeerRoles:
             # Unreachable or mid-restart: not routed this time, asked again soon (not kept long).
             log.warning("%s replica %s: its certificate could not be read (%s); not routed to it",
                         role, address, exc or type(exc).__name__)
-            self._kept[(address, role)] = (False, time.monotonic() + min(self.keep_s, 5.0))
-            return False
+            return False, min(self.keep_s, 5.0)
         ok = wanted in names
         if not ok:
             log.warning("%s replica %s: its certificate names %s, not %s; never routed to it as a %s",
                         role, address, sorted(names) or "nothing", wanted, role)
-        self._kept[(address, role)] = (ok, time.monotonic() + self.keep_s)
-        return ok
+        return ok, self.keep_s
 
     async def _names(self, address: str) -> set[str]:
         host, _, port = address.rpartition(":")

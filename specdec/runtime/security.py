@@ -26,12 +26,15 @@ time taken does not depend on how much of a guess matches.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,6 +206,43 @@ class TokenTable:
 
     def tenant(self, token: str) -> str | None:
         return self._by_digest.get(_digest(token))
+
+
+class KeptAnswers:
+    """Answers to a question asked once per key and kept a while (a token's verdict, a replica's
+    certificate): `get` returns the kept answer while it is fresh; else it awaits `ask()`, which
+    callers of that key at once share, and keeps the answer for `keep_s(answer)` seconds (0: not
+    kept). At most `most` keys are kept, the least recently used going first."""
+
+    def __init__(self, most: int = 4096) -> None:
+        self.most = most
+        self._kept: OrderedDict[Hashable, tuple[object, float]] = OrderedDict()  # key -> (answer, until)
+        self._asking: dict[Hashable, asyncio.Future] = {}
+
+    async def get(self, key: Hashable, ask: Callable[[], Awaitable], keep_s: Callable[[object], float]):
+        kept = self._kept.get(key)
+        if kept is not None and time.monotonic() < kept[1]:
+            self._kept.move_to_end(key)
+            return kept[0]
+        if key in self._asking:
+            return await asyncio.shield(self._asking[key])
+        future = self._asking[key] = asyncio.get_running_loop().create_future()
+        try:
+            answer = await ask()
+            seconds = keep_s(answer)
+            if seconds > 0:
+                self._kept[key] = (answer, time.monotonic() + seconds)
+                self._kept.move_to_end(key)
+                while len(self._kept) > self.most:
+                    self._kept.popitem(last=False)
+            future.set_result(answer)
+            return answer
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no warning when nobody else waited
+            raise
+        finally:
+            del self._asking[key]
 
 
 def bearer_token(metadata: Iterable[tuple[str, object]] | None) -> str | None:
