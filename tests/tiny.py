@@ -87,15 +87,21 @@ def build_model(
     perturb_from: Path | None = None,
     perturb_std: float = 0.0,
     pad_vocab_to: int = 0,
+    arch: str = "llama",
+    window: int = 8,
 ) -> Path:
     """Save a tiny Llama-architecture model (and its tokenizer) to `out_dir`.
+
+    `arch` "qwen3" (q/k norms; its layers after the first sliding-window layers of `window` keys)
+    or "gemma3" (sandwich norms, q/k norms, alternating sliding and global layers with their own
+    rotary bases, scaled embeddings) builds that family instead, same sizes.
 
     With `perturb_from`, start from that model's weights and add Gaussian noise
     of `perturb_std` (relative to each tensor's std): a draft that agrees with
     its target often but not always. `pad_vocab_to`: the tokenizer's (and so the model's) vocabulary
     padded to that many ids (build_tokenizer).
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +113,7 @@ def build_model(
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * perturb_std * p.std())
     else:
-        config = LlamaConfig(
+        config = _family_config(arch, window, layers, dict(
             vocab_size=len(tokenizer),
             hidden_size=hidden,
             intermediate_size=hidden * 2,
@@ -119,8 +125,8 @@ def build_model(
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-        )
-        model = LlamaForCausalLM(config)
+        ))
+        model = AutoModelForCausalLM.from_config(config)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:
@@ -130,6 +136,23 @@ def build_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def _family_config(arch: str, window: int, layers: int, common: dict):
+    """The config of a tiny model of family `arch` (build_model)."""
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+    if arch == "llama":
+        return LlamaConfig(**common)
+    head_dim = common["hidden_size"] // common["num_attention_heads"]
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=head_dim, use_sliding_window=True, sliding_window=window,
+                           max_window_layers=1)
+    if arch == "gemma3":
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        return Gemma3TextConfig(**common, head_dim=head_dim, sliding_window=window, layer_types=kinds,
+                                query_pre_attn_scalar=head_dim, hidden_activation="gelu_pytorch_tanh")
+    raise ValueError(f"unknown tiny family {arch!r}")
 
 
 def distill_target(root: Path):

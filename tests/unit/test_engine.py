@@ -17,7 +17,7 @@ from engine.model.attention import (LANE_BLOCK, ONE_QUERY_GROUP_KEYS, SHARED_FRO
                                     plan_attention)
 from engine.host import HostLimits, pick_runner
 from engine.model.linear import InvariantLinear, calibrate
-from engine.model.llama import LlamaForward, unsupported
+from engine.model.llama import LlamaForward, sliding_window, unsupported
 from engine.plan import RowPlan, StepPlan
 from engine.pool import BLOCK_SIZE, KVPool, PoolExhausted
 from engine.runner import PooledRunner
@@ -269,15 +269,18 @@ def test_operations_per_forward_do_not_grow_with_the_sessions(runner) -> None:
 
 
 def test_unsupported_models_are_named(loaded) -> None:
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
-    mistral = MistralForCausalLM(config).eval()
-    assert "sliding" in unsupported(mistral)
-    fallback = pick_runner(dataclasses.replace(loaded, model=mistral, name="mistral"), HostLimits())
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
+    assert "model type 'gpt2'" in unsupported(gpt2)
+    fallback = pick_runner(dataclasses.replace(loaded, model=gpt2, name="gpt2"), HostLimits())
     assert isinstance(fallback, StockRunner)
     assert isinstance(pick_runner(loaded, HostLimits(max_batch=1)), StockRunner)
+    # Mistral's sliding window is served: every layer's window is the config's.
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    mistral = MistralForCausalLM(config).eval()
+    assert unsupported(mistral) == "" and [sliding_window(mistral, i) for i in range(2)] == [8, 8]
 
 
 def test_prefill_chunks_sit_at_fixed_positions() -> None:
