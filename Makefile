@@ -26,7 +26,13 @@ GUIDELLM_PACKAGES := guidellm==0.8.1 Faker==40.63.0 aiofiles==25.1.0 aiologic==0
   sanic-routing==23.12.0 tracerite==2.6.5 ujson==6.1.0 uvloop==0.23.0 wcwidth==0.9.4 websockets==17.4 \
   wrapt==2.5.2 xxhash==4.1.0
 
-.PHONY: install install-core demo playground test test-oldest-transformers flake-hunt guidellm bench-quick \
+# vLLM's speculators (the EAGLE-3 heads it writes, and its forward: the reference
+# tests/unit/test_speculators_heads.py holds the engine to), overlaid the same way: --no-deps, since it
+# pins torchvision, torchaudio and transformers<=5.19; the rest it imports comes from guidellm's overlay.
+SPECULATORS_DIR := $(VENV)/speculators
+SPECULATORS_PACKAGES := speculators==0.9.0 hs-connectors==0.9.0
+
+.PHONY: install install-core demo playground test test-oldest-transformers flake-hunt guidellm speculators bench-quick \
 	proto config-docs clean
 
 # install-core: what serving needs (the demo, the playground): torch, the package, the embedded model.
@@ -55,7 +61,7 @@ demo: install-core
 playground: install-core
 	$(VENV)/bin/specdec up
 
-test: install guidellm
+test: install guidellm speculators
 	$(PY) -m pytest -q -rs --durations=40
 	$(MAKE) test-oldest-transformers
 
@@ -74,7 +80,7 @@ FLAKE_RUNS ?= 3
 FLAKE_REPEATS ?= 10
 FLAKE_DIR ?= build/flake-hunt
 
-flake-hunt: install guidellm
+flake-hunt: install guidellm speculators
 	@rm -rf $(FLAKE_DIR); mkdir -p $(FLAKE_DIR); : >$(FLAKE_DIR)/failures.txt; \
 	runs=0; failed=0; \
 	hunt() { \
@@ -103,6 +109,14 @@ $(OLDEST_DIR)/.installed: Makefile
 	touch $@
 
 guidellm: install $(GUIDELLM_DIR)/.installed
+
+speculators: guidellm $(SPECULATORS_DIR)/.installed
+
+$(SPECULATORS_DIR)/.installed: Makefile
+	$(PY) -m pip install --quiet --no-deps --target $(SPECULATORS_DIR) --upgrade $(SPECULATORS_PACKAGES)
+	PYTHONPATH=$(CURDIR)/$(SPECULATORS_DIR):$(CURDIR)/$(GUIDELLM_DIR) $(PY) -c \
+	  "from speculators.models.eagle3 import Eagle3DraftModel"
+	touch $@
 
 $(GUIDELLM_DIR)/.installed: Makefile
 	$(PY) -m pip install --quiet --no-deps --target $(GUIDELLM_DIR) --upgrade $(GUIDELLM_PACKAGES)

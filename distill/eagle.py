@@ -215,7 +215,7 @@ def multi_pass(model: Any, ids: torch.Tensor, features: torch.Tensor, depth: int
             rep = heads // kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, nh, T, hd]
             kv[li].append((k, v))
-            a = _pass_attention(q, k, v, kv[li], d, t_idx, attn.scaling)
+            a = _pass_attention(q, k, v, kv[li], d, t_idx, attn.scaling, skip_first=three)
             a = attn.o_proj(a.transpose(1, 2).reshape(B, T, heads * hd))
             x = x + a
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -225,15 +225,21 @@ def multi_pass(model: Any, ids: torch.Tensor, features: torch.Tensor, depth: int
 
 def _pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     passes: list[tuple[torch.Tensor, torch.Tensor]], d: int, t_idx: torch.Tensor,
-                    scaling: float) -> torch.Tensor:
+                    scaling: float, skip_first: bool = False) -> torch.Tensor:
     """Pass d's attention [B, nh, T, hd]: causal over pass 1's keys for d = 1; else pass-1 keys at <= t-d+1
-    and, for i = 2..d, the pass-i key at t-d+i (`passes` holds every pass's (k, v) so far, this one's last)."""
-    if d == 1:
+    and, for i = 2..d, the pass-i key at t-d+i (`passes` holds every pass's (k, v) so far, this one's last).
+    skip_first (an EAGLE-3 head): no position but 0 reads pass 1's key 0, as served (engine.model.eagle3)."""
+    if d == 1 and not skip_first:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
     T = q.shape[2]
+    if d == 1:  # causal, key 0 read by position 0 only
+        allowed = (t_idx.unsqueeze(0) <= t_idx.unsqueeze(1)) & ((t_idx >= 1).unsqueeze(0) | (t_idx == 0).unsqueeze(1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
     k1, v1 = passes[0]
     scores = torch.matmul(q, k1.transpose(-1, -2)) * scaling  # [B, nh, T, T]
     allowed = t_idx.unsqueeze(0) <= (t_idx - d + 1).unsqueeze(1)  # key j <= t - d + 1
+    if skip_first:  # pass d >= 2 always has its own key to read
+        allowed = allowed & (t_idx >= 1).unsqueeze(0)
     scores = scores.masked_fill(~allowed, float("-inf"))
     diag_scores, diag_values = [], []
     for i in range(2, d + 1):  # pass-i key at t - (d - i)

@@ -35,8 +35,9 @@ rounding then follows how many share its call.
 The attention's compute dtype (`compute`): on a CPU float32 whatever the weights
 (bf16 one-query SDPA measured 3-4x slower than upcasting K/V to fp32, and fp32 is
 exact as well); on a GPU the weights' dtype, with float32 the fallback the start-up
-check (engine.selfcheck) takes if that is not invariant there. A sliding-window layer masks each lane's keys before its last `window`
-too (every lane's mask is a prefix of its logical positions): the same calls and shapes.
+check (engine.selfcheck) takes if that is not invariant there. A sliding-window layer
+masks each lane's keys before its last `window` too (every lane's mask is a prefix of
+its logical positions): the same calls and shapes.
 """
 from __future__ import annotations
 
@@ -117,18 +118,22 @@ class Group:
     mask: torch.Tensor  # [size, 1, 1, length] bool: True = attend; folded: [size, fold, length] per lane
     fold: int = 0  # > 0: `size` Score rows of `fold` lanes each, folded into the head axis (q_index row-major)
     head_mask: torch.Tensor | None = None  # folded: the mask per (row, query head), made at the first layer
-    windowed: dict | None = None  # window -> (mask, head_mask) of a sliding-window layer, made at its first
+    windowed: dict | None = None  # (window, skip_first) -> (mask, head_mask), made at the first layer asking
 
-    def masks(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(mask, folded head mask) for a layer of that window (None: every earlier key)."""
-        if window is None:
+    def masks(self, window: int | None, skip_first: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mask, folded head mask) for a layer of that window (None: every earlier key); skip_first:
+        key 0 masked for every lane but position 0's own (an EAGLE-3 head, which never reads position 0)."""
+        if window is None and not skip_first:
             return self.mask, self.head_mask
         self.windowed = self.windowed if self.windowed is not None else {}
-        if window not in self.windowed:
+        if (window, skip_first) not in self.windowed:
             keys = self.mask.sum(-1, keepdim=True)  # a lane's key count: its mask is a prefix
-            mask = self.mask & (torch.arange(self.length, device=self.mask.device) >= keys - window)
-            self.windowed[window] = (mask, None)
-        return self.windowed[window]
+            at = torch.arange(self.length, device=self.mask.device)
+            mask = self.mask if window is None else self.mask & (at >= keys - window)
+            if skip_first:
+                mask = mask & ((at >= 1) | (keys == 1))
+            self.windowed[(window, skip_first)] = (mask, None)
+        return self.windowed[(window, skip_first)]
 
 
 @dataclass
@@ -277,9 +282,11 @@ def _lane_group(rows, lanes: list[int], lane_row: list[int], lane_token: list[in
 
 
 def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor,
-           v: torch.Tensor, scaling: float, window: int | None = None) -> torch.Tensor:
+           v: torch.Tensor, scaling: float, window: int | None = None, skip_first: bool = False) -> torch.Tensor:
     """q [T, heads, hd], k, v [T, kv_heads, hd] (rotated) -> [T, heads * hd]; writes k, v to the pool.
-    window: a sliding-window layer's (each lane attends to its last `window` keys)."""
+    window: a sliding-window layer's (each lane attends to its last `window` keys); skip_first: no
+    lane past position 0 attends to key 0 (Group.masks)."""
+    mode = (window, skip_first)
     keys, values = pool.keys[layer], pool.values[layer]  # [slots, kv_heads, hd]
     keys.index_copy_(0, plan.write_slots, k)
     values.index_copy_(0, plan.write_slots, v)
@@ -289,10 +296,10 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
     out = None
     for group in plan.groups:
         if group.shared and plan.multi_query:
-            out = _multi_query(keys, values, group, q, out, scaling, compute, window)
+            out = _multi_query(keys, values, group, q, out, scaling, compute, mode)
             continue
         if group.fold:
-            out = _folded(keys, values, group, q, out, scaling, compute, window)
+            out = _folded(keys, values, group, q, out, scaling, compute, mode)
             continue
         rows = 1 if group.shared else group.size
         gk = keys.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
@@ -301,7 +308,7 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
             gk, gv = gk.expand(group.size, -1, -1, -1), gv.expand(group.size, -1, -1, -1)
         gq = q if group.identity else q.index_select(0, group.q_index)
         gq = gq.to(compute).unsqueeze(2)  # [size, heads, 1, hd]
-        o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.masks(window)[0], scale=scaling,
+        o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.masks(*mode)[0], scale=scaling,
                                            enable_gqa=heads != kvh)  # [size, heads, 1, hd]
         o = o.reshape(group.size, heads * hd).to(q.dtype)
         if group.identity:
@@ -314,14 +321,14 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
 
 
 def _multi_query(keys: torch.Tensor, values: torch.Tensor, group: Group, q: torch.Tensor, out: torch.Tensor | None,
-                 scaling: float, compute: torch.dtype, window: int | None = None) -> torch.Tensor:
+                 scaling: float, compute: torch.dtype, mode: tuple = (None, False)) -> torch.Tensor:
     """A shared group as ONE SDPA call over all its queries (--no-batch-invariant)."""
     t, heads, hd = q.shape
     kvh = keys.shape[1]
     gk = keys.index_select(0, group.kv_index).to(compute).view(1, group.length, kvh, hd).transpose(1, 2)
     gv = values.index_select(0, group.kv_index).to(compute).view(1, group.length, kvh, hd).transpose(1, 2)
     gq = q.index_select(0, group.q_index).to(compute).transpose(0, 1)[None]  # [1, heads, size, hd]
-    o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.masks(window)[0][:, 0, 0][None, None], scale=scaling,
+    o = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=group.masks(*mode)[0][:, 0, 0][None, None], scale=scaling,
                                        enable_gqa=heads != kvh)  # [1, heads, size, hd]
     if out is None:
         out = q.new_zeros(t, heads * hd)
@@ -330,19 +337,19 @@ def _multi_query(keys: torch.Tensor, values: torch.Tensor, group: Group, q: torc
 
 
 def _folded(keys: torch.Tensor, values: torch.Tensor, group: Group, q: torch.Tensor, out: torch.Tensor | None,
-            scaling: float, compute: torch.dtype, window: int | None = None) -> torch.Tensor:
+            scaling: float, compute: torch.dtype, mode: tuple = (None, False)) -> torch.Tensor:
     """Score rows with their lanes in the head axis: query head (j, lane, g) reads KV head j."""
     t, heads, hd = q.shape
     kvh = keys.shape[1]
     g, n, rows = heads // kvh, group.fold, group.size
-    mask, head_mask = group.masks(window)
-    if head_mask is None:  # [rows, n, L] -> [rows, kvh * n * g, 1, L], once per forward and window
+    mask, head_mask = group.masks(*mode)
+    if head_mask is None:  # [rows, n, L] -> [rows, kvh * n * g, 1, L], once per forward and mode
         head_mask = mask[:, None, :, None, :].expand(rows, kvh, n, g, group.length).reshape(
             rows, kvh * n * g, 1, group.length)
-        if window is None:
+        if mode == (None, False):
             group.head_mask = head_mask
         else:
-            group.windowed[window] = (mask, head_mask)
+            group.windowed[mode] = (mask, head_mask)
     gk = keys.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
     gv = values.index_select(0, group.kv_index).to(compute).view(rows, group.length, kvh, hd).transpose(1, 2)
     gq = q.index_select(0, group.q_index).to(compute).view(rows, n, kvh, g, hd).permute(0, 2, 1, 3, 4).reshape(

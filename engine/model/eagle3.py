@@ -1,38 +1,31 @@
-"""EAGLE-3 draft heads in their published layout, loaded as they are.
+"""EAGLE-3 draft heads as their trainers write them, loaded as they are (docs/operations.md lists
+the formats and what each key means).
 
-The layout EAGLE's and SpecForge's training write, and vLLM and SGLang serve:
-
-  config.json   a Llama config of the head (hidden_size, heads, intermediate
-                size, rope, rms_norm_eps, vocab_size = the target's) plus
-                `draft_vocab_size` and, where given, the target layers it reads,
-                in either of two conventions (aux_layers):
-                `eagle_aux_hidden_state_layer_ids` at the top level (EAGLE's own
-                key, the one vLLM reads): the layers whose incoming residual
-                stream the head reads; `eagle_config.eagle_aux_hidden_state_layer_ids`
-                (SpecForge's, which SGLang reads and adds 1 to): the layers whose
-                output it reads, one less. Absent: layers 2, L // 2 and L - 3 of
-                an L-layer target, EAGLE-3's own choice. `save` writes both.
-  model.safetensors (or pytorch_model.bin, or shards named by model.safetensors.index.json)
-                fc.weight       [H, n * H_target]  the n target layers -> H, no bias
-                midlayer.*      one decoder layer whose q/k/v read 2H:
-                                input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj,
-                                post_attention_layernorm, mlp.{gate,up,down}_proj
-                norm.weight     the final norm
-                lm_head.weight  [draft_vocab_size, H] (absent: the target's rows for the
-                                draft vocabulary, as vLLM and SGLang do)
-                d2t             [draft_vocab_size] int64: draft id i is target id i + d2t[i]
-                t2d             [vocab_size] bool (read, checked against d2t)
-                embed_tokens.weight (optional; absent: the target's, from --base-model)
+Two layouts:
+  * the published one (EAGLE's and SpecForge's training; vLLM and SGLang serve it): a Llama
+    config.json plus `draft_vocab_size` and the target layers read, in either convention
+    (aux_layers: top-level ids name the layers entered, as EAGLE and vLLM read them;
+    SpecForge's nested `eagle_config` ids their outputs, one less; absent: 2, L // 2, L - 3);
+    weights fc.weight [H, n H_target], midlayer.* (q/k/v read 2H, hidden_norm), norm.weight,
+    lm_head.weight [draft_vocab, H] (absent: the target's rows), d2t (draft id i is target id
+    i + d2t[i]), t2d, embed_tokens.weight (absent: the target's, from --base-model); sharded
+    safetensors too;
+  * `speculators`' (vLLM's speculator library, its Eagle3DraftModel.save_pretrained): the layer's
+    config nested under `transformer_layer_config` (a Llama or Qwen3 layer, whose q/k norms the
+    engine applies), top-level aux ids (layers entered) and flags, the layer named `layers.0.*`.
+`norm_before_residual` is computed; `norm_output`, `norm_before_fc`, `fc_norm` and heads of more
+than one layer are refused in one line.
 
 The head's step, at the token of position p: the feature `g` is fc(target
 layers' residual streams entering the aux layers at position p - 1), or, past
 the target's features, the head's own pre-norm output at p - 1; then
   x = [input_layernorm(embed(token)) ; hidden_norm(g)]    (2H, attention reads it)
-  h = g + o_proj(attention(x));  h = h + mlp(post_attention_layernorm(h))
+  h = g (or hidden_norm(g)) + o_proj(attention(x));  h = h + mlp(post_attention_layernorm(h))
   logits = lm_head(norm(h)) scattered to target ids by d2t (-inf elsewhere),
-and h itself (before the norm) is the next step's g.
+and h itself (before the norm) is the next step's g. Position 0 (no feature precedes its token)
+is fed but no later position attends to it: EAGLE, vLLM and speculators never feed it.
 
-Here the head becomes an ordinary one-layer Llama module tree, so the engine's
+Here the head becomes an ordinary one-layer decoder module tree, so the engine's
 pooled forward (engine.model.llama) serves it over the KV pool: layer 0's
 q/k/v are 2H wide, it carries `hidden_norm`, `model.eagle3_fc` is fc and the
 head is a drafts.SubsetHead over the d2t ids holding lm_head's rows.
@@ -53,12 +46,14 @@ from engine.model.drafts import SubsetHead
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator")
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator",
+                 "Eagle3DraftModel", "Eagle3Speculator")
+LAYER_TYPES = ("llama", "qwen3")  # the decoder layers a head may use (its q/k/v read 2H)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SHARD_INDEX = "model.safetensors.index.json"  # sharded safetensors: its weight_map names the files
 # config.json flags some trainers write that change the head's forward; the engine computes
 # neither, so a head that turns one on is refused rather than served as another head.
-UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_output")
+UNSUPPORTED_FLAGS = ("norm_output", "norm_before_fc", "fc_norm")
 
 
 def is_eagle3_folder(path: Path) -> bool:
@@ -70,7 +65,25 @@ def is_eagle3_folder(path: Path) -> bool:
         data = json.loads(config.read_text())
     except ValueError:
         return False
-    return bool(set(data.get("architectures") or ()) & set(ARCHITECTURES)) or "draft_vocab_size" in data
+    return (bool(set(data.get("architectures") or ()) & set(ARCHITECTURES)) or "draft_vocab_size" in data
+            or data.get("speculators_model_type") == "eagle3")
+
+
+def flat_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json as one level: a `speculators` head's `transformer_layer_config` lifted beside its own
+    fields (draft_vocab_size, aux ids, flags); a head in the published layout as it is."""
+    if raw.get("speculators_model_type") not in (None, "eagle3"):
+        raise ValueError(f"a speculators {raw['speculators_model_type']!r} model, not an EAGLE-3 head")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        return raw
+    own = {k: v for k, v in raw.items() if k not in ("transformer_layer_config", "speculators_config",
+                                                      "architectures", "auto_map", "model_type")}
+    flat = {**layer, **{k: v for k, v in own.items() if v is not None}}
+    flat["model_type"] = layer.get("model_type", "qwen3")  # speculators' own default layer config
+    if "vocab_size" in layer:
+        flat["vocab_size"] = layer["vocab_size"]
+    return flat
 
 
 def aux_layers(config: dict, target_layers: int) -> tuple[int, ...]:
@@ -147,9 +160,14 @@ def build(raw: dict[str, Any], base: Any, draft_ids: torch.Tensor, embed: torch.
           dtype: torch.dtype) -> tuple[Any, tuple[int, ...]]:
     """(the head's module tree, untrained but for its embedding, the target layers it reads), for config.json
     fields `raw`, target config `base`, the target ids of its draft vocabulary and the embedding it reads."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    kind = str(raw.get("model_type") or "llama")
+    if kind not in LAYER_TYPES:
+        raise ValueError(f"a {kind!r} decoder layer (heads of {', '.join(LAYER_TYPES)} layers are served)")
+    if int(raw.get("num_hidden_layers") or 1) != 1:
+        raise ValueError(f"{raw['num_hidden_layers']} decoder layers (one-layer heads are served)")
     layers = aux_layers(raw, int(base.num_hidden_layers))
     hidden = int(raw["hidden_size"])
     target_hidden = int(raw.get("target_hidden_size") or base.hidden_size)
@@ -162,10 +180,13 @@ def build(raw: dict[str, Any], base: Any, draft_ids: torch.Tensor, embed: torch.
     if int(draft_ids.min()) < 0 or int(draft_ids.max()) >= vocab or draft_ids.unique().numel() != draft_ids.numel():
         raise ValueError(f"d2t maps the draft vocabulary outside [0, {vocab}) or onto one id twice")
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "eagle_config", "draft_vocab_size",
-                                                           "target_hidden_size", "auto_map")}
-    config = LlamaConfig(**{**fields, "num_hidden_layers": 1, "vocab_size": vocab, "tie_word_embeddings": True})
-    config.architectures = ["LlamaForCausalLM"]
-    model = LlamaForCausalLM(config).to(dtype)
+                                                           "target_hidden_size", "auto_map", "model_type",
+                                                           "layer_types", "sliding_window", "use_sliding_window")}
+    config = AutoConfig.for_model(kind, **{**fields, "num_hidden_layers": 1, "vocab_size": vocab,
+                                           "tie_word_embeddings": True})
+    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+    config.norm_before_residual = bool(raw.get("norm_before_residual"))  # the residual: hidden_norm(g)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
     inner, layer = model.model, model.model.layers[0]
     attn = layer.self_attn
     for name in ("q_proj", "k_proj", "v_proj"):
@@ -186,12 +207,17 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
     `base_embedding` reads the target's input embedding and `base_lm_head` its lm_head, each
     asked only where the head holds none."""
     folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text())
+    try:
+        raw = flat_config(json.loads((folder / "config.json").read_text()))
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
     flags = [f for f in UNSUPPORTED_FLAGS if raw.get(f)]
     if flags:
         raise ValueError(f"{folder}: {', '.join(f'{f}: true' for f in flags)} is not supported (the engine "
                          "computes the head without it, so it would draft as another head)")
     tensors = _read_weights(folder)
+    for unused in ("verifier_norm.weight", "verifier_lm_head.weight"):  # a speculators head's training copies
+        tensors.pop(unused, None)
     vocab = int(raw.get("vocab_size") or base.vocab_size)
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is None:
@@ -295,7 +321,8 @@ def reference_logits(model: Any, ids: torch.Tensor, features: torch.Tensor) -> t
     """The head's logits [T, vocab] over one sequence, every token reading the target's features.
 
     ids [T]; features [T, n * H_target]: row t the target layers' streams at the position before
-    ids[t]. Plain torch (causal softmax attention), for the engine's start-up check.
+    ids[t]. Plain torch (causal softmax attention; no row past 0 reads position 0), for the engine's
+    start-up check.
     """
     inner, layer = model.model, model.model.layers[0]
     attn = layer.self_attn
@@ -305,8 +332,11 @@ def reference_logits(model: Any, ids: torch.Tensor, features: torch.Tensor) -> t
     t = ids.shape[0]
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     hd = getattr(model.config, "head_dim", None) or model.config.hidden_size // heads
-    q = attn.q_proj(x).view(t, heads, hd).transpose(0, 1)
-    k = attn.k_proj(x).view(t, kv_heads, hd).transpose(0, 1)
+    q = attn.q_proj(x).view(t, heads, hd)
+    k = attn.k_proj(x).view(t, kv_heads, hd)
+    if hasattr(attn, "q_norm"):  # a Qwen3 layer
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(0, 1), k.transpose(0, 1)
     v = attn.v_proj(x).view(t, kv_heads, hd).transpose(0, 1)
     cos, sin = inner.rotary_emb(x[None], torch.arange(t, device=ids.device)[None])
     cos, sin = cos[0], sin[0]
@@ -319,8 +349,10 @@ def reference_logits(model: Any, ids: torch.Tensor, features: torch.Tensor) -> t
     k = k.repeat_interleave(heads // kv_heads, dim=0)
     v = v.repeat_interleave(heads // kv_heads, dim=0)
     scores = (q @ k.transpose(1, 2)) / hd ** 0.5
-    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=ids.device).triu(1), float("-inf"))
+    hidden = torch.ones(t, t, dtype=torch.bool, device=ids.device).triu(1)
+    hidden[1:, 0] = True  # position 0 is never read (the module doc)
+    scores = scores.masked_fill(hidden, float("-inf"))
     o = (scores.softmax(-1) @ v).transpose(0, 1).reshape(t, heads * hd)
-    h = g + attn.o_proj(o)
+    h = (layer.hidden_norm(g) if getattr(model.config, "norm_before_residual", False) else g) + attn.o_proj(o)
     h = h + layer.mlp(layer.post_attention_layernorm(h))
     return model.lm_head(inner.norm(h))

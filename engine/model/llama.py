@@ -172,6 +172,11 @@ class LlamaForward:
         fuse = getattr(inner, "eagle3_fc", None)
         self.fuse = InvariantLinear(fuse.weight, None, onednn=onednn) if isinstance(fuse, torch.nn.Linear) else None
         self.hidden_norm = getattr(inner.layers[0], "hidden_norm", None) if self.fuse is not None else None
+        # An EAGLE-3 head trained with norm_before_residual: layer 0's residual is hidden_norm(g), not g.
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
+        # An EAGLE-3 head never reads position 0 (EAGLE, vLLM, speculators feed token t + 1 with the
+        # target's feature at t): the token-0 row the draft feeds holds a KV slot no later lane reads.
+        self.skip_first_key = self.fuse is not None
         # Features: `feature_dim` wide as rows carry them (an EAGLE-3 head: the target's layers side
         # by side, or its own `feature_width`-wide output); `feature_width` wide inside the forward.
         self.feature_width = int(fc.out_features) if self.fc is not None else (
@@ -261,8 +266,9 @@ class LlamaForward:
             if self.fc is not None:
                 h = self.fc(torch.cat([h, features], dim=-1))
             else:
-                first = torch.cat([self.layers[0].attn_norm(h), self.hidden_norm(features)], dim=-1)
-                h = features
+                normed = self.hidden_norm(features)
+                first = torch.cat([self.layers[0].attn_norm(h), normed], dim=-1)
+                h = normed if self.norm_before_residual else features
         wanted = {i for i in hidden_layers if i != FINAL} if hidden_index is not None else set()
         entering: dict[int, torch.Tensor] = {}
         rotations = {kind: self._rotation(h, positions, kind) for kind in (self.rope_types or [None])}
@@ -281,7 +287,8 @@ class LlamaForward:
             cos, sin = rotations[layer.rope]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            o = layer.o(attend(pool, index, attention, q, k, v.contiguous(), layer.scaling, window=layer.window))
+            o = layer.o(attend(pool, index, attention, q, k, v.contiguous(), layer.scaling, window=layer.window,
+                              skip_first=self.skip_first_key))
             h = h + (o if layer.attn_out_norm is None else layer.attn_out_norm(o))
             x = layer.mlp_norm(h)
             m = layer.down(self.gated(layer.gate_up(x), layer.act))

@@ -1,5 +1,6 @@
 """A published-layout EAGLE-3 head end to end: the draft service loads the folder as written,
-the orchestrator learns the layers it reads from GetInfo and asks the target for them.
+the orchestrator learns the layers it reads from GetInfo and asks the target for them. A head that
+vLLM's `speculators` wrote (its own format) serves the same way, alone and among 8 streams.
 
 Tiny models, real processes (tests.tiny.build_eagle3_head writes the folder). Greedy output is
 target-only's in every mode, alone and among concurrent streams; every round's feature bytes are
@@ -99,3 +100,40 @@ def test_the_head_drafts_trees_with_target_onlys_text(eagle3_stack):
             assert not out.stats.fallback_reason and out.stats.cache_misses == 0
             tree_rounds += sum(r.tree for r in out.stats.rounds)
     assert tree_rounds > 0
+
+
+@pytest.fixture(scope="module")
+def speculators_stack(tiny_pair, tmp_path_factory):
+    from tests.speculators_reference import written
+
+    target_dir, _ = tiny_pair
+    root = tmp_path_factory.mktemp("speculators-head")
+    head_dir = written(target_dir, root / "head", "--layer-type", "qwen3", "--norm-before-residual")
+    s = Stack(logs=root)
+    try:
+        t = s.start_service("target", "target", target_dir, register=False, wait=False)
+        d = s.start_service("draft", "draft", head_dir, register=False, wait=False,
+                            extra=("--base-model", str(target_dir)))
+        s.wait_serving("target", "draft")
+        s.start_orchestrator("orch", target_dir, targets=[t], drafts=[d], extra=("--rate-per-tenant", "0"))
+        with Client(s.addresses["orch"], timeout=120) as c:
+            yield s, c
+    finally:
+        s.stop()
+
+
+def test_a_speculators_head_serves_target_onlys_text_alone_and_among_eight(speculators_stack):
+    stack, c = speculators_stack
+    prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]
+    refs = [list(c.complete(p, max_new_tokens=16, proposer="none").token_ids) for p in prompts]
+    for prompt, ref in zip(prompts[:3], refs):
+        out = c.complete(prompt, max_new_tokens=16, proposer="draft", k=3)
+        assert list(out.token_ids) == ref and not out.stats.fallback_reason and out.stats.drafted_tokens > 0
+
+    async def run():
+        async with AsyncClient(stack.addresses["orch"], timeout=120) as ac:
+            return await asyncio.gather(*(ac.complete(p, max_new_tokens=16, proposer="draft", k=3)
+                                          for p in prompts))
+
+    outs = asyncio.run(run())
+    assert [list(o.token_ids) for o in outs] == refs
