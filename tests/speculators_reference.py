@@ -4,6 +4,8 @@ own forward, the reference tests/unit/test_speculators_heads.py holds specdec to
 
   python tests/speculators_reference.py TARGET_FOLDER OUT_FOLDER [--layer-type llama|qwen3]
       [--norm-before-residual] [--aux 0,1] [--draft-vocab 160]
+  python tests/speculators_reference.py TARGET_FOLDER OUT_FOLDER --convert EAGLE_HEAD [--aux 0,1]
+      (speculators' own converter, Eagle3Converter, on a head in EAGLE's layout: no reference.pt)
 
 OUT_FOLDER: the head as `save_pretrained` writes it, and reference.pt: {"input_ids" [n], "features"
 [n, len(aux) * H], "logits" [n, draft_vocab], "d2t"}: speculators' forward (one step of its
@@ -50,7 +52,15 @@ def main() -> None:
     p.add_argument("--aux", default="0,1")
     p.add_argument("--draft-vocab", type=int, default=160)
     p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--convert", type=Path, help="convert this EAGLE-layout head instead")
     args = p.parse_args()
+    if args.convert:
+        from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+        Eagle3Converter().convert(args.convert, args.out, base_model=str(args.target), validate=False,
+                                  eagle_aux_hidden_state_layer_ids=[int(i) for i in args.aux.split(",")])
+        print(json.dumps({"files": sorted(f.name for f in args.out.iterdir())}))
+        return
 
     from transformers import AutoConfig, LlamaConfig, Qwen3Config
 

@@ -7,7 +7,8 @@ Qwen3 layer), the aux ids are top-level (layers entered), the weights name the l
 and carry the embedding. Its forward pairs token t + 1 with the target's feature at t and never
 feeds position 0; the draft service feeds token 0 with a zero feature, which the engine keeps out of
 every later position's attention. The controls: with position 0 read, or `norm_before_residual`
-ignored, the logits differ, so the comparison can fail.
+ignored, the logits differ, so the comparison can fail. A head in EAGLE's layout put through
+`speculators`' own converter loads to the same parameters as the head it came from.
 """
 from __future__ import annotations
 
@@ -80,3 +81,19 @@ def test_the_controls_differ(head):
         plain = LlamaForward(loaded.model)
         plain.norm_before_residual = False
         assert (_drafted(loaded, reference, plain) - reference["logits"]).abs().max() > 1e-2
+
+
+def test_speculators_converter_output_loads_as_the_head_it_came_from(tmp_path):
+    """The converter's model reads three target layers: a 3-layer tiny target here."""
+    from engine.model.loader import load
+    from tests.tiny import build_eagle3_head, build_model
+
+    target = build_model(tmp_path / "target", layers=3)
+    original = build_eagle3_head(target, tmp_path / "eagle", layers=(0, 1, 2))
+    converted = written(target, tmp_path / "converted", "--convert", str(original), "--aux", "0,1,2")
+    assert json.loads((converted / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    a, b = (load(str(f), base=str(target), dtype="float32") for f in (original, converted))
+    assert a.feature_kind == b.feature_kind == "layers:0,1,2"
+    pa, pb = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert torch.equal(a.model.lm_head.subset, b.model.lm_head.subset)
