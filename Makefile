@@ -33,6 +33,7 @@ SPECULATORS_DIR := $(VENV)/speculators
 SPECULATORS_PACKAGES := speculators==0.9.0 hs-connectors==0.9.0
 
 .PHONY: install install-core demo playground test test-oldest-transformers flake-hunt guidellm speculators bench-quick \
+	compose-up compose-check compose-down \
 	proto config-docs clean
 
 # install-core: what serving needs (the demo, the playground): torch, the package, the embedded model.
@@ -60,6 +61,17 @@ demo: install-core
 # Everything up and staying up, with the playground page at http://127.0.0.1:8000/playground.
 playground: install-core
 	$(VENV)/bin/specdec up
+
+# compose.yaml's CPU stack in Docker, with or without an image registry (scripts/compose.py: a base
+# from Debian's packages and a wheelhouse made here where no registry answers; docs/operations.md).
+compose-up: install
+	$(PY) scripts/compose.py up
+
+compose-check: install
+	$(PY) scripts/compose.py check
+
+compose-down: install
+	$(PY) scripts/compose.py down
 
 test: install guidellm speculators
 	$(PY) -m pytest -q -rs --durations=40
