@@ -20,10 +20,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python3 -m venv /opt/specdec
 # torch first and pinned, in a layer of its own (the largest, and the one that changes least): from
 # the wheelhouse's torch wheel where there is one (the glob matches nothing without a wheelhouse;
-# pyproject.toml keeps the COPY valid then).
+# pyproject.toml keeps the COPY valid then; its own dependencies come with the rest below).
 COPY pyproject.toml build/wheelhous[e]/torch-2.13.0* /wheelhouse/
 RUN if ls /wheelhouse/torch-*.whl >/dev/null 2>&1; then \
-      pip install --no-index --find-links /wheelhouse torch==2.13.0; \
+      pip install --no-index --find-links /wheelhouse --no-deps torch==2.13.0; \
     else pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0; fi
 # The rest of the wheelhouse, if any.
 COPY pyproject.toml build/wheelhous[e] /wheelhouse/
