@@ -155,7 +155,11 @@ class TargetAdmission:
         # A round's fixed part beside the forward: the RPC and (de)serializing (no queueing).
         rpc = max(0.0, costs.call_ms.value - costs.queue_ms.value)
         if costs.recent() and costs.queue_ms.value > self.policy.queue_factor * (rpc + costs.forward_ms.value):
-            return 0  # its calls wait for several rounds' worth: saturated, whoever loads it
+            # Its calls wait for several rounds' worth: saturated, whoever loads it. Only calls
+            # refresh that reading, so a replica none of this orchestrator's streams is on still
+            # takes one: its probe (else a reading from a burst that has ended refuses a lone
+            # stream until it ages out).
+            return 0 if self.load(address) else 1
         if not self.policy.pace:
             return most
         row = max(1.0, costs.row_tokens.value)  # tokens a session's Score carries (k + 1)

@@ -312,6 +312,13 @@ def _costs_with(points: list[tuple[int, float]], address: str = "t0", row: int =
     return book
 
 
+class _OnReplica:
+    """A stream's place as TargetAdmission.load counts it: its replica's address."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+
 def test_capacity_is_the_sessions_whose_shared_round_keeps_the_pace() -> None:
     router = Router(None, {"target": ["t0"]}, connect=lambda a, r: type("C", (), {"address": a, "max_batch": 12})())
     book = _costs_with([(1, 10.0), (16, 40.0)])  # v(T) = 10 + 2 (T - 1)
@@ -328,7 +335,13 @@ def test_capacity_is_the_sessions_whose_shared_round_keeps_the_pace() -> None:
         saturated.observe("target", "t0", Call(rpc_ms=121, server_ms=110, bytes_sent=0, bytes_received=0,
                                                 forward_ms=10, batch_rows=1, batch_tokens=1, tokens=1,
                                                 forwards=1))
-    assert TargetAdmission(CapacityPolicy(), saturated).capacity(router, "t0") == 0
+    # Saturated: no room beside this orchestrator's own streams there; with none of them, one (the
+    # probe that refreshes a reading only calls can refresh: a burst that has ended must not refuse
+    # a lone stream until its reading ages out).
+    admission = TargetAdmission(CapacityPolicy(), saturated)
+    assert admission.capacity(router, "t0") == 1
+    admission.active[_OnReplica("t0")] = 0.0
+    assert admission.capacity(router, "t0") == 0
 
 
 def test_past_capacity_new_streams_are_refused_naming_the_limit_within_the_wait_bound() -> None:
