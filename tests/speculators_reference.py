@@ -3,7 +3,7 @@ write a tiny EAGLE-3 head with `speculators`' own Eagle3DraftModel and compute i
 own forward, the reference tests/unit/test_speculators_heads.py holds specdec to.
 
   python tests/speculators_reference.py TARGET_FOLDER OUT_FOLDER [--layer-type llama|qwen3]
-      [--norm-before-residual] [--aux 0,1] [--draft-vocab 160]
+      [--norm-before-residual] [--norm-before-fc | --fc-norm] [--aux 0,1] [--draft-vocab 160]
   python tests/speculators_reference.py TARGET_FOLDER OUT_FOLDER --convert EAGLE_HEAD [--aux 0,1]
       (speculators' own converter, Eagle3Converter, on a head in EAGLE's layout: no reference.pt)
 
@@ -49,6 +49,8 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--layer-type", default="llama", choices=("llama", "qwen3"))
     p.add_argument("--norm-before-residual", action="store_true")
+    p.add_argument("--norm-before-fc", action="store_true")
+    p.add_argument("--fc-norm", action="store_true")
     p.add_argument("--aux", default="0,1")
     p.add_argument("--draft-vocab", type=int, default=160)
     p.add_argument("--tokens", type=int, default=24)
@@ -81,7 +83,8 @@ def main() -> None:
     t2d[ids] = True
     model = Eagle3DraftModel.from_training_args(
         layer_config, t2d=t2d, d2t=ids - torch.arange(draft_vocab), num_layers=1,
-        norm_before_residual=args.norm_before_residual, draft_vocab_size=draft_vocab, ttt_steps=1,
+        norm_before_residual=args.norm_before_residual, norm_before_fc=args.norm_before_fc, fc_norm=args.fc_norm,
+        draft_vocab_size=draft_vocab, ttt_steps=1,
         verifier_name_or_path=str(args.target), target_layer_ids=aux, draft_attn_impl="sdpa")
     with torch.no_grad():  # decisive logits: a tiny random head's are near-ties otherwise
         for name, param in model.named_parameters():

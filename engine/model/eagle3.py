@@ -13,8 +13,9 @@ Two layouts:
   * `speculators`' (vLLM's speculator library, its Eagle3DraftModel.save_pretrained): the layer's
     config nested under `transformer_layer_config` (a Llama or Qwen3 layer, whose q/k norms the
     engine applies), top-level aux ids (layers entered) and flags, the layer named `layers.0.*`.
-`norm_before_residual` is computed; `norm_output`, `norm_before_fc`, `fc_norm` and heads of more
-than one layer are refused in one line.
+`norm_before_residual`, `norm_before_fc` (one RMSNorm over the target layers side by side before fc)
+and `fc_norm` (one per layer) are computed; `norm_output` and heads of more than one layer are
+refused in one line.
 
 The head's step, at the token of position p: the feature `g` is fc(target
 layers' residual streams entering the aux layers at position p - 1), or, past
@@ -53,7 +54,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SHARD_INDEX = "model.safetensors.index.json"  # sharded safetensors: its weight_map names the files
 # config.json flags some trainers write that change the head's forward; the engine computes
 # neither, so a head that turns one on is refused rather than served as another head.
-UNSUPPORTED_FLAGS = ("norm_output", "norm_before_fc", "fc_norm")
+UNSUPPORTED_FLAGS = ("norm_output",)
 
 
 def is_eagle3_folder(path: Path) -> bool:
@@ -194,6 +195,14 @@ def build(raw: dict[str, Any], base: Any, draft_ids: torch.Tensor, embed: torch.
         setattr(attn, name, torch.nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None, dtype=dtype))
     layer.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps).to(dtype)
     inner.eagle3_fc = torch.nn.Linear(len(layers) * target_hidden, hidden, bias=False, dtype=dtype)
+    eps = float(raw.get("rms_norm_eps") or 1e-6)
+    if raw.get("norm_before_fc") and raw.get("fc_norm"):
+        raise ValueError("norm_before_fc and fc_norm together (speculators refuses them too)")
+    if raw.get("norm_before_fc"):  # speculators' input_norm: over the layers side by side
+        inner.eagle3_input_norm = LlamaRMSNorm(len(layers) * target_hidden, eps=eps).to(dtype)
+    if raw.get("fc_norm"):  # one norm per target layer's block
+        inner.eagle3_fc_norms = torch.nn.ModuleList(
+            [LlamaRMSNorm(target_hidden, eps=eps).to(dtype) for _ in layers])
     with torch.no_grad():
         inner.embed_tokens.weight.copy_(embed)
     model.lm_head = SubsetHead(inner.embed_tokens.weight, draft_ids.to(torch.long))
@@ -250,8 +259,11 @@ def load(folder: Path, base: Any, base_embedding: Callable[[], torch.Tensor],
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from None
     inner = model.model
-    renamed = {"fc.weight": "eagle3_fc.weight"}
-    state = {renamed.get(k, k.replace("midlayer.", "layers.0.", 1)): v for k, v in tensors.items()}
+    renamed = {"fc.weight": "eagle3_fc.weight", "input_norm.weight": "eagle3_input_norm.weight"}
+    state = {renamed.get(k, k.replace("midlayer.", "layers.0.", 1).replace("fc_norm.", "eagle3_fc_norms.", 1))
+             : v for k, v in tensors.items()}
+    if hasattr(inner, "eagle3_input_norm"):  # speculators may leave it out: its initial ones
+        state.setdefault("eagle3_input_norm.weight", inner.eagle3_input_norm.weight.detach().clone())
     own = dict(inner.named_parameters())
     own.pop("embed_tokens.weight")
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
@@ -317,6 +329,18 @@ def feature_dim(model: Any) -> int:
     return int(model.model.eagle3_fc.in_features)
 
 
+def fc_input(model: Any, features: torch.Tensor) -> torch.Tensor:
+    """The target layers' features [n, len(layers) * H_target] as fc reads them: normed where the head
+    has norm_before_fc (one norm over them all) or fc_norm (one per layer), else as they are."""
+    inner = model.model
+    if hasattr(inner, "eagle3_input_norm"):
+        features = inner.eagle3_input_norm(features)
+    norms = getattr(inner, "eagle3_fc_norms", None)
+    if norms is not None:
+        features = torch.cat([norm(block) for norm, block in zip(norms, features.chunk(len(norms), dim=-1))], dim=-1)
+    return features
+
+
 def reference_logits(model: Any, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     """The head's logits [T, vocab] over one sequence, every token reading the target's features.
 
@@ -327,7 +351,7 @@ def reference_logits(model: Any, ids: torch.Tensor, features: torch.Tensor) -> t
     inner, layer = model.model, model.model.layers[0]
     attn = layer.self_attn
     dtype = inner.eagle3_fc.weight.dtype
-    g = inner.eagle3_fc(features.to(dtype))
+    g = inner.eagle3_fc(fc_input(model, features.to(dtype)))
     x = torch.cat([layer.input_layernorm(inner.embed_tokens(ids)), layer.hidden_norm(g)], dim=-1)
     t = ids.shape[0]
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads

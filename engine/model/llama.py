@@ -238,7 +238,9 @@ class LlamaForward:
         """A row's features as the forward reads them ([n, feature_width]): an EAGLE-3 head's target
         features go through its fc; its own (already feature_width wide) and others pass as they are."""
         if self.fuse is not None and features.shape[-1] != self.feature_width:
-            return self.fuse(features)
+            from engine.model.eagle3 import fc_input
+
+            return self.fuse(fc_input(self.model, features))
         return features
 
     def __call__(self, pool: KVPool, ids: torch.Tensor, positions: torch.Tensor, attention: AttentionPlan,

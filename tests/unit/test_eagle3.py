@@ -153,7 +153,7 @@ def test_a_sharded_head_loads_as_its_single_file_twin_and_unsupported_flags_are_
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
     config = json.loads((whole / "config.json").read_text())
-    for flag in ("norm_output", "norm_before_fc", "fc_norm"):
+    for flag in ("norm_output",):
         (whole / "config.json").write_text(json.dumps({**config, flag: True}))
         with pytest.raises(ValueError, match=f"{flag}: true is not supported"):
             load(str(whole), base=str(tiny_pair[0]), dtype="float32")

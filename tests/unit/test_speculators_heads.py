@@ -7,7 +7,8 @@ Qwen3 layer), the aux ids are top-level (layers entered), the weights name the l
 and carry the embedding. Its forward pairs token t + 1 with the target's feature at t and never
 feeds position 0; the draft service feeds token 0 with a zero feature, which the engine keeps out of
 every later position's attention. The controls: with position 0 read, or `norm_before_residual`
-ignored, the logits differ, so the comparison can fail. A head in EAGLE's layout put through
+ignored, or the fc input's norms (`norm_before_fc`, `fc_norm`) left out, the logits differ, so the
+comparison can fail. A head in EAGLE's layout put through
 `speculators`' own converter loads to the same parameters as the head it came from.
 """
 from __future__ import annotations
@@ -23,8 +24,10 @@ from engine.runner import PooledRunner
 
 from tests.speculators_reference import written
 
-VARIANTS = {"llama": ("--layer-type", "llama"), "qwen3-norm-before-residual": (
-    "--layer-type", "qwen3", "--norm-before-residual")}
+VARIANTS = {"llama": ("--layer-type", "llama"),
+            "qwen3-norm-before-residual": ("--layer-type", "qwen3", "--norm-before-residual"),
+            "llama-norm-before-fc": ("--layer-type", "llama", "--norm-before-fc"),
+            "llama-fc-norm": ("--layer-type", "llama", "--fc-norm")}
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -81,6 +84,17 @@ def test_the_controls_differ(head):
         plain = LlamaForward(loaded.model)
         plain.norm_before_residual = False
         assert (_drafted(loaded, reference, plain) - reference["logits"]).abs().max() > 1e-2
+    if "fc" in variant:  # the fc input's norms left out
+        inner = loaded.model.model
+        kept = {n: getattr(inner, n) for n in ("eagle3_input_norm", "eagle3_fc_norms") if hasattr(inner, n)}
+        assert kept
+        try:
+            for name in kept:
+                delattr(inner, name)
+            assert (_drafted(loaded, reference) - reference["logits"]).abs().max() > 1e-2
+        finally:
+            for name, module in kept.items():
+                setattr(inner, name, module)
 
 
 def test_speculators_converter_output_loads_as_the_head_it_came_from(tmp_path):
