@@ -136,6 +136,8 @@ def wheelhouse() -> None:
     cached.mkdir(parents=True, exist_ok=True)
     for old in cached.glob("specdec-*.whl"):  # this checkout's own wheel, rebuilt every time
         old.unlink()
+    for stale in (ROOT / "build").glob("lib*"):  # setuptools' copy of the tree: never a deleted module
+        shutil.rmtree(stale, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(cached), "--find-links", str(cached)]
     log("wheelhouse: torch 2.13.0 (CPU), specdec and its dependencies, the embedded model")
     # async-timeout: redis asks for it below Python 3.11.3, which Debian's 3.11.2 is and the host may not be.

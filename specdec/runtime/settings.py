@@ -252,6 +252,15 @@ ENV_ONLY = (
             "process is gone", "specdec.runtime.procs"),
     EnvOnly("SPECDEC_TEST_DEVICE", "tests and benchmarks only: the device their services use",
             "specdec.runtime.launch"),
+    EnvOnly("SPECDEC_PYTHON_IMAGE", "compose.yaml: the image the specdec image builds on (default "
+            "python:3.11-slim; make compose-up sets specdec-base:bookworm where no registry answers)",
+            "compose.yaml (build argument PYTHON_IMAGE)"),
+    EnvOnly("SPECDEC_REDIS_IMAGE", "compose.yaml: Redis's image (default redis:7-alpine; make compose-up "
+            "sets specdec-redis:bookworm where no registry answers)", "compose.yaml"),
+    EnvOnly("SPECDEC_COMPOSE_CACHE", "make compose-up: where the Debian base's rootfs and the wheelhouse "
+            "are cached (default ~/.cache/specdec/compose)", "scripts/compose.py"),
+    EnvOnly("SPECDEC_DEBIAN_MIRROR", "make compose-up: the Debian mirror debootstrap builds the base from "
+            "(default http://deb.debian.org/debian)", "scripts/compose.py"),
 )
 
 
