@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.attention import AttentionPlan, attend, attention_dtype
+from engine.model.eagle3 import fc_input
 from engine.model.linear import InvariantLinear, fused, onednn_available
 from engine.pool import KVPool
 
@@ -238,8 +239,6 @@ class LlamaForward:
         """A row's features as the forward reads them ([n, feature_width]): an EAGLE-3 head's target
         features go through its fc; its own (already feature_width wide) and others pass as they are."""
         if self.fuse is not None and features.shape[-1] != self.feature_width:
-            from engine.model.eagle3 import fc_input
-
             return self.fuse(fc_input(self.model, features))
         return features
 

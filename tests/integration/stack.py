@@ -113,3 +113,15 @@ def post_json(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def complete_concurrently(address: str, prompts: list[str], *, return_exceptions: bool = False, **options):
+    """Every prompt's completion at once from one async client (options as Client.complete takes them)."""
+    from client import AsyncClient
+
+    async def run():
+        async with AsyncClient(address, timeout=120) as client:
+            return await asyncio.gather(*(client.complete(p, **options) for p in prompts),
+                                        return_exceptions=return_exceptions)
+
+    return asyncio.run(run())

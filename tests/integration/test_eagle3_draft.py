@@ -8,13 +8,11 @@ the two layers' rows (fp16), both ways.
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 
-from client import AsyncClient, Client
-from tests.integration.stack import Stack
+from client import Client
+from tests.integration.stack import Stack, complete_concurrently
 
 PROMPTS = ["The cat sat on the", "def add(a, b):\n    return", "Speculative decoding drafts a few"]
 N_NEW = 24
@@ -74,13 +72,7 @@ def test_concurrent_streams_are_each_target_only(eagle3_stack):
     stack, c, _ = eagle3_stack
     prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]
     refs = [list(c.complete(p, max_new_tokens=16, proposer="none").token_ids) for p in prompts]
-
-    async def run():
-        async with AsyncClient(stack.addresses["orch"], timeout=120) as ac:
-            return await asyncio.gather(*(ac.complete(p, max_new_tokens=16, proposer="draft", k=3)
-                                          for p in prompts))
-
-    outs = asyncio.run(run())
+    outs = complete_concurrently(stack.addresses["orch"], prompts, max_new_tokens=16, proposer="draft", k=3)
     assert [list(o.token_ids) for o in outs] == refs
 
 
@@ -129,11 +121,5 @@ def test_a_speculators_head_serves_target_onlys_text_alone_and_among_eight(specu
     for prompt, ref in zip(prompts[:3], refs):
         out = c.complete(prompt, max_new_tokens=16, proposer="draft", k=3)
         assert list(out.token_ids) == ref and not out.stats.fallback_reason and out.stats.drafted_tokens > 0
-
-    async def run():
-        async with AsyncClient(stack.addresses["orch"], timeout=120) as ac:
-            return await asyncio.gather(*(ac.complete(p, max_new_tokens=16, proposer="draft", k=3)
-                                          for p in prompts))
-
-    outs = asyncio.run(run())
+    outs = complete_concurrently(stack.addresses["orch"], prompts, max_new_tokens=16, proposer="draft", k=3)
     assert [list(o.token_ids) for o in outs] == refs

@@ -7,13 +7,11 @@ concurrent streams are all admitted (the one-request fallback these families had
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 
-from client import AsyncClient, Client
-from tests.integration.stack import Stack
+from client import Client
+from tests.integration.stack import Stack, complete_concurrently
 
 PROMPTS = ["The cat sat on the mat and the dog", "def add(a, b):\n    return a", "Speculative decoding drafts a few"]
 WINDOW = 8
@@ -51,13 +49,7 @@ def test_eight_concurrent_greedy_streams_each_equal_target_only_alone(family_sta
     arch, stack, c = family_stack
     prompts = _prompts(8)
     refs = [list(c.complete(p, max_new_tokens=24, proposer="none").token_ids) for p in prompts]
-
-    async def run():
-        async with AsyncClient(stack.addresses["orch"], timeout=120) as ac:
-            return await asyncio.gather(*(ac.complete(p, max_new_tokens=24, proposer="draft", k=3)
-                                          for p in prompts))
-
-    outs = asyncio.run(run())
+    outs = complete_concurrently(stack.addresses["orch"], prompts, max_new_tokens=24, proposer="draft", k=3)
     assert [list(o.token_ids) for o in outs] == refs, arch
     assert all(not o.stats.fallback_reason for o in outs)
     assert sum(o.stats.drafted_tokens for o in outs) > 0
@@ -66,13 +58,8 @@ def test_eight_concurrent_greedy_streams_each_equal_target_only_alone(family_sta
 
 def test_sixteen_concurrent_streams_are_admitted(family_stack):
     _, stack, _ = family_stack
-
-    async def run():
-        async with AsyncClient(stack.addresses["orch"], timeout=120) as ac:
-            return await asyncio.gather(*(ac.complete(p, max_new_tokens=8, proposer="draft", k=3)
-                                          for p in _prompts(16)), return_exceptions=True)
-
-    outs = asyncio.run(run())
+    outs = complete_concurrently(stack.addresses["orch"], _prompts(16), return_exceptions=True,
+                                 max_new_tokens=8, proposer="draft", k=3)
     refused = [o for o in outs if isinstance(o, BaseException)]
     assert not refused, refused[:2]
     assert all(len(o.token_ids) == 8 for o in outs)
