@@ -48,10 +48,9 @@ from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-ProposerName = Literal["default", "draft", "lookup", "guess", "none", "combined"]
-_PROPOSERS = {"default": pb.PROPOSER_UNSPECIFIED, "draft": pb.PROPOSER_DRAFT,
-              "lookup": pb.PROPOSER_LOOKUP, "guess": pb.PROPOSER_GUESS, "none": pb.PROPOSER_NONE,
-              "combined": pb.PROPOSER_COMBINED}
+# "default" (the server's), or any kind the server serves (ServedModel.proposers: "combined",
+# "draft", "lookup", "suffix", "none", an installed plugin's...). The client keeps no list.
+ProposerName = str
 Stats = pb.Stats
 Metadata = Sequence[tuple[str, str]]
 # A stream broken with these is resumed on the next address: the orchestrator is gone
@@ -143,8 +142,8 @@ def build_request(
     (end the turn like an EOS), skip_special_tokens, include_stop_str_in_output. tools (OpenAI's
     definitions) go to the chat template; a message may carry `tool_calls`, `tool_call_id`, `name`.
     """
-    if proposer not in _PROPOSERS:
-        raise ValueError(f"proposer must be one of {sorted(_PROPOSERS)}, got {proposer!r}")
+    if not isinstance(proposer, str) or not proposer:
+        raise ValueError(f"proposer must be 'default' or a proposer the server serves, got {proposer!r}")
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, min_p=min_p)
     if top_p is not None:
         sampling.top_p = top_p
@@ -155,7 +154,8 @@ def build_request(
         sampling=sampling,
         seed=seed,
         stop=list(stop),
-        proposer=_PROPOSERS[proposer],
+        proposer=_wire_proposer(proposer),
+        proposer_name="" if proposer == "default" else proposer,
         k=k,
         guess=guess,
         session_id=session_id,
@@ -186,6 +186,13 @@ def build_tokenize_request(prompt: str | None = None, *, messages: Sequence[Mapp
     return pb.TokenizeRequest(prompt=prompt or "", messages=[_chat_message(m) for m in messages or ()],
                               tools=json.dumps(list(tools)) if tools else "",
                               add_special_tokens=add_special_tokens, return_token_strs=return_token_strs)
+
+
+def _wire_proposer(name: str) -> int:
+    """The proto enum's value for a kind that has one (servers that predate proposer_name read
+    it), else PROPOSER_UNSPECIFIED: the name alone says it."""
+    wire = f"PROPOSER_{name.upper()}"
+    return pb.Proposer.Value(wire) if name != "default" and wire in pb.Proposer.keys() else 0
 
 
 def _chat_message(m: Mapping[str, Any]) -> pb.ChatMessage:
@@ -455,6 +462,12 @@ class Client(_Orchestrators):
                                                   sampling_top_k),
                                   timeout=self.timeout, metadata=_with_token(self._token, None))
 
+    def served_model(self) -> pb.ServedModel:
+        """What the orchestrator serves: its model's name and context, and the proposers a request
+        may name (`proposers`, the default first)."""
+        return self._stub.GetServedModel(pb.GetServedModelRequest(), timeout=self.timeout,
+                                         metadata=_with_token(self._token, None))
+
     def end_session(self, session_id: str) -> bool:
         """Forget a session (its Redis record and both services' caches)."""
         reply = self._stub.EndSession(pb.EndSessionRequest(session_id=session_id), timeout=self.timeout,
@@ -497,6 +510,11 @@ class AsyncClient(_Orchestrators):
         return await self._stub.Predict(predict_request(text, top_k, temperature, distributions,
                                                   sampling_top_k),
                                         timeout=self.timeout, metadata=_with_token(self._token, None))
+
+    async def served_model(self, *, metadata: Metadata | None = None) -> pb.ServedModel:
+        """As Client.served_model."""
+        return await self._stub.GetServedModel(pb.GetServedModelRequest(), timeout=self.timeout,
+                                               metadata=_with_token(self._token, metadata))
 
     async def end_session(self, session_id: str, *, metadata: Metadata | None = None) -> bool:
         reply = await self._stub.EndSession(pb.EndSessionRequest(session_id=session_id),

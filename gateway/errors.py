@@ -42,6 +42,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 _PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature",
            "sampling.top_p": "top_p", "sampling.top_k": "top_k", "sampling.min_p": "min_p",
            "stop": "stop", "k": "speculation.k", "proposer": "speculation.proposer",
+           "proposer_name": "speculation.proposer",
            "guess": "speculation.guess", "session_id": "session_id", "seed": "seed",
            "prediction": "prediction", "n": "n", "keep_session": "keep_session",
            "constraint.json_schema": "response_format", "constraint.json_object": "response_format",

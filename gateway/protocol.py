@@ -79,7 +79,8 @@ class StreamOptions(_Strict):
 class Speculation(_Strict):
     """The extension field: `extra_body={"speculation": {"proposer": "draft", "k": 4}}`."""
 
-    proposer: Literal["default", "draft", "lookup", "guess", "none", "combined"] = "default"
+    # "default" or a kind the orchestrator serves (ServedModel.proposers); it refuses others.
+    proposer: str = Field("default", min_length=1, max_length=64)
     # 0 = the orchestrator's default (fixed or adaptive); above the services' limit: 400.
     k: int = Field(0, ge=0, le=UINT32)
     guess: str = ""  # proposer "guess": the expected continuation

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.proposers.registry import kinds, names, plugin_names
 from specdec.runtime.launch import (
     Processes, available_cores, child_env, orchestrator_argv, service_argv, split_threads,
 )
@@ -48,8 +49,9 @@ GENERATION = Group("generation", (
          env=False),
     Flag("seed", "0 = random (printed in the stats)", 0, int, env=False),
     Flag("stop", "stop string (repeatable)", [], kind=APPEND, env=False),
-    Flag("proposer", "combined = per round, prompt lookup or the draft, whichever pays more", "default",
-         choices=["default", "draft", "lookup", "guess", "none", "combined"], env=False),
+    Flag("proposer", "'default' (the server's), or a kind it serves (its ServedModel.proposers): "
+         + "; ".join(f"{k.name} = {k.summary}" for k in kinds(plugins=False).values() if k.requestable),
+         "default", env=False),
     Flag("k", "drafted tokens per round (0 = server default)", 0, int, env=False),
     Flag("guess", "expected continuation (--proposer guess)", "", env=False),
     Flag("session-id", "continue this session", "", env=False),
@@ -492,7 +494,7 @@ LAUNCH = Group("launch", (
     Flag("parallel", "the orchestrator's default is parallel speculation", False, kind=SWITCH),
     Flag("redis-url", "use this Redis; empty = 127.0.0.1:6379 if it answers, else start one", None),
     Flag("default-proposer", "proposer for requests that leave it unspecified", "combined",
-         choices=["combined", "draft", "lookup", "none"]),
+         choices=names(plugins=False, default_ok=True) + plugin_names()),
     Flag("default-k", "k for requests that leave it 0: a number, or 'auto' (adaptive per round)", "auto"),
     Flag("timeout", "seconds to wait for each service to start", 180.0, float),
     Flag("logs", "folder for the processes' logs; empty = a temporary folder", None),

@@ -156,6 +156,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
         default_k=min(5 if args.default_k == "auto" else int(args.default_k), max_k),
         adaptive_k=args.default_k == "auto",
         default_proposer=args.default_proposer,
+        suffix_cache_tokens=args.suffix_cache_tokens,
         parallel=args.parallel,
         max_new_tokens_limit=args.max_new_tokens_limit,
         redis_outage_s=args.redis_outage_s,

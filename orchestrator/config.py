@@ -14,6 +14,7 @@ from orchestrator.policy.capacity import TargetAdmission
 from orchestrator.policy.costs import CostBook
 from orchestrator.proposers.features import RelayCache
 from orchestrator.proposers.bridge import TextBridge
+from orchestrator.proposers.registry import Homes
 from orchestrator.kinds import COMBINED
 from orchestrator.round.grammar import Grammars
 from specdec.core.sampling import SamplingParams
@@ -85,6 +86,11 @@ class LoopConfig:
     bridge: TextBridge | None = None
     # Feature drafts: multi-turn sessions' feature relays between turns (orchestrator.proposers.features).
     relays: RelayCache = field(default_factory=RelayCache)
+    # Each proposer kind's long-lived part, made on first use (orchestrator.proposers.registry):
+    # the built-in kinds and installed plugins'.
+    homes: Homes = field(default_factory=Homes)
+    # Suffix decoding (orchestrator.proposers.suffix): token budget of its cache across requests.
+    suffix_cache_tokens: int = 200_000
 
     def __post_init__(self) -> None:
         if self.admission is None:

@@ -1,8 +1,16 @@
-"""Proposer kinds, as requests and the --default-proposer flag name them (no torch, no gRPC)."""
+"""Names of the built-in proposer kinds that code refers to by name (no torch, no gRPC).
+
+The kinds themselves, with their summaries, capabilities and homes, are declared once in
+orchestrator.proposers.registry; every list of kinds derives from it.
+"""
 from __future__ import annotations
 
-DRAFT, LOOKUP, GUESS, NONE, COMBINED = "draft", "lookup", "guess", "none", "combined"
-KINDS = (DRAFT, LOOKUP, GUESS, NONE, COMBINED)
+DRAFT = "draft"
+LOOKUP = "lookup"
+GUESS = "guess"
+NONE = "none"
+COMBINED = "combined"
+SUFFIX = "suffix"
 # Predicted Outputs (GenerateRequest.prediction): the guess, re-aligned after a rejection.
 # Not a kind a request names: a request names the prediction itself.
 PREDICTED_OUTPUT = "prediction"

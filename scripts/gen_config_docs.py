@@ -1,5 +1,6 @@
 """Regenerate docs/configuration.md from the settings definitions (specdec.runtime.settings and each
-process's own). tests/unit/test_settings.py fails when the page differs from a fresh rendering.
+process's own), and docs/api.md's table of proposer kinds from orchestrator.proposers.registry.
+tests/unit/test_settings.py fails when a page differs from a fresh rendering.
 
     python scripts/gen_config_docs.py          # write the page
     python scripts/gen_config_docs.py --check  # exit 1 if it is stale
@@ -11,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "configuration.md"
+API = ROOT / "docs" / "api.md"  # its table of proposer kinds (orchestrator.proposers.registry)
 
 
 def processes() -> list[tuple[str, str, object]]:
@@ -42,15 +44,26 @@ def render() -> str:
     return reference(processes())
 
 
+def with_proposers(text: str) -> str:
+    """docs/api.md with its table of proposer kinds rendered from the registry."""
+    from orchestrator.proposers.registry import TABLE_END, TABLE_START, table
+
+    if TABLE_START in text:
+        head, rest = text.split(TABLE_START, 1)
+        return head + table() + rest.split(TABLE_END, 1)[1]
+    return text.replace("\nTABLE\n", f"\n{table()}\n", 1)
+
+
 def main(argv: list[str]) -> int:
-    text = render()
+    pages = {PAGE: render(), API: with_proposers(API.read_text())}
     if argv[:1] == ["--check"]:
-        if PAGE.read_text() != text:
-            print(f"{PAGE.relative_to(ROOT)} is stale: run `make config-docs`", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE.relative_to(ROOT)}")
+        stale = [page for page, text in pages.items() if page.read_text() != text]
+        for page in stale:
+            print(f"{page.relative_to(ROOT)} is stale: run `make config-docs`", file=sys.stderr)
+        return 1 if stale else 0
+    for page, text in pages.items():
+        page.write_text(text)
+        print(f"wrote {page.relative_to(ROOT)}")
     return 0
 
 

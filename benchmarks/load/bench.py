@@ -368,13 +368,12 @@ async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prom
 
     from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc
 
-    kind = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP,
-            "default": pb.PROPOSER_UNSPECIFIED}[config.proposer]
+    kind = "" if config.proposer == "default" else config.proposer  # a registered kind's name
     async with grpc.aio.insecure_channel(address) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         requests = [pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in p.messages], max_new_tokens=max_new,
-            sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer=kind, k=config.k,
+            sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer_name=kind, k=config.k,
             strict=config.proposer != "default", ignore_eos=ignore_eos) for p in prompts]
         mark = DecodeMark(len(requests), scrape)
         start = time.perf_counter()

@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from orchestrator.proposers.registry import names
+
 PROMPTS = [
     "Explain what a KV cache is.",
     "Write a short poem about the sea.",
@@ -195,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="start a stack on tiny random models")
     p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--proposer", default="none", choices=["none", "draft", "lookup"])
+    p.add_argument("--proposer", default="none", choices=names(plugins=False, default_ok=True),
+                   help="the proposer of every request (a kind the orchestrator serves)")
     p.add_argument("-k", type=int, default=0)
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

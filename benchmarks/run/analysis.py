@@ -33,6 +33,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
+from orchestrator.proposers.registry import names
 from specdec.core.speedup import expected_tokens_per_pass, parallel_speedup, pre_draft_hit_rate
 
 # Stats.Round fields that make up a round, in the order the stacked bars show
@@ -333,7 +334,10 @@ def _structured_counts(cells: dict[tuple, dict], groups: dict[tuple, list[dict]]
 
 def _order(s: dict) -> tuple:
     fam = {"svc": 0, "hf": 1}[s["family"]]
-    prop = {"none": 0, "target": 0, "draft": 1, "assisted": 1, "lookup": 2, "combined": 3, "adaptive": 4}
+    # Target-only first, then the registry's order; the in-process peers beside their service twins.
+    kinds = ["none", *(name for name in names(plugins=False) if name != "none")]
+    prop = {name: i for i, name in enumerate(kinds)}
+    prop.update(target=prop["none"], assisted=prop["draft"], adaptive=len(kinds))
     return (
         {"main": 0, "rtt": 1, "rate": 2, "prediction": 3}.get(s["phase"], 4),  # then structured
         s["mode"] != "greedy",

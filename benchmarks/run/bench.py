@@ -438,16 +438,14 @@ class ServiceRunner:
     def run(self, item: Item, args, seed: int, max_new_tokens: int) -> dict:
         from specdec.v1 import common_pb2, orchestrator_pb2 as pb
 
-        proposer = {"none": pb.PROPOSER_NONE, "draft": pb.PROPOSER_DRAFT, "lookup": pb.PROPOSER_LOOKUP,
-                    "combined": pb.PROPOSER_COMBINED,
-                    "prediction": pb.PROPOSER_UNSPECIFIED,
-                    "default": pb.PROPOSER_UNSPECIFIED}[item.config.proposer]
+        # A registered kind's name; the default and a prediction leave it unset.
+        proposer = "" if item.config.proposer in ("default", "prediction") else item.config.proposer
         sampling = (common_pb2.SamplingParams(temperature=0.0) if item.mode == GREEDY else
                     common_pb2.SamplingParams(temperature=args.temperature,
                                               top_p=item.top_p or args.top_p))
         request = pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in item.prompt.messages],
-            max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer=proposer,
+            max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, proposer_name=proposer,
             k=item.config.k, strict=True,
             speculation=(pb.SPECULATION_UNSPECIFIED if item.config.proposer == "default" else
                          pb.SPECULATION_PARALLEL if item.config.parallel else pb.SPECULATION_SEQUENTIAL),

@@ -66,7 +66,7 @@ class CheckBody(_Body):
 
 class GenerateBody(_Body):
     prompt: str = Field(min_length=1, max_length=4000)
-    proposer: Literal["none", "draft", "lookup", "guess", "combined"] = "none"
+    proposer: str = Field("none", min_length=1, max_length=64)  # a kind the orchestrator serves
     k: int = Field(0, ge=0, le=MAX_K)
     max_new_tokens: int = Field(16, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(0.0, ge=0.0, le=5.0)

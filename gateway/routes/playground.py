@@ -38,6 +38,7 @@ from gateway.playground import (
     speedup_table,
 )
 from gateway.playground.quota import QuotaExhausted
+from orchestrator.proposers.registry import kinds
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
@@ -62,9 +63,19 @@ async def page() -> Response:
 async def info(request: Request) -> dict:
     gw = state.of(request)
     required = await gw.credentials.check(gw.channel)
+    served = await gw.served.learn(gw.channel, _credentials(request))
     return {"quota": gw.playground.quota_status(request), "max_new_tokens": MAX_NEW_TOKENS,
-            "max_draws": MAX_DRAWS,
+            "max_draws": MAX_DRAWS, "proposers": proposer_choices(served),
             "credentials": {True: "required", False: "none", None: "unknown"}[required]}
+
+
+def proposer_choices(served) -> list[dict]:
+    """Step 4's proposers: what the orchestrator serves (ServedModel.proposers) but target-only,
+    each with the registry's summary where this gateway knows the kind."""
+    known = kinds(plugins=False)
+    names = list(served.proposers) if served is not None and served.proposers else list(known)
+    return [{"name": name, "summary": known[name].summary if name in known else name}
+            for name in names if name != "none" and (name not in known or known[name].requestable)]
 
 
 @router.post("/api/predict")

@@ -452,12 +452,26 @@ function askForToken(info) {
   form.addEventListener("submit", (event) => event.preventDefault());
 }
 
+// Step 4's choices: the proposers the orchestrator serves (its registry), prompt lookup first.
+function showProposers(proposers) {
+  const select = $("#step4-proposer");
+  select.replaceChildren();
+  for (const p of proposers) {
+    const option = document.createElement("option");
+    option.value = p.name;
+    option.textContent = `${p.name}: ${p.summary}`;
+    option.selected = p.name === "lookup";
+    select.append(option);
+  }
+}
+
 (async () => {
   try {
     const reply = await fetch(`${API}/info`);
     const info = await reply.json();
     showQuota(info.quota);
     askForToken(info);
+    showProposers(info.proposers || []);
   } catch (err) {
     $("#quota").textContent = `The gateway does not answer: ${err.message}`;
   }

@@ -31,7 +31,7 @@ from orchestrator.round.grammar import Constraint
 from orchestrator.round.events import ChunkEvent, RoundDetail, TokenLogprob
 from orchestrator.round.loop import generate
 from orchestrator.round.sessions import forget_session, retry_redis
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
+from orchestrator.kinds import GUESS, PREDICTED_OUTPUT
 from orchestrator.config import LoopConfig
 from orchestrator.request import TurnRequest
 from orchestrator.round.stats import stats_to_proto
@@ -43,8 +43,34 @@ from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from specdec.runtime.wire import sampling_from_proto
 
-_PROPOSERS = {pb.PROPOSER_DRAFT: DRAFT, pb.PROPOSER_LOOKUP: LOOKUP, pb.PROPOSER_GUESS: GUESS,
-              pb.PROPOSER_NONE: NONE, pb.PROPOSER_COMBINED: COMBINED}
+
+
+def served_proposers(config: LoopConfig) -> list[str]:
+    """ServedModel.proposers: the kinds a request may name, the default first."""
+    names = config.homes.requestable()
+    return sorted(names, key=lambda name: name != config.default_proposer)
+
+
+def proposer_kind(request: pb.GenerateRequest, config: LoopConfig) -> str:
+    """The kind a request names: proposer_name, else the enum (its value names a registered kind's
+    `wire`), else the config's default. Unknown names and values are INVALID_ARGUMENT."""
+    kinds = config.homes.kinds
+    by_enum = ""
+    if request.proposer != pb.PROPOSER_UNSPECIFIED:
+        wire = pb.Proposer.Name(request.proposer) if request.proposer in pb.Proposer.values() else ""
+        by_enum = next((k.name for k in kinds.values() if wire and k.wire == wire), "")
+        if not by_enum:
+            raise InvalidArgument(f"proposer: unknown value {request.proposer}")
+    name = request.proposer_name
+    if not name:
+        return by_enum or config.default_proposer
+    if name not in kinds or not kinds[name].requestable:
+        raise InvalidArgument(f"proposer_name: unknown proposer {name[:64]!r}; this server has "
+                              f"{', '.join(config.homes.requestable())}")
+    if by_enum and by_enum != name:
+        raise InvalidArgument(f"proposer_name: {name!r} and proposer {pb.Proposer.Name(request.proposer)} "
+                              "name different kinds")
+    return name
 
 
 def _prompt_ids(config: LoopConfig, request: pb.GenerateRequest | pb.CheckRequest) -> list[int]:
@@ -76,12 +102,7 @@ def turn_request(request: pb.GenerateRequest, config: LoopConfig,
     if len(request.session_id) > MAX_SESSION_ID:
         raise InvalidArgument(f"session_id: at most {MAX_SESSION_ID} characters")
     prompt_ids = _prompt_ids(config, request)
-    if request.proposer == pb.PROPOSER_UNSPECIFIED:
-        proposer = config.default_proposer
-    elif request.proposer in _PROPOSERS:
-        proposer = _PROPOSERS[request.proposer]
-    else:
-        raise InvalidArgument(f"proposer: unknown value {request.proposer}")
+    proposer = proposer_kind(request, config)
     if request.max_new_tokens < 1:
         raise InvalidArgument("max_new_tokens: must be >= 1")
     if request.max_new_tokens > config.max_new_tokens_limit:
@@ -104,7 +125,8 @@ def turn_request(request: pb.GenerateRequest, config: LoopConfig,
     sampling = sampling_from_proto(request.sampling if request.HasField("sampling") else None)
     guess_ids: list[int] = []
     if request.prediction:
-        if request.proposer not in (pb.PROPOSER_UNSPECIFIED, pb.PROPOSER_GUESS) or request.guess:
+        named = request.proposer != pb.PROPOSER_UNSPECIFIED or request.proposer_name
+        if (named and proposer != GUESS) or request.guess:
             raise InvalidArgument("prediction: only with proposer PROPOSER_UNSPECIFIED (or "
                                   "PROPOSER_GUESS without a guess): the prediction is the proposal")
         proposer = PREDICTED_OUTPUT
@@ -444,7 +466,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return pb.ServedModel(model_name=config.model_name, context_length=config.context_length,
                               tool_call_format=tool_call_format(config.tokenizer),
                               max_new_tokens_limit=config.max_new_tokens_limit,
-                              draft_mode=config.draft_mode)
+                              draft_mode=config.draft_mode, proposers=served_proposers(config))
 
     async def Tokenize(  # noqa: N802
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext

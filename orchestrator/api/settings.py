@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from orchestrator.policy.capacity import CapacityPolicy
 from orchestrator.fleet.deadlines import DeadlinePolicy
-from orchestrator.kinds import GUESS, KINDS
+from orchestrator.proposers.registry import names, plugin_names
 from orchestrator.fleet.outliers import OutlierPolicy
 from specdec.runtime.settings import (
     APPEND, SERVICE_CLIENT, SWITCH, TENANT_SECURITY, Flag, Group, Settings, limits_group, server_group,
@@ -36,8 +36,12 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("record-interval-ms", "write a session's record after a round only if the last write began at "
          "least this long ago (a turn's last state, and a failed turn's, are always written; a record "
          "behind by a few rounds only costs a resumed turn some KV reuse)", 200.0, float),
-    Flag("default-proposer", "proposer when a request leaves it unspecified", "combined",
-         choices=[k for k in KINDS if k != GUESS]),
+    Flag("default-proposer", "proposer when a request leaves it unspecified (the built-in kinds and "
+         "installed plugins', orchestrator.proposers.registry)", "combined",
+         choices=names(plugins=False, default_ok=True) + plugin_names()),
+    Flag("suffix-cache-tokens", "suffix decoding's memory: tokens of earlier turns it keeps to match, per "
+         "orchestrator process, across tenants (each tenant matches only its own; the oldest go first)",
+         200_000, int),
     Flag("default-k", "drafted tokens per round when a request sends k = 0, or 'auto': pick k each round "
          "from the observed acceptance and draft/target costs", "5"),
     Flag("parallel", "parallel speculation by default: the draft drafts the next round while the target "

@@ -45,6 +45,9 @@ class Drafter(Protocol):
     proposes: bool  # False: target-only, nothing to decide
     adaptive: bool  # k may be chosen per round
     replica: SessionReplica | None  # the draft replica holding the session's KV, if any
+    own_length: bool  # it sets its proposal's length: k only caps it (max_k unless the request names k)
+    free_guesses: bool  # a plain epoch still takes its proposals that cost no draft call
+    prefetches: bool  # a first round may feed its draft the prompt beside the target's Score
 
 
 class DraftingPolicy:
@@ -59,7 +62,7 @@ class DraftingPolicy:
         self.costs, self.proposer = costs, proposer
         self.tree_nodes, self.tree_width = tree  # (0, 0): chains only
         self.adaptive = GoodputPolicy() if not request_k and adaptive_k and proposer.adaptive else None
-        self.k_max = max_k if self.adaptive is not None else request_k or default_k
+        self.k_max = request_k or (max_k if self.adaptive is not None or proposer.own_length else default_k)
         # No k in the request: whether drafting pays on the target replica is measured by the gate.
         self.gated = not request_k and proposer.proposes and gate
         self.gate: SpeculationGate | None = None
@@ -75,13 +78,13 @@ class DraftingPolicy:
             # This epoch measures plain decoding (or plain decoding measured better): no draft model.
             # A lone session's proposer with free guesses keeps those that pay by themselves; under
             # load a plain epoch is target-only rounds, the gate's baseline.
-            draft_off = getattr(self.proposer, "free_guesses", False) and self.gate.live <= 1
+            draft_off = self.proposer.free_guesses and self.gate.live <= 1
             k = self.k_max if draft_off else 0
         else:
             k = self.k_max if self.adaptive is None else self._goodput_k(target)
         k = max(0, min(k, remaining - 1))
         prefetch = (self.gated and k > 0 and not draft_off and first_round
-                    and getattr(self.proposer, "prefetch", None) is not None)
+                    and self.proposer.prefetches)
         nodes = self._tree_nodes(target, k) if k > 0 and not draft_off and self.tree_nodes > 0 else 0
         return Drafting(k, draft_off, prefetch, nodes, self.tree_width if nodes else 0)
 

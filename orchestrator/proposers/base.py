@@ -1,7 +1,8 @@
 """Proposers: where a round's drafted tokens come from, behind one protocol.
 
-The loop sees only `Proposer.propose(DraftContext) -> Proposal` and
-`Proposer.crop(length)`; the one factory is orchestrator.proposers.factory. A
+The loop sees only what `Proposer` declares (its defaults are a proposer that
+drafts alone, with no cache and no draft model); a request's proposer comes
+from its kind's home (orchestrator.proposers.registry). A
 deterministic proposer (orchestrator.proposers.local: prompt lookup, the
 caller's guess, a prediction, none) returns `probs=None`; the verifier then
 treats its q as one-hot, which keeps sampling exact. The draft service's
@@ -9,9 +10,9 @@ proposer is orchestrator.proposers.draft.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -76,18 +77,29 @@ class PreDraft:
     waited_ms: float = 0.0
 
 
-class Proposer(Protocol):
-    name: str  # the kind proposing now (Stats.proposer): "none" once a draft has fallen back
-    fallback_reason: str  # why it proposes nothing although asked to; "" otherwise
-    replica: SessionReplica | None  # the draft replica holding the session's KV, if any
-    adaptive: bool  # k may be chosen per round from measured acceptance and costs
-    proposes: bool  # False: target-only, the loop asks for nothing
-    branches: bool  # it may draft a token tree when DraftContext.tree_nodes asks (the draft service)
+class Proposer:
+    """The per-request part of a proposer: everything the loop may use of it, declared here with
+    its default (a proposer overrides what it does differently; the loop reads nothing else)."""
+
+    name: str = ""  # the kind proposing now (Stats.proposer): "none" once a draft has fallen back
+    fallback_reason: str = ""  # why it proposes nothing although asked to; "" otherwise
+    replica: SessionReplica | None = None  # the draft replica holding the session's KV, if any
+    adaptive: bool = False  # k may be chosen per round from measured acceptance and costs
+    proposes: bool = True  # False: target-only, the loop asks for nothing
+    branches: bool = False  # it may draft a token tree when DraftContext.tree_nodes asks
+    # It sets its proposal's length itself: the round's k only caps it (max_k unless the request
+    # names k; orchestrator.policy.drafting).
+    own_length: bool = False
+    # A plain epoch of the speculation gate still takes its proposals that cost no draft call.
+    free_guesses: bool = False
+    # A first round may feed the draft the prompt beside the target's Score (lags, prefetch).
+    prefetches: bool = False
     # A feature draft's relay (orchestrator.proposers.features): the loop asks Score for features and
     # hands them over; None for every other proposer.
-    features: FeatureRelay | None
+    features: FeatureRelay | None = None
 
-    async def propose(self, ctx: DraftContext) -> Proposal: ...
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        raise NotImplementedError
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         """After a verdict: how many of the round's drafted tokens the target accepted."""
@@ -95,7 +107,19 @@ class Proposer(Protocol):
     def crop(self, length: int) -> None:
         """After a verdict: the proposer's cache keeps its first `length` tokens."""
 
+    def committed(self, tokens: Sequence[int]) -> None:
+        """After a round's commit: the turn's committed tokens now (the prompt, then the output)."""
+
     def close(self) -> None:
-        """The request is over: stop any work started ahead of time (parallel mode)."""
+        """The request is over (finished or not): stop any work started ahead of time."""
 
+    def lags(self, ctx: DraftContext) -> bool:
+        """Whether the draft lacks enough of the context that a first round should feed it instead."""
+        return False
 
+    async def prefetch(self, ctx: DraftContext) -> int | None:
+        """Feed the draft the context beside the target's Score: the tokens it then holds."""
+        return None
+
+    def keep_feeding(self, feed: asyncio.Future) -> None:
+        """A prefetch still running when its round ends: the next propose waits for it."""

@@ -1,4 +1,5 @@
-"""The combined proposer: each round, prompt lookup or the draft service, whichever pays more.
+"""The combined proposer: each round, a free guess (prompt lookup, suffix decoding) or the draft
+service, whichever pays more.
 
 The choice is orchestrator.policy.sources'. A lookup round leaves the draft's
 cache as it was: the next draft call sends the tokens it missed (its
@@ -15,33 +16,36 @@ coupled sampler) commits target-only's tokens for its seed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from orchestrator.policy.costs import CostBook
 from orchestrator.policy.sources import LOOKUP_POOL, SourceChoice  # noqa: F401 - LOOKUP_POOL re-exported
-from orchestrator.proposers.base import DraftContext, Proposal
-from orchestrator.proposers.draft import DraftServiceProposer
-from orchestrator.proposers.local import PromptLookupProposer
+from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.fleet.remote import SessionReplica
 from orchestrator.kinds import COMBINED, DRAFT, LOOKUP
 
 
-class CombinedProposer:
-    """Lookup or draft per round by goodput (see the module docstring)."""
+class CombinedProposer(Proposer):
+    """A free guess or the draft per round by goodput (see the module docstring)."""
 
     name = COMBINED
     adaptive = False  # it chooses its own k within the request's k
     proposes = True
-    branches = True  # a draft round drafts a tree when asked; a lookup round is a chain
-    free_guesses = True  # a plain epoch of the speculation gate still takes a lookup guess that pays
+    branches = True  # a draft round drafts a tree when asked; so does a free source that branches
+    free_guesses = True  # a plain epoch of the speculation gate still takes a free guess that pays
+    prefetches = True
 
-    def __init__(self, draft: DraftServiceProposer, lookup: PromptLookupProposer, book: CostBook,
+    def __init__(self, draft: Proposer, free: Proposer | Sequence[Proposer], book: CostBook,
                  target: Callable[[], str], *, margin: float = 0.05) -> None:
         self.draft = draft
-        self.lookup = lookup
-        self.sources = SourceChoice(book, target, margin=margin)
-        self._last = ""  # what proposed the last round: "lookup", "draft" or ""
+        self.free: dict[str, Proposer] = {p.name: p for p in ([free] if isinstance(free, Proposer) else free)}
+        self.sources = SourceChoice(book, target, margin=margin, free=tuple(self.free))
+        self._last = ""  # what proposed the last round: a free source's name, "draft" or ""
+
+    @property
+    def lookup(self) -> Proposer | None:
+        return self.free.get(LOOKUP)
 
     @property
     def replica(self) -> SessionReplica | None:
@@ -56,30 +60,33 @@ class CombinedProposer:
         return self.draft.features
 
     async def propose(self, ctx: DraftContext) -> Proposal:
-        guess = (await self.lookup.propose(replace(ctx, tree_nodes=0))).tokens if ctx.k else []  # a chain
+        chain = replace(ctx, tree_nodes=0)
+        guesses = {name: (await source.propose(chain)).tokens if ctx.k else [] for name, source in self.free.items()}
         draft_usable = bool(ctx.k) and not ctx.draft_off and await self.draft.usable()
-        source, n = self.choose(ctx.k, guess, draft_usable=draft_usable)
+        source, n = self.choose(ctx.k, guesses, draft_usable=draft_usable)
         self._last = source
-        if source == LOOKUP:
-            if ctx.tree_nodes:  # several occurrences' continuations, as a tree (when they branch)
-                tree = await self.lookup.propose(replace(ctx, k=n))
+        if source in self.free:
+            if ctx.tree_nodes and self.free[source].branches:  # several continuations, as a tree
+                tree = await self.free[source].propose(replace(ctx, k=n))
                 if tree.parents is not None:
-                    return replace(self._lookup_round(tree.tokens), parents=tree.parents)
-            return self._lookup_round(guess[:n])
+                    return replace(self._free_round(source, tree.tokens), parents=tree.parents)
+            return self._free_round(source, guesses[source][:n])
         proposal = await self.draft.propose(replace(ctx, k=n))
-        if proposal.deadline_misses and guess:  # the draft hung: the free guess takes the round
-            self._last = LOOKUP
-            return replace(self._lookup_round(guess), deadline_misses=proposal.deadline_misses)
+        best = max(guesses, key=lambda name: len(guesses[name]), default="")
+        if proposal.deadline_misses and best and guesses[best]:  # the draft hung: a free guess takes the round
+            self._last = best
+            return replace(self._free_round(best, guesses[best][: ctx.k]), deadline_misses=proposal.deadline_misses)
         return replace(proposal, source=DRAFT if proposal.tokens else "")
 
-    def _lookup_round(self, tokens: list[int]) -> Proposal:
+    def _free_round(self, source: str, tokens: list[int]) -> Proposal:
         held = self.draft.replica.held if self.draft.replica is not None else 0
-        return Proposal(tokens=tokens, cache_length=held, source=LOOKUP)
+        return Proposal(tokens=tokens, cache_length=held, source=source)
 
-    def choose(self, k_max: int, guess: list[int], draft_usable: bool = True) -> tuple[str, int]:
+    def choose(self, k_max: int, guesses: dict[str, list[int]] | list[int],
+               draft_usable: bool = True) -> tuple[str, int]:
         """(source, tokens to propose) this round (orchestrator.policy.sources)."""
         replica = self.draft.replica if draft_usable else None
-        return self.sources.choose(k_max, guess, replica.address if replica is not None else None)
+        return self.sources.choose(k_max, guesses, replica.address if replica is not None else None)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         self.sources.observe(self._last, n_drafted, n_accepted)
@@ -96,5 +103,11 @@ class CombinedProposer:
     def crop(self, length: int) -> None:
         self.draft.crop(length)
 
+    def committed(self, tokens: Sequence[int]) -> None:
+        for source in self.free.values():
+            source.committed(tokens)
+
     def close(self) -> None:
         self.draft.close()
+        for source in self.free.values():
+            source.close()

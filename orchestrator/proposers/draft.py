@@ -17,7 +17,7 @@ from collections.abc import Callable
 import grpc
 
 from orchestrator.fleet.remote import DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError
-from orchestrator.proposers.base import DraftContext, Proposal
+from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.proposers.features import FeatureRelay
 from orchestrator.kinds import DRAFT, NONE
 from specdec.runtime.errors import SpecdecError, Unavailable
@@ -31,7 +31,7 @@ PREFETCH_MIN = 16
 STRICT_WAIT_S = 10.0  # how long a strict request waits on a late draft call before UNAVAILABLE
 
 
-class DraftServiceProposer:
+class DraftServiceProposer(Proposer):
     """One Propose RPC to the draft service per round.
 
     Sends only the committed tokens the draft does not hold yet (after a fully
@@ -51,6 +51,7 @@ class DraftServiceProposer:
     """
 
     branches = True  # Propose drafts a tree when asked (a feature head too, on its own outputs)
+    prefetches = True
 
     def __init__(self, replica: SessionReplica | None, *, strict: bool = False, p_min: float = 0.0,
                  fallback_reason: str = "", relays: Callable[..., FeatureRelay] | None = None) -> None:

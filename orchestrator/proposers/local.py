@@ -5,35 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.fleet.remote import SessionReplica
-from orchestrator.proposers.base import DraftContext, Proposal
-from orchestrator.proposers.features import FeatureRelay
+from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.kinds import GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
 from specdec.core.lookup import PromptLookup
 from specdec.core.predicted_output import PredictedOutputCursor
 
 
-class _Local:
-    """A proposer without a cache of its own: nothing to place, crop or fall back from."""
-
-    fallback_reason = ""
-    replica: SessionReplica | None = None
-    features: FeatureRelay | None = None
-    adaptive = False
-    proposes = True
-    branches = False
-
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        pass
-
-    def crop(self, length: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class NoProposer(_Local):
+class NoProposer(Proposer):
     """Target-only decoding through the same path: nothing drafted, one token per pass."""
 
     name = NONE
@@ -43,7 +21,7 @@ class NoProposer(_Local):
         return Proposal(tokens=[])
 
 
-class PromptLookupProposer(_Local):
+class PromptLookupProposer(Proposer):
     """Copy what followed the most recent earlier occurrence of the last n-gram; asked for a
     tree (DraftContext.tree_nodes), what followed several recent occurrences, as a token tree."""
 
@@ -64,7 +42,7 @@ class PromptLookupProposer(_Local):
         return Proposal(tokens=self._lookup.propose(ctx.k))
 
 
-class GuessProposer(_Local):
+class GuessProposer(Proposer):
     """The caller's expected continuation, for as long as the output follows it."""
 
     name = GUESS
@@ -80,7 +58,7 @@ class GuessProposer(_Local):
         return Proposal(tokens=self.guess[n : n + ctx.k])
 
 
-class PredictedOutputProposer(_Local):
+class PredictedOutputProposer(Proposer):
     """Predicted Outputs: the caller's prediction, re-aligned after each rejection
     (specdec.core.predicted_output). Deterministic, so q is one-hot and the text is exact."""
 

@@ -71,7 +71,7 @@ class ParallelDraftProposer(DraftServiceProposer):
         self._pending: _Pending | None = None
         self._missed = 0  # pre-drafts past their deadline, not yet in a round's Stats
 
-    prefetch = None  # its pre-drafts already run beside the target's Score (and share the cache)
+    prefetches = False  # its pre-drafts already run beside the target's Score (and share the cache)
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         pre, proposal = await self._take(ctx)

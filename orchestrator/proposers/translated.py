@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from orchestrator.proposers.base import DraftContext, Proposal
+from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.proposers.bridge import TextBridge
 from orchestrator.proposers.draft import PREFETCH_MIN, DraftServiceProposer
 from orchestrator.request import WireSampling
@@ -32,7 +32,7 @@ from specdec.core.sampling import SamplingParams
 GREEDY = WireSampling.encode(SamplingParams())  # the draft drafts its most likely text
 
 
-class TranslatedDraftProposer:
+class TranslatedDraftProposer(Proposer):
     """The draft service's proposer for a draft with another tokenizer (see the module docstring).
 
     It wraps a DraftServiceProposer that works in the draft's ids: that one still owns the
@@ -43,6 +43,7 @@ class TranslatedDraftProposer:
 
     branches = False
     features = None
+    prefetches = True
 
     def __init__(self, inner: DraftServiceProposer, bridge: TextBridge) -> None:
         self.inner, self.bridge = inner, bridge

@@ -119,7 +119,7 @@ def _tree_shape(config: LoopConfig, proposer) -> tuple[int, int]:
     (orchestrator.round.grammar.TurnMatcher.tree_masks, orchestrator.round.hooks). Greedy and
     coupled trees are verified by the target's own tokens, others by recursive rejection over
     siblings (specdec.core.verify.verify_tree_sampled)."""
-    ok = config.tree_nodes > 0 and getattr(proposer, "branches", False)
+    ok = config.tree_nodes > 0 and proposer.branches
     return (config.tree_nodes, config.tree_width) if ok else (0, 0)
 
 

@@ -173,6 +173,7 @@ async def commit(turn: Turn, rnd: Round) -> ChunkEvent | None:
         finish = PASSES  # a pass budget (the playground's quota): no further forward
     _crop(turn, rnd)
     turn.extend(rnd.committed)
+    turn.proposer.committed(turn.tokens)
     rnd.tally.committed = len(rnd.committed)
     if tally.target_passes > 1:  # a decoding round (not the prompt's prefill) for the gate
         turn.policy.record(len(rnd.committed), time.perf_counter() - tally.round_started, turn.session.id)

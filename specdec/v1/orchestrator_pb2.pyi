@@ -47,7 +47,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes", "constraint", "logprobs", "top_logprobs", "prediction", "n", "ignore_eos", "delivered", "min_tokens", "stop_token_ids", "keep_special_tokens", "include_stop_str_in_output", "tools")
+    __slots__ = ("prompt", "messages", "max_new_tokens", "sampling", "seed", "stop", "proposer", "k", "guess", "session_id", "strict", "keep_session", "resume_from", "speculation", "round_tokens", "max_target_passes", "constraint", "logprobs", "top_logprobs", "prediction", "n", "ignore_eos", "delivered", "min_tokens", "stop_token_ids", "keep_special_tokens", "include_stop_str_in_output", "tools", "proposer_name")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class GenerateRequest(_message.Message):
     KEEP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_NAME_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_new_tokens: int
@@ -104,7 +105,8 @@ class GenerateRequest(_message.Message):
     keep_special_tokens: bool
     include_stop_str_in_output: bool
     tools: str
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prediction: _Optional[str] = ..., n: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., delivered: _Optional[_Iterable[_Union[Delivered, _Mapping]]] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., keep_special_tokens: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., tools: _Optional[str] = ...) -> None: ...
+    proposer_name: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., k: _Optional[int] = ..., guess: _Optional[str] = ..., session_id: _Optional[str] = ..., strict: _Optional[bool] = ..., keep_session: _Optional[bool] = ..., resume_from: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., round_tokens: _Optional[bool] = ..., max_target_passes: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prediction: _Optional[str] = ..., n: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., delivered: _Optional[_Iterable[_Union[Delivered, _Mapping]]] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., keep_special_tokens: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., tools: _Optional[str] = ..., proposer_name: _Optional[str] = ...) -> None: ...
 
 class Delivered(_message.Message):
     __slots__ = ("index", "token_ids", "finished")
@@ -435,18 +437,20 @@ class GetServedModelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServedModel(_message.Message):
-    __slots__ = ("model_name", "context_length", "tool_call_format", "max_new_tokens_limit", "draft_mode")
+    __slots__ = ("model_name", "context_length", "tool_call_format", "max_new_tokens_limit", "draft_mode", "proposers")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODE_FIELD_NUMBER: _ClassVar[int]
+    PROPOSERS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     context_length: int
     tool_call_format: str
     max_new_tokens_limit: int
     draft_mode: str
-    def __init__(self, model_name: _Optional[str] = ..., context_length: _Optional[int] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_limit: _Optional[int] = ..., draft_mode: _Optional[str] = ...) -> None: ...
+    proposers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_name: _Optional[str] = ..., context_length: _Optional[int] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_limit: _Optional[int] = ..., draft_mode: _Optional[str] = ..., proposers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "messages", "tools", "add_special_tokens", "return_token_strs")

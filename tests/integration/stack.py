@@ -53,12 +53,12 @@ class Stack:
 
     def start_orchestrator(self, name: str, tokenizer: Path, *, targets=(), drafts=(),
                            redis_url: str | None = None, extra: tuple[str, ...] = (),
-                           wait: bool = True) -> str:
+                           wait: bool = True, env: dict[str, str] | None = None) -> str:
         port = procs.free_port()
         argv = orchestrator_argv(port, tokenizer=tokenizer, targets=targets, drafts=drafts,
                                  redis_url=redis_url or self.redis_url, redis_prefix=self.prefix,
                                  extra=("--startup-timeout", "20", *extra))
-        return self._serve(name, argv, port, wait=wait)
+        return self._serve(name, argv, port, wait=wait, env=env)
 
     def start_gateway(self, orchestrator: str = "orch", extra: tuple[str, ...] = ()) -> str:
         """`python -m gateway` in front of the named orchestrator; returns its base URL."""
@@ -71,8 +71,9 @@ class Stack:
         wait_http(f"{base}/v1/models", proc)
         return base
 
-    def _serve(self, name: str, argv: list[str], port: int, wait: bool = True) -> str:
-        self.addresses[name] = self.processes.serve(name, argv, port, timeout=120, wait=wait)
+    def _serve(self, name: str, argv: list[str], port: int, wait: bool = True,
+               env: dict[str, str] | None = None) -> str:
+        self.addresses[name] = self.processes.serve(name, argv, port, timeout=120, wait=wait, env=env)
         return self.addresses[name]
 
     def stop_one(self, name: str) -> None:

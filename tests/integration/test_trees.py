@@ -140,6 +140,22 @@ def test_lookup_trees_branch_over_several_occurrences_with_target_onlys_text(tre
     assert any(r.tree for r in out.stats.rounds), [r.drafted for r in out.stats.rounds]
 
 
+def test_suffix_trees_branch_over_the_contexts_continuations_with_target_onlys_text(trees) -> None:
+    """Suffix decoding asked for a tree (k below --tree-nodes) proposes the continuation trie's
+    likeliest nodes: "the cat" went on three ways in the prompt. Greedy and seeded output are
+    target-only's, and tree rounds happen."""
+    prompt = ("the cat sat on the mat. the cat sat on the log. the cat ran to the mat. "
+              "the dog sat on the cat. the cat")
+    with Client(trees.addresses["orch"], timeout=120) as c:
+        want = c.complete(prompt, max_new_tokens=N_NEW, proposer="none").token_ids
+        out = c.complete(prompt, max_new_tokens=N_NEW, proposer="suffix", k=4)
+        assert out.token_ids == want and out.stats.proposer == "suffix"
+        seeded = dict(max_new_tokens=N_NEW, temperature=0.8, seed=5)
+        assert (c.complete(prompt, proposer="suffix", k=4, **seeded).token_ids
+                == c.complete(prompt, proposer="none", **seeded).token_ids)
+    assert any(r.tree for r in out.stats.rounds), [r.drafted for r in out.stats.rounds]
+
+
 def test_structured_output_drafts_trees_under_a_mask_per_node(trees) -> None:
     """With a grammar the rounds are still trees: the nodes the grammar forbids go with their
     subtrees, the target scores the rest under each node's own mask (TurnMatcher.tree_masks).

@@ -197,8 +197,10 @@ def test_a_hung_draft_costs_a_round_not_the_stream_and_is_used_again_once_back(k
             if not health.ejected("draft", "d0"):
                 break
             await asyncio.sleep(0.02)
+        # Another tenant: the combined proposer's suffix source has this tenant's frozen turn and
+        # would propose all of it, with no draft call.
         back = await stack.arun(PROMPTS[1], k=3, proposer=kind, sampling=stack_greedy(), seed=1,
-                                max_new=48, parallel=parallel)
+                                max_new=48, parallel=parallel, tenant="another")
         await health.close()
         return frozen, frozen_s, ejected, back
 

@@ -1,0 +1,83 @@
+"""Suffix decoding: continue the longest match in this tenant's earlier requests or the context.
+
+The home (one per orchestrator process) keeps a `SuffixCache`
+(specdec.core.suffix): each tenant's finished turns, prompt and output, at most
+`LoopConfig.suffix_cache_tokens` tokens in all, the oldest evicted first. A
+request's proposer matches the context's suffix against its tenant's earlier
+turns and against the request's own tokens, and proposes the continuation of
+whichever match is longer, as a chain or, when the round asks, a token tree.
+Its length is its own (`own_length`): as long as the match, while the
+continuation's estimated probability stays above `MIN_PROB`, at most the
+round's k (max_k unless the request names k). When the turn ends its tokens join
+the cache, so the next request of the same tenant can match them. One tenant's
+turns never propose to another.
+
+Deterministic, like every proposal without q: greedy output is the target's and
+sampled output keeps its distribution (specdec.core.verify).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.config import LoopConfig
+from orchestrator.kinds import SUFFIX
+from orchestrator.proposers.base import DraftContext, Proposal, Proposer
+from specdec.core.suffix import SuffixCache, SuffixIndex, propose_tree
+
+MIN_PROB = 0.1  # a continuation token's least estimated probability (its share of the occurrences)
+
+
+class SuffixHome:
+    """The cache shared by one orchestrator process's requests (per tenant)."""
+
+    def __init__(self, config: LoopConfig) -> None:
+        self.cache = SuffixCache(max_tokens=config.suffix_cache_tokens)
+
+    async def open(self, o) -> Proposer:
+        return SuffixProposer(self.cache, o.req.tenant)
+
+
+class SuffixProposer(Proposer):
+    """One request's suffix decoding (see the module docstring)."""
+
+    name = SUFFIX
+    branches = True
+    own_length = True
+
+    def __init__(self, cache: SuffixCache, tenant: str, *, min_prob: float = MIN_PROB) -> None:
+        self.cache, self.tenant, self.min_prob = cache, tenant, min_prob
+        self.own = SuffixIndex()  # this request's tokens so far
+        self.tokens: Sequence[int] = ()
+
+    async def propose(self, ctx: DraftContext) -> Proposal:
+        self._follow(ctx.tokens)
+        if not ctx.k:
+            return Proposal(tokens=[])
+        nodes = ctx.tree_nodes or ctx.k
+        width = max(1, ctx.tree_width) if ctx.tree_nodes else 1
+        best: tuple[list[int], list[int], int] = ([], [], 0)
+        for index in (self.cache.index(self.tenant), self.own):
+            if index is None:
+                continue
+            found = propose_tree(index, ctx.tokens, ctx.k, nodes=nodes, width=width, min_prob=self.min_prob)
+            if (found[2], len(found[0])) > (best[2], len(best[0])):
+                best = found
+        tokens, parents, _ = best
+        if any(parent != i - 1 for i, parent in enumerate(parents)):  # it branches
+            return Proposal(tokens=tokens, parents=parents)
+        return Proposal(tokens=tokens)
+
+    def committed(self, tokens: Sequence[int]) -> None:
+        self.tokens = tokens
+
+    def _follow(self, tokens: Sequence[int]) -> None:
+        self.tokens = tokens
+        fed = len(self.own)
+        if len(tokens) > fed:
+            self.own.extend(tokens[fed:])
+
+    def close(self) -> None:
+        """The turn is over: its tokens join the tenant's cache (once)."""
+        if self.tokens:
+            self.cache.add(self.tenant, list(self.tokens))
+            self.tokens = ()

@@ -1,0 +1,254 @@
+"""Suffix decoding: propose what followed the longest earlier match of the context's suffix.
+
+A `SuffixIndex` holds token sequences (earlier requests' prompts and outputs,
+or one request's own growing history) and finds, for a context, its longest
+suffix that occurred before, up to `MAX_MATCH` tokens. What followed up to
+`OCCURRENCES` of those occurrences (the most recent first) is merged into a
+trie with counts; a proposal follows the most frequent continuation while its
+estimated probability (count / occurrences) stays at or above `min_prob`, and
+at most as many tokens as the match is long (`factor`): a long match earns a
+long proposal, a one-token match a short one. As a token tree it takes the
+trie's most probable nodes.
+
+The index keeps, per n-gram size in `SIZES`, a dict from the n-gram's hash to
+its latest end and a chain of earlier ends (`_prev`), so indexing costs
+O(sizes) per token and a lookup O(sizes + occurrences * depth), whatever the
+history's length. A hash collision can only cost acceptance: every proposal is
+verified by the target, and the occurrences are checked against the context.
+
+Memory is bounded: `SuffixCache` keeps each tenant's index and evicts the
+oldest sequences (of any tenant) once the total passes `max_tokens`. One
+tenant's sequences are never matched for another.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # n-gram sizes indexed (a longest match is found among them)
+MAX_MATCH = 64  # a match is measured back this far
+OCCURRENCES = 16  # continuations merged per proposal (the most recent occurrences)
+WALK = 64  # occurrences of the longest indexed n-gram measured for the longest match
+_END = -1  # between sequences: no continuation crosses it
+
+
+@dataclass(frozen=True)
+class Match:
+    """The context's longest earlier suffix match: its length and the ends of its occurrences."""
+
+    length: int
+    ends: tuple[int, ...]  # positions just after each occurrence, the most recent first
+
+
+class SuffixIndex:
+    """Sequences of token ids, indexed for suffix matches (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._tokens: list[int] = []
+        self._prev: dict[int, list[int]] = {n: [] for n in SIZES}  # per size: earlier end, by end
+        self._last: dict[int, dict[int, int]] = {n: {} for n in SIZES}  # per size: hash -> latest end
+        self._open = 0  # start of the sequence being extended (its last token has no successor yet)
+        self.base = 0  # tokens before this were evicted (ends below it are not followed)
+
+    def __len__(self) -> int:
+        """Tokens held (separators included), evicted ones not."""
+        return len(self._tokens) - self.base
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """A finished sequence: every n-gram with a successor in it is indexed."""
+        self.extend(tokens)
+        self.close()
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Grow the open sequence; n-grams are indexed once a token follows them."""
+        toks = self._tokens
+        start = len(toks)
+        toks.extend(int(t) for t in tokens)
+        for end in range(max(start, self._open + 1), len(toks)):
+            self._index(end)
+
+    def close(self) -> None:
+        """End the open sequence: nothing continues across it."""
+        if len(self._tokens) > self._open:
+            self._tokens.append(_END)
+            for n in SIZES:
+                self._prev[n].append(-1)
+        self._open = len(self._tokens)
+
+    def _index(self, end: int) -> None:
+        """Index the n-grams ending just before `end` (the token at `end` follows them)."""
+        toks, first = self._tokens, self._open
+        for n in SIZES:
+            prev = self._prev[n]
+            while len(prev) < end:  # positions with no n-gram of this size ending there
+                prev.append(-1)
+            if end - n < first:
+                prev.append(-1)
+                continue
+            key = hash(tuple(toks[end - n: end]))
+            last = self._last[n]
+            prev.append(last.get(key, -1))
+            last[key] = end
+
+    def match(self, context: Sequence[int], *, limit: int = OCCURRENCES) -> Match | None:
+        """The longest suffix of `context` that occurred here (None: not even its last token)."""
+        found = None
+        for n in SIZES:
+            if n > len(context):
+                break
+            end = self._last[n].get(hash(tuple(context[-n:])), -1)
+            if end < self.base:
+                break
+            found = n
+        if found is None:
+            return None
+        # The occurrences of the longest indexed size, the most recent first (at most WALK), each
+        # measured: the longest match is theirs, and its occurrences are the ones continued.
+        tail = list(context[-found:])
+        measured: list[tuple[int, int]] = []
+        end, walked = self._last[found][hash(tuple(tail))], 0
+        while end >= self.base and walked < WALK:
+            walked += 1
+            if end - found >= self.base and self._tokens[end - found: end] == tail:
+                measured.append((self._measure(context, end), end))
+            end = self._prev[found][end]
+        if not measured:
+            return None
+        length = max(n for n, _ in measured)
+        return Match(length, tuple(end for n, end in measured if n == length)[:limit])
+
+    def _measure(self, context: Sequence[int], end: int) -> int:
+        """How far back the context matches the tokens before `end` (up to MAX_MATCH)."""
+        toks, n = self._tokens, 0
+        while n < MAX_MATCH and n < len(context) and end - n - 1 >= self.base:
+            token = toks[end - n - 1]
+            if token == _END or token != context[-n - 1]:
+                break
+            n += 1
+        return n
+
+    def continuations(self, ends: Sequence[int], depth: int) -> list[list[int]]:
+        """What followed each end, up to `depth` tokens, never across a sequence's end."""
+        toks, out = self._tokens, []
+        for end in ends:
+            run = []
+            for token in toks[end: end + depth]:
+                if token == _END:
+                    break
+                run.append(token)
+            out.append(run)
+        return out
+
+    def evict(self, tokens: int) -> None:
+        """Forget the oldest `tokens` held; the store is compacted when most of it is dead."""
+        self.base = min(len(self._tokens), self.base + tokens)
+        if self.base > len(self._tokens) // 2:
+            self._compact()
+
+    def _compact(self) -> None:
+        live = self._tokens[self.base:]
+        open_tail = live[self._open - self.base:] if self._open > self.base else live
+        finished = live[: max(0, self._open - self.base)]
+        fresh = SuffixIndex()
+        run: list[int] = []
+        for token in finished:
+            if token == _END:
+                fresh.add(run)
+                run = []
+            else:
+                run.append(token)
+        if run:
+            fresh.add(run)
+        if self._open > self.base:
+            fresh.extend(open_tail)
+        self.__dict__.update(fresh.__dict__)
+
+
+def propose(index: SuffixIndex, context: Sequence[int], k: int, *, min_prob: float = 0.1,
+            factor: float = 1.0) -> tuple[list[int], int]:
+    """The most frequent continuation of the context's longest match (a chain), and the match's
+    length (0: none). At most min(k, factor * match length) tokens; each kept token's estimated
+    probability (the share of occurrences that continue that way) is >= min_prob."""
+    tokens, _, length = propose_tree(index, context, k, nodes=k, width=1, min_prob=min_prob, factor=factor)
+    return tokens, length
+
+
+def propose_tree(index: SuffixIndex, context: Sequence[int], k: int, *, nodes: int, width: int,
+                 min_prob: float = 0.1, factor: float = 1.0) -> tuple[list[int], list[int], int]:
+    """(tokens, parents, match length): the continuation trie's most probable nodes, at most
+    `nodes`, `width` children per node, min(k, factor * match length) deep; parents first, each
+    parent an earlier index or -1 (the context's last token)."""
+    found = index.match(context) if k > 0 and nodes > 0 else None
+    if found is None:
+        return [], [], 0
+    depth = min(k, max(1, int(factor * found.length)))
+    trie: dict[tuple[int, int], list] = {}  # (parent node, token) -> [count, node]
+    kids: dict[int, list[tuple[int, int]]] = {}
+    count = 0
+    for run in index.continuations(found.ends, depth):
+        parent = -1
+        for token in run:
+            entry = trie.get((parent, token))
+            if entry is None:
+                entry = trie[(parent, token)] = [0, len(trie)]
+                kids.setdefault(parent, []).append((parent, token))
+            entry[0] += 1
+            parent = entry[1]
+        count += 1
+    # Best-first over the trie: a child is no likelier than its parent, so parents come first.
+    tokens: list[int] = []
+    parents: list[int] = []
+    heap = [(-trie[key][0], trie[key][1], key, -1) for key in _widest(kids.get(-1, []), trie, width)]
+    heapq.heapify(heap)
+    while heap and len(tokens) < nodes:
+        negative, _, key, out_parent = heapq.heappop(heap)
+        if -negative / count < min_prob:
+            break
+        node = len(tokens)
+        tokens.append(key[1])
+        parents.append(out_parent)
+        for child in _widest(kids.get(trie[key][1], []), trie, width):
+            heapq.heappush(heap, (-trie[child][0], trie[child][1], child, node))
+    return tokens, parents, found.length
+
+
+def _widest(keys: list[tuple[int, int]], trie: dict, width: int) -> list[tuple[int, int]]:
+    return sorted(keys, key=lambda key: -trie[key][0])[:width]
+
+
+class SuffixCache:
+    """Each tenant's earlier sequences, at most `max_tokens` in all (the oldest evicted first)."""
+
+    def __init__(self, max_tokens: int = 200_000) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self._tenants: OrderedDict[str, SuffixIndex] = OrderedDict()
+        self._order: deque[tuple[str, int]] = deque()  # (tenant, tokens held), oldest first
+        self.tokens = 0
+
+    def index(self, tenant: str) -> SuffixIndex | None:
+        return self._tenants.get(tenant)
+
+    def add(self, tenant: str, tokens: Sequence[int]) -> None:
+        """Remember a finished sequence for `tenant`; the oldest go while over the budget."""
+        size = len(tokens) + 1  # its separator
+        if not tokens or size > self.max_tokens:
+            return
+        index = self._tenants.get(tenant)
+        if index is None:
+            index = self._tenants[tenant] = SuffixIndex()
+        index.add(tokens)
+        self._order.append((tenant, size))
+        self.tokens += size
+        while self.tokens > self.max_tokens:
+            old, held = self._order.popleft()
+            self.tokens -= held
+            self._tenants[old].evict(held)
+            if not len(self._tenants[old]):
+                del self._tenants[old]
+
+    def __len__(self) -> int:
+        return len(self._tenants)
