@@ -412,7 +412,7 @@ def _compare_with_generate(launch: Launch, args: argparse.Namespace, options: di
     import torch
 
     from engine.model.loader import load, read_chat_template
-    from orchestrator.round.text import encode_prompt
+    from orchestrator.common.text import encode_prompt
 
     stats = result["stats"]
     greedy = not options.get("temperature")

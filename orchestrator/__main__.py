@@ -30,7 +30,7 @@ from orchestrator.fleet.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.fleet.remote import BatchCalls, ModelClient, ServiceDown
 from orchestrator.fleet.routing import Router
 from orchestrator.api.settings import orchestrator_settings
-from orchestrator.round.text import load_tokenizer
+from orchestrator.common.text import load_tokenizer
 from orchestrator.proposers.bridge import TextBridge
 from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint

@@ -15,8 +15,8 @@ from orchestrator.policy.costs import CostBook
 from orchestrator.proposers.features import RelayCache
 from orchestrator.proposers.bridge import TextBridge
 from orchestrator.proposers.registry import Homes
-from orchestrator.kinds import COMBINED
-from orchestrator.round.grammar import Grammars
+from orchestrator.common.kinds import COMBINED
+from orchestrator.common.grammar import Grammars
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.store import SessionRecord
 from specdec.core.bounds import MAX_K

@@ -403,7 +403,7 @@ class Peer:
         self._ids: dict[str, list[int]] = {}
 
     def ids(self, prompt: suite.Prompt) -> list[int]:
-        from orchestrator.round.text import encode_prompt
+        from orchestrator.common.text import encode_prompt
 
         if prompt.id not in self._ids:
             self._ids[prompt.id] = encode_prompt(self.target.tokenizer, "", prompt.messages)
@@ -505,7 +505,7 @@ class PhysicalLimit:
 
     def _sessions(self, tokenizer, prompts: list[suite.Prompt], grow: int) -> list:
         """A session per prompt holding it, plus `grow` filler tokens."""
-        from orchestrator.round.text import encode_prompt
+        from orchestrator.common.text import encode_prompt
 
         out = []
         with self._torch.inference_mode():

@@ -505,7 +505,7 @@ class PeerRunner:
     def input_ids(self, prompt: suite.Prompt):
         import torch
 
-        from orchestrator.round.text import encode_prompt
+        from orchestrator.common.text import encode_prompt
 
         if prompt.id not in self._ids:
             ids = encode_prompt(self.target.tokenizer, "", prompt.messages)

@@ -7,7 +7,7 @@ the field, the limit and its flag (specdec.runtime.limits.RequestLimits).
 
 `prepare` does the request's one-time work off the event loop: the constraint's
 grammar compiled on the grammars' threads within --grammar-compile-s
-(orchestrator.round.grammar), the grammar tokenizer built for log-probabilities'
+(orchestrator.common.grammar), the grammar tokenizer built for log-probabilities'
 bytes, and a prediction's n-gram index (specdec.core.predicted_output), so the
 loop only copies a matcher and looks n-grams up.
 """
@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from orchestrator.kinds import PREDICTED_OUTPUT
-from orchestrator.request import TurnRequest
-from orchestrator.round.grammar import Grammars
+from orchestrator.common.kinds import PREDICTED_OUTPUT
+from orchestrator.common.request import TurnRequest
+from orchestrator.common.grammar import Grammars
 from specdec.core.predicted_output import PredictionIndex
 from specdec.runtime.errors import InvalidArgument
 from specdec.runtime.limits import RequestLimits

@@ -20,10 +20,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from orchestrator.round.events import ChunkEvent
+from orchestrator.common.events import ChunkEvent
 from orchestrator.round.sessions import forget_session
 from orchestrator.config import LoopConfig
-from orchestrator.request import TurnRequest
+from orchestrator.common.request import TurnRequest
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import choice_seed
 from specdec.runtime.store import SessionRecord

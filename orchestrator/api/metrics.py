@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from orchestrator.round.stats import Tally
+from orchestrator.common.stats import Tally
 
 GENERATIONS = Counter("specdec_generations_total", "Finished generations",
                       ["proposer", "finish_reason"])

@@ -27,15 +27,15 @@ from orchestrator.api import predict as predicting
 from orchestrator.api import tokens
 from orchestrator.api import metrics
 from orchestrator.api.choices import SharedPrefill, choice_requests, merged, resumed_choices
-from orchestrator.round.grammar import Constraint
-from orchestrator.round.events import ChunkEvent, RoundDetail, TokenLogprob
+from orchestrator.common.grammar import Constraint
+from orchestrator.common.events import ChunkEvent, RoundDetail, TokenLogprob
 from orchestrator.round.loop import generate
 from orchestrator.round.sessions import forget_session, retry_redis
-from orchestrator.kinds import GUESS, PREDICTED_OUTPUT
+from orchestrator.common.kinds import GUESS, PREDICTED_OUTPUT
 from orchestrator.config import LoopConfig
-from orchestrator.request import TurnRequest
-from orchestrator.round.stats import stats_to_proto
-from orchestrator.round.text import encode_prompt, encode_text, tool_call_format
+from orchestrator.common.request import TurnRequest
+from orchestrator.common.stats import stats_to_proto
+from orchestrator.common.text import encode_prompt, encode_text, tool_call_format
 from specdec.runtime.errors import DeadlineExceeded, InvalidArgument, OutOfRange
 from specdec.runtime.limits import MAX_CHOICES, MAX_SESSION_ID, RequestLimits, TenantQuota, TenantLimits
 from specdec.runtime.security import TENANT

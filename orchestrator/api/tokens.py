@@ -1,7 +1,7 @@
 """Tokenize and Detokenize: the target's tokenizer and chat template, as Generate uses them.
 
 A prompt or chat messages become exactly the token ids a Generate call's prompt holds
-(orchestrator.round.text.encode_prompt); `add_special_tokens` adds the tokenizer's own
+(orchestrator.common.text.encode_prompt); `add_special_tokens` adds the tokenizer's own
 specials around a prompt, which Generate never does. No model work and no session.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.api import chat
-from orchestrator.round.text import encode_prompt
+from orchestrator.common.text import encode_prompt
 from specdec.runtime.errors import InvalidArgument
 from specdec.v1 import orchestrator_pb2 as pb
 

@@ -29,7 +29,7 @@ The decision is made in the orchestrator, not the services: k needs the
 session's acceptance by position (only the orchestrator verifies) and both
 services' costs (each service sees only its own batch).
 
-Where a round's time and bytes actually went is orchestrator.round.stats.Breakdown.
+Where a round's time and bytes actually went is orchestrator.common.stats.Breakdown.
 """
 from __future__ import annotations
 

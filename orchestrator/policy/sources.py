@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.kinds import DRAFT, LOOKUP
+from orchestrator.common.kinds import DRAFT, LOOKUP
 from orchestrator.policy.costs import CostBook
 from specdec.core.speedup import GoodputPolicy, goodput
 

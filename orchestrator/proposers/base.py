@@ -18,7 +18,7 @@ import torch
 
 from orchestrator.fleet.remote import Call, SessionReplica
 from orchestrator.proposers.features import FeatureRelay
-from orchestrator.request import WireSampling
+from orchestrator.common.request import WireSampling
 
 @dataclass(frozen=True)
 class DraftContext:

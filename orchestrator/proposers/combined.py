@@ -23,7 +23,7 @@ from orchestrator.policy.costs import CostBook
 from orchestrator.policy.sources import LOOKUP_POOL, SourceChoice  # noqa: F401 - LOOKUP_POOL re-exported
 from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.fleet.remote import SessionReplica
-from orchestrator.kinds import COMBINED, DRAFT, LOOKUP
+from orchestrator.common.kinds import COMBINED, DRAFT, LOOKUP
 
 
 class CombinedProposer(Proposer):

@@ -19,7 +19,7 @@ import grpc
 from orchestrator.fleet.remote import DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError
 from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.proposers.features import FeatureRelay
-from orchestrator.kinds import DRAFT, NONE
+from orchestrator.common.kinds import DRAFT, NONE
 from specdec.runtime.errors import SpecdecError, Unavailable
 from specdec.v1 import common_pb2, model_pb2
 from specdec.runtime.wire import decode_probs, parse_feature_kind

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator.config import LoopConfig
 from orchestrator.fleet.remote import place
-from orchestrator.kinds import SUFFIX
+from orchestrator.common.kinds import SUFFIX
 from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.combined import CombinedProposer
 from orchestrator.proposers.draft import DraftServiceProposer
@@ -22,7 +22,7 @@ from orchestrator.proposers.local import GuessProposer, NoProposer, PredictedOut
 from orchestrator.proposers.parallel import ParallelDraftProposer
 from orchestrator.proposers.suffix import SuffixProposer
 from orchestrator.proposers.translated import TranslatedDraftProposer
-from orchestrator.request import TurnRequest
+from orchestrator.common.request import TurnRequest
 from specdec.core.fingerprint import prefix_fingerprints
 from specdec.runtime.errors import InvalidArgument, Unavailable
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.proposers.base import DraftContext, Proposal, Proposer
-from orchestrator.kinds import GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
+from orchestrator.common.kinds import GUESS, LOOKUP, NONE, PREDICTED_OUTPUT
 from specdec.core.lookup import PromptLookup
 from specdec.core.predicted_output import PredictedOutputCursor
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.config import LoopConfig
-from orchestrator.kinds import SUFFIX
+from orchestrator.common.kinds import SUFFIX
 from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from specdec.core.suffix import SuffixCache, SuffixIndex, propose_tree
 

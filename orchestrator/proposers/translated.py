@@ -24,7 +24,7 @@ from dataclasses import replace
 from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from orchestrator.proposers.bridge import TextBridge
 from orchestrator.proposers.draft import PREFETCH_MIN, DraftServiceProposer
-from orchestrator.request import WireSampling
+from orchestrator.common.request import WireSampling
 from specdec.core.fingerprint import EMPTY, extend
 from specdec.core.kv import common_prefix
 from specdec.core.sampling import SamplingParams

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.round.events import TokenLogprob
-from orchestrator.round.grammar import RoundMasks, TurnMatcher
+from orchestrator.common.events import TokenLogprob
+from orchestrator.common.grammar import RoundMasks, TurnMatcher
 from orchestrator.round.state import Round, RoundHook, Turn
 from specdec.core import masks
 from specdec.core.verify import node_depths

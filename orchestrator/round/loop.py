@@ -31,17 +31,17 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from orchestrator.config import LoopConfig
-from orchestrator.kinds import PREDICTED_OUTPUT
+from orchestrator.common.kinds import PREDICTED_OUTPUT
 from orchestrator.policy.drafting import DraftingPolicy
 from orchestrator.proposers.factory import open_proposer
-from orchestrator.request import TurnRequest, WireSampling
+from orchestrator.common.request import TurnRequest, WireSampling
 from orchestrator.round import steps
-from orchestrator.round.events import ChunkEvent
+from orchestrator.common.events import ChunkEvent
 from orchestrator.round.hooks import FeatureHook, GrammarHook, LogprobsHook, MinTokensHook
 from orchestrator.round.output import TextOut
 from orchestrator.round.sessions import Session, open_session
 from orchestrator.round.state import Turn
-from orchestrator.round.stats import RoundTally, Tally, Timer
+from orchestrator.common.stats import RoundTally, Tally, Timer
 from specdec.core.fingerprint import prefix_fingerprints
 from specdec.runtime import tracing
 
@@ -116,7 +116,7 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
 def _tree_shape(config: LoopConfig, proposer) -> tuple[int, int]:
     """(tree nodes, width) for a turn that may draft token trees, else (0, 0): a proposer that
     branches. A grammar's masks, min_tokens and log-probabilities are per node
-    (orchestrator.round.grammar.TurnMatcher.tree_masks, orchestrator.round.hooks). Greedy and
+    (orchestrator.common.grammar.TurnMatcher.tree_masks, orchestrator.round.hooks). Greedy and
     coupled trees are verified by the target's own tokens, others by recursive rejection over
     siblings (specdec.core.verify.verify_tree_sampled)."""
     ok = config.tree_nodes > 0 and proposer.branches

@@ -1,6 +1,6 @@
 """A turn's text out: committed tokens to text deltas, cut after a stop string.
 
-The decoder (orchestrator.round.text.IncrementalDecoder) holds back an
+The decoder (orchestrator.common.text.IncrementalDecoder) holds back an
 incomplete UTF-8 character; the stop-string hold-back (specdec.core.stopping)
 holds back text that could begin a stop string. A resume replays the delivered
 tokens through both (their text was streamed before) and finds whether they had
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from orchestrator.round.text import IncrementalDecoder
+from orchestrator.common.text import IncrementalDecoder
 from specdec.core.stopping import STOP, StopStringHoldback, clip_to_stop
 from specdec.runtime.errors import InvalidArgument
 

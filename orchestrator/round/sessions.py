@@ -34,8 +34,8 @@ from typing import TypeVar
 
 from orchestrator.fleet.remote import ModelClient, SessionReplica, in_background, release_kv
 from orchestrator.config import LoopConfig, RecordStore
-from orchestrator.request import TurnRequest
-from orchestrator.round.stats import RoundTally, Tally, Timer
+from orchestrator.common.request import TurnRequest
+from orchestrator.common.stats import RoundTally, Tally, Timer
 from specdec.core.kv import common_prefix
 from specdec.runtime import tracing
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable

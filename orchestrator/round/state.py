@@ -12,11 +12,11 @@ from orchestrator.config import LoopConfig
 from orchestrator.fleet.remote import Reply
 from orchestrator.policy.drafting import Drafting, DraftingPolicy
 from orchestrator.proposers.base import DraftContext, Proposal, Proposer
-from orchestrator.request import TurnRequest, WireSampling
-from orchestrator.round.grammar import RoundMasks
+from orchestrator.common.request import TurnRequest, WireSampling
+from orchestrator.common.grammar import RoundMasks
 from orchestrator.round.output import TextOut
 from orchestrator.round.sessions import Session
-from orchestrator.round.stats import RoundTally, Tally
+from orchestrator.common.stats import RoundTally, Tally
 from specdec.core.fingerprint import extend
 from specdec.core.verify import Verdict
 

@@ -17,9 +17,9 @@ import torch
 
 from orchestrator.fleet.remote import ModelClient
 from orchestrator.proposers.base import DraftContext
-from orchestrator.round.events import ChunkEvent, RoundDetail
+from orchestrator.common.events import ChunkEvent, RoundDetail
 from orchestrator.round.state import Round, Turn
-from orchestrator.round.stats import RoundTally
+from orchestrator.common.stats import RoundTally
 from specdec.core.kv import crop_lengths
 from specdec.core.stopping import STOP, clip_to_stop
 from specdec.core.verify import (Verdict, node_depths, verify_coupled, verify_greedy, verify_sampled,
@@ -30,7 +30,7 @@ from specdec.v1 import model_pb2
 
 # finish_reason of a turn stopped by TurnRequest.max_target_passes.
 PASSES = "passes"
-# RoundTokens.source of a round whose drafts are all grammar-forced (orchestrator.round.grammar).
+# RoundTokens.source of a round whose drafts are all grammar-forced (orchestrator.common.grammar).
 GRAMMAR = "grammar"
 
 

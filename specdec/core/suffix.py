@@ -23,14 +23,14 @@ tenant's sequences are never matched for another.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # n-gram sizes indexed (a longest match is found among them)
-MAX_MATCH = 64  # a match is measured back this far
+MAX_MATCH = SIZES[-1]  # a match is measured back this far
 OCCURRENCES = 16  # continuations merged per proposal (the most recent occurrences)
-WALK = 64  # occurrences of the longest indexed n-gram measured for the longest match
+WALK = 32  # occurrences of the longest indexed n-gram measured for the longest match
 _END = -1  # between sequences: no continuation crosses it
 
 
@@ -105,24 +105,28 @@ class SuffixIndex:
         if found is None:
             return None
         # The occurrences of the longest indexed size, the most recent first (at most WALK), each
-        # measured: the longest match is theirs, and its occurrences are the ones continued.
+        # measured up to the next size (which did not occur): the longest match is theirs, and its
+        # occurrences are the ones continued.
         tail = list(context[-found:])
+        upto = SIZES[SIZES.index(found) + 1] - 1 if found != SIZES[-1] else found
         measured: list[tuple[int, int]] = []
         end, walked = self._last[found][hash(tuple(tail))], 0
-        while end >= self.base and walked < WALK:
+        walk = WALK if upto > found else limit  # no gap to measure: every occurrence is as long
+        while end >= self.base and walked < walk:
             walked += 1
             if end - found >= self.base and self._tokens[end - found: end] == tail:
-                measured.append((self._measure(context, end), end))
+                measured.append((self._measure(context, end, found, upto), end))
             end = self._prev[found][end]
         if not measured:
             return None
         length = max(n for n, _ in measured)
         return Match(length, tuple(end for n, end in measured if n == length)[:limit])
 
-    def _measure(self, context: Sequence[int], end: int) -> int:
-        """How far back the context matches the tokens before `end` (up to MAX_MATCH)."""
-        toks, n = self._tokens, 0
-        while n < MAX_MATCH and n < len(context) and end - n - 1 >= self.base:
+    def _measure(self, context: Sequence[int], end: int, known: int, upto: int) -> int:
+        """How far back the context matches the tokens before `end`: `known` tokens are known to,
+        and it is measured no further than `upto`."""
+        toks, n = self._tokens, known
+        while n < upto and n < len(context) and end - n - 1 >= self.base:
             token = toks[end - n - 1]
             if token == _END or token != context[-n - 1]:
                 break
@@ -133,11 +137,9 @@ class SuffixIndex:
         """What followed each end, up to `depth` tokens, never across a sequence's end."""
         toks, out = self._tokens, []
         for end in ends:
-            run = []
-            for token in toks[end: end + depth]:
-                if token == _END:
-                    break
-                run.append(token)
+            run = toks[end: end + depth]
+            if _END in run:
+                run = run[: run.index(_END)]
             out.append(run)
         return out
 
@@ -171,8 +173,25 @@ def propose(index: SuffixIndex, context: Sequence[int], k: int, *, min_prob: flo
     """The most frequent continuation of the context's longest match (a chain), and the match's
     length (0: none). At most min(k, factor * match length) tokens; each kept token's estimated
     probability (the share of occurrences that continue that way) is >= min_prob."""
-    tokens, _, length = propose_tree(index, context, k, nodes=k, width=1, min_prob=min_prob, factor=factor)
-    return tokens, length
+    found = index.match(context) if k > 0 else None
+    if found is None:
+        return [], 0
+    depth = min(k, max(1, int(factor * found.length)))
+    alive = index.continuations(found.ends, depth)
+    total, tokens = len(alive), []
+    for d in range(depth):
+        column = [run[d] for run in alive if len(run) > d]
+        if not column:
+            break
+        token = column[0]
+        count = column.count(token)
+        if count * 2 <= len(column):  # not a majority: the most frequent (ties: the most recent)
+            token, count = Counter(column).most_common(1)[0]
+        if count < min_prob * total:
+            break
+        tokens.append(token)
+        alive = [run for run in alive if len(run) > d and run[d] == token]
+    return tokens, found.length
 
 
 def propose_tree(index: SuffixIndex, context: Sequence[int], k: int, *, nodes: int, width: int,
@@ -180,6 +199,9 @@ def propose_tree(index: SuffixIndex, context: Sequence[int], k: int, *, nodes: i
     """(tokens, parents, match length): the continuation trie's most probable nodes, at most
     `nodes`, `width` children per node, min(k, factor * match length) deep; parents first, each
     parent an earlier index or -1 (the context's last token)."""
+    if width <= 1:  # a chain
+        tokens, length = propose(index, context, min(k, nodes), min_prob=min_prob, factor=factor)
+        return tokens, list(range(-1, len(tokens) - 1)), length
     found = index.match(context) if k > 0 and nodes > 0 else None
     if found is None:
         return [], [], 0

@@ -186,3 +186,19 @@ def test_quick_benchmark_with_a_feature_head(tmp_path) -> None:
     for s in drafted:
         assert s["breakdown"]["feature_bytes_per_round"]["median"] > 0, s["phase"]
     assert "(features " in (tmp_path / "results.md").read_text()
+
+
+def test_the_suffix_benchmark_on_tiny_models(tmp_path) -> None:
+    """benchmarks.features.suffix end to end (4 requests per workload): every configuration's tokens
+    are target-only's, and its report and JSON have a row per workload and configuration."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.features.suffix", "--tiny", "--requests", "4", "--measure", "2",
+         "--max-new-tokens", "16", "--out", str(tmp_path)],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    result = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert set(result) == {"extract", "edits"}
+    for rows in result.values():
+        assert {r["config"] for r in rows} == {"target-only", "lookup-k8", "suffix", "default"}
+        assert all(r["identical"] == r["requests"] == 4 and r["tokens_per_pass"] >= 1.0 for r in rows)
+    assert "| edits | suffix | 4/4 |" in (tmp_path / "results.md").read_text()

@@ -188,7 +188,7 @@ def constrained_joint(model_dir, prompt_ids: list[int]) -> tuple[dict, dict]:
     """P(t1, t2) under the grammar (mask, then top-k, renormalised), and without the mask."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from orchestrator.round.grammar import Constraint, Grammars
+    from orchestrator.common.grammar import Constraint, Grammars
     from specdec.core import masks
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

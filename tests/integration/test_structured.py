@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import torch
 
-from orchestrator.round.grammar import Constraint, Grammars
+from orchestrator.common.grammar import Constraint, Grammars
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},

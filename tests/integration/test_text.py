@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.round.text import IncrementalDecoder, encode_prompt
+from orchestrator.common.text import IncrementalDecoder, encode_prompt
 from specdec.runtime.errors import InvalidArgument
 
 TEXTS = ["héllo wörld", "naïve café — ünïcode ✓", "emoji 😀👍🏽 and 中文字符 mixed", "plain ascii"]

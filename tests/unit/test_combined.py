@@ -14,7 +14,7 @@ from orchestrator.policy.costs import CostBook
 from orchestrator.proposers.draft import DraftServiceProposer
 from orchestrator.proposers.local import PromptLookupProposer
 from orchestrator.fleet.remote import Call
-from orchestrator.kinds import DRAFT, LOOKUP
+from orchestrator.common.kinds import DRAFT, LOOKUP
 
 GUESS = [5, 6, 7, 8]
 

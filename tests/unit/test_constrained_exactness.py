@@ -22,7 +22,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from orchestrator.round.grammar import drafted_to_send
+from orchestrator.common.grammar import drafted_to_send
 from specdec.core import rng
 from specdec.core.rng import Purpose
 from specdec.core.sampling import sample

@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
+from orchestrator.common.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
 from specdec.core import masks
 from specdec.core.sampling import SamplingParams, probs_from_logits
 from specdec.runtime.errors import InvalidArgument
@@ -238,8 +238,8 @@ def test_min_tokens_with_a_grammar_ands_the_masks() -> None:
     hook sends its own."""
     from orchestrator.round.hooks import MinTokensHook
     from orchestrator.round.state import Round
-    from orchestrator.round.grammar import RoundMasks
-    from orchestrator.round.stats import RoundTally
+    from orchestrator.common.grammar import RoundMasks
+    from orchestrator.common.stats import RoundTally
     from types import SimpleNamespace
 
     hook = MinTokensHook(3, {1, 4}, vocab_size=40)

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from orchestrator.fleet.remote import UpstreamError
-from orchestrator.kinds import DRAFT, NONE
+from orchestrator.common.kinds import DRAFT, NONE
 from tests.unit.test_loop import PROMPTS, Stack, make_models, plain_greedy
 
 

@@ -1,11 +1,11 @@
-"""orchestrator.round.grammar on the tiny tokenizer: masks along a draft, the cut rule, forced tokens, rollback."""
+"""orchestrator.common.grammar on the tiny tokenizer: masks along a draft, the cut rule, forced tokens, rollback."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from orchestrator.round.grammar import Constraint, Grammars
+from orchestrator.common.grammar import Constraint, Grammars
 from specdec.core import masks
 from specdec.runtime.errors import InvalidArgument
 

@@ -24,7 +24,7 @@ from orchestrator.fleet.deadlines import DeadlinePolicy, LatencyBook
 from orchestrator.fleet.outliers import OutlierPolicy, ReplicaHealth
 from orchestrator.fleet.remote import Call
 from orchestrator.fleet.routing import Router
-from orchestrator.kinds import COMBINED, DRAFT
+from orchestrator.common.kinds import COMBINED, DRAFT
 from specdec.runtime.errors import ResourceExhausted, Unavailable
 from tests.unit.test_loop import PROMPTS, Stack, make_models, plain_greedy
 

@@ -5,8 +5,9 @@ The layers (shared/DESIGN.md): the pure core and the wire contract, then the run
 process shares, then the engine (and the client library), the model-service shell, the roles
 (target, draft, orchestrator), the gateway, the tools (distill, benchmarks) and the launcher.
 A module may import its own package and packages of lower layers, never a package beside it or
-above it. Inside the orchestrator its rooms are layered the same way: fleet, policy, proposers,
-round, api; the package's root modules (config, request, kinds) are shared by every room.
+above it. Inside the orchestrator its rooms are layered the same way: common (the bottom room:
+the request, kinds, grammar, text, events, stats, calls), fleet, policy, proposers, round, api;
+the config sits with the proposers (it is built from the rooms below and the proposers' homes).
 
 The graph is read from the source (ast), so it counts every import a module can make: top-level,
 inside functions (lazy) and under `if TYPE_CHECKING:` alike. A circle through a lazy import is
@@ -39,9 +40,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distill", "benchmarks"),  # tools
     ("launcher",),  # the `specdec` command (it runs the tools too) and the device check
 )
-ROOMS = ("orchestrator.fleet", "orchestrator.policy", "orchestrator.proposers", "orchestrator.round",
-         "orchestrator.api")
-SHARED_ROOT = ("orchestrator.config", "orchestrator.request", "orchestrator.kinds")
+ROOMS = ("orchestrator.common", "orchestrator.fleet", "orchestrator.policy", "orchestrator.proposers",
+         "orchestrator.round", "orchestrator.api")
+# Root modules of the orchestrator placed in a room for this check: the config is built from the
+# fleet, the policies and the proposers' homes, so it sits with the proposers (a room below may not
+# reach it, nor through it the rooms above).
+PLACED = {"orchestrator.config": "orchestrator.proposers"}
+
+
+def _room(module: str) -> str | None:
+    return PLACED.get(module) or _unit(module, ROOMS)
 
 
 def _unit(module: str, units: tuple[str, ...]) -> str | None:
@@ -63,9 +71,9 @@ def layering_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if rank[theirs] > rank[mine] or (rank[theirs] == rank[mine] and mine != theirs):
                 bad.append(f"{module} -> {target}")
-        room = _unit(module, ROOMS)
+        room = _room(module)
         for target in targets:
-            other = _unit(target, ROOMS)
+            other = _room(target)
             if room and other and ROOMS.index(other) > ROOMS.index(room):
                 bad.append(f"{module} -> {target} (room above)")
             if room and target == "orchestrator.__main__":
@@ -181,10 +189,16 @@ def test_the_layering_check_finds_planted_violations() -> None:
     graph = {"specdec.core.verify": {"specdec.runtime.errors"},  # up
              "engine.host": {"client.api"},  # sideways
              "orchestrator.fleet.remote": {"orchestrator.round.loop"},  # a room above
-             "orchestrator.round.loop": {"orchestrator.fleet.remote", "specdec.core.verify"},  # fine
-             "gateway.app": {"client.api", "orchestrator.request"}}  # fine (lower layers)
+             "orchestrator.common.request": {"orchestrator.fleet.remote"},  # the bottom room reaching up
+             "orchestrator.policy.gate": {"orchestrator.config"},  # the config sits with the proposers
+             "orchestrator.round.loop": {"orchestrator.fleet.remote", "specdec.core.verify",
+                                         "orchestrator.config"},  # fine
+             "gateway.app": {"client.api", "orchestrator.common.request"}}  # fine (lower layers)
     assert layering_violations(graph) == [
-        "engine.host -> client.api", "orchestrator.fleet.remote -> orchestrator.round.loop (room above)",
+        "engine.host -> client.api",
+        "orchestrator.common.request -> orchestrator.fleet.remote (room above)",
+        "orchestrator.fleet.remote -> orchestrator.round.loop (room above)",
+        "orchestrator.policy.gate -> orchestrator.config (room above)",
         "specdec.core.verify -> specdec.runtime.errors"]
 
 

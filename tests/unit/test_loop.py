@@ -27,15 +27,15 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from orchestrator.round.events import ChunkEvent
+from orchestrator.common.events import ChunkEvent
 from orchestrator.round.loop import generate
 from orchestrator.round import sessions
 from orchestrator.fleet.remote import Call, ServiceDown
 from orchestrator.fleet.routing import Router
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
+from orchestrator.common.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
 from orchestrator.config import LoopConfig
-from orchestrator.request import TurnRequest
-from orchestrator.round.stats import Tally, stats_to_proto
+from orchestrator.common.request import TurnRequest
+from orchestrator.common.stats import Tally, stats_to_proto
 from specdec.core import rng
 from specdec.core.fingerprint import fingerprint
 from specdec.core.rng import Purpose

@@ -18,9 +18,9 @@ from scipy.stats import chisquare
 from orchestrator.proposers.parallel import ParallelDraftProposer
 from orchestrator.proposers.factory import open_proposer
 from orchestrator.proposers.draft import DraftServiceProposer
-from orchestrator.kinds import DRAFT, NONE
-from orchestrator.request import TurnRequest
-from orchestrator.round.stats import stats_to_proto
+from orchestrator.common.kinds import DRAFT, NONE
+from orchestrator.common.request import TurnRequest
+from orchestrator.common.stats import stats_to_proto
 from specdec.core.sampling import SamplingParams, probs_from_logits
 from tests.unit.test_loop import (
     EOS, GREEDY, P_THRESHOLD, PROMPTS, S_VOCAB, Stack, assert_only_uncached_tokens_sent, make_models,

@@ -79,7 +79,7 @@ def test_choice_specs_and_the_merged_stream():
     import asyncio
 
     from orchestrator.api.choices import choice_requests, merged as _merged
-    from orchestrator.request import TurnRequest
+    from orchestrator.common.request import TurnRequest
     from specdec.core.sampling import SamplingParams
 
     spec = TurnRequest(prompt_ids=(1, 2), max_new_tokens=4, sampling=SamplingParams(), seed=0)

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from orchestrator.round.events import ChunkEvent
+from orchestrator.common.events import ChunkEvent
 from orchestrator.round.loop import generate
 from orchestrator.round.steps import PASSES
-from orchestrator.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
-from orchestrator.request import TurnRequest
+from orchestrator.common.kinds import COMBINED, DRAFT, GUESS, LOOKUP, NONE
+from orchestrator.common.request import TurnRequest
 from specdec.core.verify import BONUS, RECOVERED
 from tests.unit.test_loop import GREEDY, PROMPTS, Stack, make_models, plain_greedy
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from orchestrator.kinds import SUFFIX
+from orchestrator.common.kinds import SUFFIX
 from orchestrator.proposers.base import DraftContext
 from orchestrator.proposers.suffix import SuffixHome, SuffixProposer
 from specdec.core.suffix import MAX_MATCH, SuffixCache, SuffixIndex, propose, propose_tree

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.kinds import COMBINED, DRAFT, NONE
+from orchestrator.common.kinds import COMBINED, DRAFT, NONE
 from orchestrator.proposers import factory
 from orchestrator.proposers.bridge import TextBridge
 from orchestrator.proposers.translated import TranslatedDraftProposer

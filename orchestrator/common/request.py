@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.kinds import DRAFT
-from orchestrator.round.grammar import CompiledGrammar, Constraint
+from orchestrator.common.kinds import DRAFT
+from orchestrator.common.grammar import CompiledGrammar, Constraint
 from specdec.core.predicted_output import PredictionIndex
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.wire import sampling_to_proto

@@ -46,7 +46,7 @@ from specdec.runtime.errors import InvalidArgument
 
 COMPILES = Counter("specdec_grammar_compiles_total",
                    "Constraints looked up for compiling, by outcome: compiled, refused (a bad grammar), "
-                   "cached (compiled or refused before: orchestrator.round.grammar.Grammars)", ["outcome"])
+                   "cached (compiled or refused before: orchestrator.common.grammar.Grammars)", ["outcome"])
 JSON_OBJECT_SCHEMA = {"type": "object"}
 # Compact JSON without free whitespace: a free-whitespace grammar lets a weak model
 # fill its budget with blanks.

@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
-from orchestrator.fleet.remote import Call
+from orchestrator.common.calls import Call
 from specdec.runtime import tracing
 from specdec.core.verify import Verdict
 from specdec.v1 import orchestrator_pb2 as pb
