@@ -188,7 +188,8 @@ def _crop(turn: Turn, rnd: Round) -> None:
     """Both caches' bookkeeping after the verdict: what each service holds of the committed tokens."""
     before, proposal = len(turn.tokens), rnd.proposal
     if rnd.tally.tree:  # the draft takes up the accepted path as far as it fed it (engine.tree)
-        held = proposal.held or []
+        # A free guess's tree (lookup, suffix) holds no `held`: the draft fed none of it.
+        held = proposal.held or ()
         draft_held = proposal.cache_length + sum(1 for _ in _held_prefix(rnd.verdict.path, held))
     # The draft's own cache holds its tokens, not grammar-forced ones after them.
     elif rnd.own < len(rnd.drafted):
@@ -204,7 +205,7 @@ def _crop(turn: Turn, rnd: Round) -> None:
 def _held_prefix(path, held):
     """The accepted path's nodes from depth 1 down while the draft holds them."""
     for node in path:
-        if not held[node]:
+        if node >= len(held) or not held[node]:
             return
         yield node
 

@@ -47,7 +47,7 @@ def test_target_only_equals_transformers_generate(references, tiny_pair, tokeniz
         assert ref.stats.target_passes == N_NEW  # target-only: one pass per token
 
 
-@pytest.mark.parametrize("proposer", ["draft", "lookup", "guess", "combined"])
+@pytest.mark.parametrize("proposer", ["draft", "lookup", "suffix", "guess", "combined"])
 def test_greedy_equality_every_proposer_every_k(client, references, tokenizer, proposer):
     for prompt, ref in references.items():
         ref_ids = list(ref.token_ids)
@@ -65,7 +65,7 @@ def test_greedy_equality_every_proposer_every_k(client, references, tokenizer, p
             assert out.stats.target_passes == len(out.stats.accepted_per_round)
             assert out.stats.accepted_tokens + out.stats.target_passes == N_NEW
             sources = {r.source for r in out.stats.rounds}
-            assert sources <= ({"", "draft", "lookup"} if proposer == "combined" else {"", proposer})
+            assert sources <= ({"", "draft", "lookup", "suffix"} if proposer == "combined" else {"", proposer})
 
 
 def test_speculation_saves_target_passes(client, references, tokenizer):
