@@ -9,8 +9,9 @@ Workloads (greedy, chat template, `--requests` each, in order):
 
 Configurations, interleaved per request (the order rotated): target-only (proposer none), lookup
 (prompt lookup, k = 8), suffix (its own length, k <= 16) and the default (the orchestrator's
-proposer). Only suffix's own turns enter its cache, so its requests see the suffix requests
-before them (in a row, as a workload does). Identity: every configuration's tokens against
+proposer: suffix decoding among its free sources). Suffix and the default each run on an
+orchestrator of their own (one cache each), so each sees its own earlier requests (in a row, as
+a workload does), never another configuration's answer to the same request. Identity: every configuration's tokens against
 target-only's. Over the last `--measure` requests of each workload: tokens per target pass, and
 tokens/s as a ratio to target-only's.
 
@@ -30,6 +31,7 @@ from benchmarks.stack import Stack, StackSpec, prepare_run
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"target-only": dict(proposer="none"), "lookup-k8": dict(proposer="lookup", k=8),
            "suffix": dict(proposer="suffix"), "default": dict()}
+LEARNS = ("suffix", "default")  # configurations whose proposers learn across requests (suffix's cache)
 PEOPLE = [("Ada Lovelace", 36, "London", "mathematician"), ("Alan Turing", 41, "Wilmslow", "logician"),
           ("Grace Hopper", 85, "Arlington", "admiral"), ("Edsger Dijkstra", 72, "Nuenen", "professor"),
           ("Barbara Liskov", 84, "Boston", "professor"), ("Donald Knuth", 86, "Stanford", "author"),
@@ -77,20 +79,24 @@ def edits_workload(n: int) -> list[list[dict]]:
 WORKLOADS = {"extract": extract_workload, "edits": edits_workload}
 
 
-def run(address: str, prompts: list[list[dict]], max_new: int) -> dict[str, list[dict]]:
-    """Each request under every configuration (rotated order): tokens, seconds, target passes."""
+def run(addresses: dict[str, str], prompts: list[list[dict]], max_new: int, names: list[str]) -> dict[str, list[dict]]:
+    """Each request under every configuration (rotated order), each through its orchestrator:
+    tokens, seconds, target passes."""
     from client import Client
 
-    records: dict[str, list[dict]] = {name: [] for name in CONFIGS}
-    names = list(CONFIGS)
-    with Client(address, timeout=600) as c:
+    records: dict[str, list[dict]] = {name: [] for name in names}
+    clients = {name: Client(addresses[name], timeout=600) for name in names}
+    try:
         for i, messages in enumerate(prompts):
             for name in names[i % len(names):] + names[: i % len(names)]:
                 started = time.perf_counter()
-                done = c.complete(messages=messages, max_new_tokens=max_new, **CONFIGS[name])
+                done = clients[name].complete(messages=messages, max_new_tokens=max_new, **CONFIGS[name])
                 records[name].append({"tokens": list(done.token_ids), "s": time.perf_counter() - started,
                                       "passes": done.stats.target_passes, "proposer": done.stats.proposer})
             print(f"  request {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    finally:
+        for client in clients.values():
+            client.close()
     return records
 
 
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure", type=int, default=16, help="figures over the last N requests")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--configs", default=",".join(CONFIGS), help="of %(default)s; target-only always runs "
+                   "(the reference)")
     p.add_argument("--tiny", action="store_true", help="tiny random models (tests.tiny.build_pair)")
     p.add_argument("--target", help="target --model; default: the embedded one")
     p.add_argument("--draft", help="draft --model; default: the draft service's own")
@@ -146,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if unknown := [w for w in workloads if w not in WORKLOADS]:
         p.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+    names = ["target-only", *(c.strip() for c in args.configs.split(",") if c.strip() not in ("", "target-only"))]
+    if unknown := [c for c in names if c not in CONFIGS]:
+        p.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
     if not 0 < args.measure <= args.requests:
         p.error("--measure must be between 1 and --requests")
     workdir = prepare_run(args, "specdec-suffix-")
@@ -153,9 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     with Stack(StackSpec(target=args.target, draft=args.draft, draft_layers=None, threads=args.threads,
                          redis_url=args.redis_url, log_dir=workdir)) as stack:
         stack.start(with_link=False)
+        # A configuration that learns across requests gets an orchestrator (a cache) of its own: it
+        # sees its own earlier requests only, never another configuration's answer to this one.
+        addresses = {name: stack.orchestrator_address for name in names}
+        for name in LEARNS:
+            if name in names:
+                addresses[name] = stack.start_orchestrator(stack.target_address, stack.draft_address,
+                                                           f"orchestrator-{name}")
         for workload in workloads:
-            print(f"{workload}: {args.requests} requests x {len(CONFIGS)} configurations", file=sys.stderr)
-            records = run(stack.orchestrator_address, WORKLOADS[workload](args.requests), args.max_new_tokens)
+            print(f"{workload}: {args.requests} requests x {len(names)} configurations", file=sys.stderr)
+            records = run(addresses, WORKLOADS[workload](args.requests), args.max_new_tokens, names)
             results[workload] = summarize(records, args.measure)
     text = report(results, args)
     print(text)

@@ -140,6 +140,11 @@ async def generate(request: Request) -> Response:
     if body.proposer == "guess" and not body.guess:
         raise invalid("guess: required when proposer is guess", param="guess")
     gw = state.of(request)
+    served = await gw.served.learn(gw.channel, _credentials(request))
+    names = ["none", *(choice["name"] for choice in proposer_choices(served))]
+    if body.proposer not in names:
+        raise invalid(f"proposer: {body.proposer[:64]!r} is not one the orchestrator serves "
+                      f"({', '.join(names)})", param="proposer")
     pg = gw.playground
     key = (RunCache.key("generate", body, _credential_digest(request))
            if _deterministic(body.temperature, body.seed) else None)
