@@ -140,3 +140,25 @@ def test_sampled_output_through_suffix_proposals_has_the_target_distribution() -
     p_first, p_joint = chain_pvalues(tokens)
     print(f"\nsuffix exactness: first-token p={p_first:.4f}, two-token joint p={p_joint:.4f}")
     assert p_first > P_THRESHOLD and p_joint > P_THRESHOLD
+
+
+def test_a_free_guess_tree_crops_the_draft_at_what_it_held_before_the_round() -> None:
+    """A tree from a free source (lookup, suffix) carries no `held` flags: the draft fed none of
+    it. The crop once indexed an empty list there (IndexError, an INTERNAL error mid-stream)."""
+    from types import SimpleNamespace
+
+    from orchestrator.proposers.base import Proposal
+    from orchestrator.round.steps import _crop
+    from specdec.core.verify import verify_tree
+
+    tokens, parents = [7, 8, 9, 5], [-1, 0, 1, -1]
+    cropped: list[int] = []
+    target = SimpleNamespace(held=0)
+    turn = SimpleNamespace(tokens=[1, 2, 3, 4], session=SimpleNamespace(target=target),
+                           proposer=SimpleNamespace(crop=cropped.append))
+    verdict = verify_tree(tokens, parents, [7, 8, 9, 6, 0])  # the path 7 8 9 accepted, then 6
+    rnd = SimpleNamespace(tally=SimpleNamespace(tree=True), proposal=Proposal(tokens, cache_length=3,
+                          parents=parents), verdict=verdict, drafted=tokens, own=4,
+                          committed=verdict.tokens)
+    _crop(turn, rnd)
+    assert verdict.accepted == 3 and target.held == 4 + 3 and cropped == [3]
