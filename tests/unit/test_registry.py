@@ -162,3 +162,22 @@ def test_installed_plugins_load_by_entry_point_and_bad_ones_are_skipped(tmp_path
 def test_a_kind_names_its_home_by_module_and_attribute() -> None:
     kind = ProposerKind("x", "", "orchestrator.proposers.factory:NoneHome")
     assert type(kind.make_home(None)).__name__ == "NoneHome"
+
+
+def test_the_loop_reads_a_proposer_only_through_its_declared_interface() -> None:
+    """No getattr/hasattr on a proposer in the rooms that drive it: what the loop reads is declared
+    on orchestrator.proposers.base.Proposer (with its default)."""
+    from orchestrator.proposers.base import Proposer
+
+    found = []
+    for room in ("round", "policy", "api"):
+        for path in sorted((ROOT / "orchestrator" / room).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in ("getattr", "hasattr") and node.args
+                        and "proposer" in ast.unparse(node.args[0])):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                        and node.value.attr == "proposer" and not hasattr(Proposer, node.attr)):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} .proposer.{node.attr}")
+    assert found == []
