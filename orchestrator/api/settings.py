@@ -40,8 +40,8 @@ ORCHESTRATOR = Group("orchestrator", (
          "installed plugins', orchestrator.proposers.registry)", "combined",
          choices=names(plugins=False, default_ok=True) + plugin_names()),
     Flag("suffix-cache-tokens", "suffix decoding's memory: tokens of earlier turns it keeps to match, per "
-         "orchestrator process, across tenants (each tenant matches only its own; the oldest go first)",
-         200_000, int),
+         "orchestrator process, across tenants (each tenant matches only its own; the oldest go first); "
+         "about 0.6 KB of memory a token (200,000: about 125 MB)", 200_000, int),
     Flag("default-k", "drafted tokens per round when a request sends k = 0, or 'auto': pick k each round "
          "from the observed acceptance and draft/target costs", "5"),
     Flag("parallel", "parallel speculation by default: the draft drafts the next round while the target "
