@@ -69,6 +69,8 @@ def gray_from_args(args: argparse.Namespace, costs: CostBook) -> tuple[ReplicaHe
                              max_eject_s=max(args.eject_s, args.max_eject_s))
     if not 0 < float(args.tenant_share) <= 1:
         raise StartupError(f"--tenant-share: must be in (0, 1], got {args.tenant_share}")
+    if args.suffix_cache_tokens < 0:
+        raise StartupError(f"--suffix-cache-tokens: must be >= 0, got {args.suffix_cache_tokens}")
     capacity = CapacityPolicy(sessions=args.target_capacity, pace=args.capacity_pace,
                               queue_depth=args.admission_queue, wait_s=args.admission_wait_s,
                               tenant_share=float(args.tenant_share))

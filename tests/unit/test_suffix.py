@@ -162,3 +162,12 @@ def test_a_free_guess_tree_crops_the_draft_at_what_it_held_before_the_round() ->
                           committed=verdict.tokens)
     _crop(turn, rnd)
     assert verdict.accepted == 3 and target.held == 4 + 3 and cropped == [3]
+
+
+def test_a_negative_cache_size_refuses_to_start() -> None:
+    from orchestrator.__main__ import StartupError, gray_from_args, parse_args
+    from orchestrator.policy.costs import CostBook
+
+    with pytest.raises(StartupError, match="--suffix-cache-tokens: must be >= 0, got -1"):
+        gray_from_args(parse_args(["--suffix-cache-tokens", "-1"]), CostBook())
+    gray_from_args(parse_args(["--suffix-cache-tokens", "0"]), CostBook())  # 0: remember nothing
