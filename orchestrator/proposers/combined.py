@@ -61,7 +61,8 @@ class CombinedProposer(Proposer):
 
     async def propose(self, ctx: DraftContext) -> Proposal:
         chain = replace(ctx, tree_nodes=0)
-        guesses = {name: (await source.propose(chain)).tokens if ctx.k else [] for name, source in self.free.items()}
+        guesses = {name: (await source.propose(chain)).tokens if ctx.k else []
+                   for name, source in self.free.items()}
         draft_usable = bool(ctx.k) and not ctx.draft_off and await self.draft.usable()
         source, n = self.choose(ctx.k, guesses, draft_usable=draft_usable)
         self._last = source
@@ -73,9 +74,10 @@ class CombinedProposer(Proposer):
             return self._free_round(source, guesses[source][:n])
         proposal = await self.draft.propose(replace(ctx, k=n))
         best = max(guesses, key=lambda name: len(guesses[name]), default="")
-        if proposal.deadline_misses and best and guesses[best]:  # the draft hung: a free guess takes the round
+        if proposal.deadline_misses and best and guesses[best]:  # the draft hung: a free guess takes it
             self._last = best
-            return replace(self._free_round(best, guesses[best][: ctx.k]), deadline_misses=proposal.deadline_misses)
+            return replace(self._free_round(best, guesses[best][: ctx.k]),
+                           deadline_misses=proposal.deadline_misses)
         return replace(proposal, source=DRAFT if proposal.tokens else "")
 
     def _free_round(self, source: str, tokens: list[int]) -> Proposal:

@@ -18,7 +18,9 @@ from orchestrator.common.kinds import SUFFIX
 from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.combined import CombinedProposer
 from orchestrator.proposers.draft import DraftServiceProposer
-from orchestrator.proposers.local import GuessProposer, NoProposer, PredictedOutputProposer, PromptLookupProposer
+from orchestrator.proposers.local import (
+    GuessProposer, NoProposer, PredictedOutputProposer, PromptLookupProposer,
+)
 from orchestrator.proposers.parallel import ParallelDraftProposer
 from orchestrator.proposers.suffix import SuffixProposer
 from orchestrator.proposers.translated import TranslatedDraftProposer
@@ -85,8 +87,8 @@ class DraftHome(NoneHome):
             raise Unavailable("proposer: no draft service replica is available (strict)")
         reason = "" if replica else "no draft service replica available"
         if config.bridge is not None:  # a draft with another tokenizer: its text, re-encoded
-            return TranslatedDraftProposer(DraftServiceProposer(replica, strict=req.strict, fallback_reason=reason),
-                                           config.bridge)
+            inner = DraftServiceProposer(replica, strict=req.strict, fallback_reason=reason)
+            return TranslatedDraftProposer(inner, config.bridge)
         relays = lambda dim, layers=(): config.relays.take(  # noqa: E731
             o.session_id, dim, prefix_fingerprints(req.prompt_ids), layers)
         parallel = config.parallel if req.parallel is None else req.parallel

@@ -122,7 +122,8 @@ def plugin_names() -> list[str]:
     return [point.name for point in entry_points(group=GROUP)]
 
 
-TABLE_START = "<!-- proposers: generated from orchestrator.proposers.registry (scripts/gen_config_docs.py) -->"
+TABLE_START = ("<!-- proposers: generated from orchestrator.proposers.registry "
+               "(scripts/gen_config_docs.py) -->")
 TABLE_END = "<!-- /proposers -->"
 
 
@@ -134,7 +135,8 @@ def table(registry: dict[str, ProposerKind] | None = None) -> str:
     for kind in (registry or kinds(plugins=False)).values():
         c = kind.capabilities
         name = f"`{kind.name}`" if kind.requestable else f"({kind.name})"
-        rows.append(f"| {name} | {kind.wire or ('(by name)' if kind.requestable else '—')} | {kind.summary} | {mark[c.trees]} | "
+        wire = kind.wire or ("(by name)" if kind.requestable else "—")
+        rows.append(f"| {name} | {wire} | {kind.summary} | {mark[c.trees]} | "
                     f"{mark[c.q]} | {mark[c.own_length]} | {mark[c.shared]} |")
     return "\n".join([TABLE_START, *rows, TABLE_END])
 

@@ -8,8 +8,8 @@ turns and against the request's own tokens, and proposes the continuation of
 whichever match is longer, as a chain or, when the round asks, a token tree.
 Its length is its own (`own_length`): as long as the match, while the
 continuation's estimated probability stays above `MIN_PROB`, at most the
-round's k (max_k unless the request names k). When the turn ends its tokens join
-the cache, so the next request of the same tenant can match them. One tenant's
+round's k (max_k unless the request names k). When the turn ends its tokens (the last
+`TURN_TOKENS`) join the cache, so the next request of the same tenant can match them. One tenant's
 turns never propose to another.
 
 Deterministic, like every proposal without q: greedy output is the target's and
@@ -25,6 +25,9 @@ from orchestrator.proposers.base import DraftContext, Proposal, Proposer
 from specdec.core.suffix import SuffixCache, SuffixIndex, propose_tree
 
 MIN_PROB = 0.1  # a continuation token's least estimated probability (its share of the occurrences)
+# A turn's last tokens that join the cache: indexing costs a few microseconds a token on the event
+# loop, so a long conversation adds its recent part (the end of its prompt and the output).
+TURN_TOKENS = 2048
 
 
 class SuffixHome:
@@ -79,5 +82,5 @@ class SuffixProposer(Proposer):
     def close(self) -> None:
         """The turn is over: its tokens join the tenant's cache (once)."""
         if self.tokens:
-            self.cache.add(self.tenant, list(self.tokens))
+            self.cache.add(self.tenant, list(self.tokens[-TURN_TOKENS:]))
             self.tokens = ()
