@@ -77,7 +77,10 @@ def soak(tiny_pair, tmp_path_factory):
                                 wait=False)
         stack.wait_serving("target", "draft")
         stack.metrics["orch"] = procs.free_port()
-        stack.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(stack.metrics["orch"])))
+        # Suffix decoding's cache (the default proposer's source) is bounded small, so it fills and
+        # evicts within the warm-up: flat RSS afterwards then also says the bound holds.
+        stack.start_orchestrator("orch", target_dir, extra=("--metrics-port", str(stack.metrics["orch"]),
+                                                            "--suffix-cache-tokens", "1000"))
         yield stack
     finally:
         stack.stop()
