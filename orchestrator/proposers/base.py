@@ -19,6 +19,8 @@ import torch
 from orchestrator.fleet.remote import Call, SessionReplica
 from orchestrator.proposers.features import FeatureRelay
 from orchestrator.common.request import WireSampling
+from specdec.core.kv import crop_lengths
+from specdec.core.verify import Verdict
 
 @dataclass(frozen=True)
 class DraftContext:
@@ -77,6 +79,51 @@ class PreDraft:
     waited_ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class Committed:
+    """A round's end as its proposer sees it (Proposer.commit)."""
+
+    proposal: Proposal  # what it proposed (its cache_length as of the round's end)
+    drafted: int  # tokens the target scored: the proposal, cut by hooks, then grammar-forced ones
+    own: int  # the proposer's own among them
+    verdict: Verdict
+    tokens: Sequence[int]  # the turn's committed tokens now: the prompt, then the output
+    committed: int  # of them, this round's (the verdict's, after EOS / stop / length)
+
+    @property
+    def before(self) -> int:
+        """The committed tokens before the round."""
+        return len(self.tokens) - self.committed
+
+    @property
+    def own_accepted(self) -> int:
+        """How many of its own drafted tokens the target accepted."""
+        return min(self.verdict.accepted, self.own)
+
+    def draft_keeps(self) -> int:
+        """What a draft replica's cache holds of the committed tokens now: the tokens it held
+        after its call (a tree: the accepted path's nodes it fed), none past the round's commit."""
+        proposal, before = self.proposal, self.before
+        if proposal.parents is not None:
+            # A free guess's tree (lookup, suffix) holds no `held`: the draft fed none of it.
+            held = proposal.held or ()
+            fed = proposal.cache_length + sum(1 for _ in _held_prefix(self.verdict.path, held))
+        elif self.own < self.drafted:  # its own tokens, not the grammar-forced ones after them
+            fed = min(proposal.cache_length, before + self.own)
+        else:
+            fed = proposal.cache_length
+        return crop_lengths(committed_before=before, n_drafted=self.drafted, n_accepted=self.verdict.accepted,
+                            draft_held=fed, n_committed=self.committed)[1]
+
+
+def _held_prefix(path, held):
+    """The accepted path's nodes from depth 1 down while the draft holds them."""
+    for node in path:
+        if node >= len(held) or not held[node]:
+            return
+        yield node
+
+
 class Proposer:
     """The per-request part of a proposer: everything the loop may use of it, declared here with
     its default (a proposer overrides what it does differently; the loop reads nothing else)."""
@@ -101,14 +148,9 @@ class Proposer:
     async def propose(self, ctx: DraftContext) -> Proposal:
         raise NotImplementedError
 
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        """After a verdict: how many of the round's drafted tokens the target accepted."""
-
-    def crop(self, length: int) -> None:
-        """After a verdict: the proposer's cache keeps its first `length` tokens."""
-
-    def committed(self, tokens: Sequence[int]) -> None:
-        """After a round's commit: the turn's committed tokens now (the prompt, then the output)."""
+    def commit(self, done: Committed) -> None:
+        """After a round's verdict and its cuts: the proposer learns what the target accepted of
+        its drafts and keeps its own cache's bookkeeping (what its draft replica still holds)."""
 
     def close(self) -> None:
         """The request is over (finished or not): stop any work started ahead of time."""

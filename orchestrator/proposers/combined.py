@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from orchestrator.policy.costs import CostBook
 from orchestrator.policy.sources import LOOKUP_POOL, SourceChoice  # noqa: F401 - LOOKUP_POOL re-exported
-from orchestrator.proposers.base import DraftContext, Proposal, Proposer
+from orchestrator.proposers.base import Committed, DraftContext, Proposal, Proposer
 from orchestrator.fleet.remote import SessionReplica
 from orchestrator.common.kinds import COMBINED, DRAFT, LOOKUP
 
@@ -90,9 +90,6 @@ class CombinedProposer(Proposer):
         replica = self.draft.replica if draft_usable else None
         return self.sources.choose(k_max, guesses, replica.address if replica is not None else None)
 
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        self.sources.observe(self._last, n_drafted, n_accepted)
-
     def lags(self, ctx: DraftContext) -> bool:
         return self.draft.lags(ctx)
 
@@ -102,12 +99,11 @@ class CombinedProposer(Proposer):
     def keep_feeding(self, feed: asyncio.Future) -> None:
         self.draft.keep_feeding(feed)
 
-    def crop(self, length: int) -> None:
-        self.draft.crop(length)
-
-    def committed(self, tokens: Sequence[int]) -> None:
+    def commit(self, done: Committed) -> None:
+        self.sources.observe(self._last, done.own, done.own_accepted)  # what the round's source got right
+        self.draft.commit(done)
         for source in self.free.values():
-            source.committed(tokens)
+            source.commit(done)
 
     def close(self) -> None:
         self.draft.close()

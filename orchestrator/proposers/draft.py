@@ -17,7 +17,7 @@ from collections.abc import Callable
 import grpc
 
 from orchestrator.fleet.remote import DeadlineMissed, ModelClient, ServiceDown, SessionReplica, UpstreamError
-from orchestrator.proposers.base import DraftContext, Proposal, Proposer
+from orchestrator.proposers.base import Committed, DraftContext, Proposal, Proposer
 from orchestrator.proposers.features import FeatureRelay
 from orchestrator.common.kinds import DRAFT, NONE
 from specdec.runtime.errors import SpecdecError, Unavailable
@@ -203,11 +203,10 @@ class DraftServiceProposer(Proposer):
                         parents=list(response.parents) if tree else None,
                         held=list(response.held) if tree else None)
 
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        pass  # the loop's GoodputPolicy learns the acceptance (adaptive k)
-
-    def crop(self, length: int) -> None:
+    def commit(self, done: Committed) -> None:
+        # The acceptance is learnt by the loop's GoodputPolicy (adaptive k), not here.
         if self.replica is not None:
+            length = done.draft_keeps()
             # A feature draft read its drafted tokens with its own predicted features: those
             # positions are fed again, with the target's, once committed.
             self.replica.held = min(length, self._fed) if self.features is not None else length

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from orchestrator.config import LoopConfig
 from orchestrator.common.kinds import SUFFIX
-from orchestrator.proposers.base import DraftContext, Proposal, Proposer
+from orchestrator.proposers.base import Committed, DraftContext, Proposal, Proposer
 from specdec.core.suffix import SuffixCache, SuffixIndex, propose_tree
 
 MIN_PROB = 0.1  # a continuation token's least estimated probability (its share of the occurrences)
@@ -70,8 +70,8 @@ class SuffixProposer(Proposer):
             return Proposal(tokens=tokens, parents=parents)
         return Proposal(tokens=tokens)
 
-    def committed(self, tokens: Sequence[int]) -> None:
-        self.tokens = tokens
+    def commit(self, done: Committed) -> None:
+        self.tokens = done.tokens
 
     def _follow(self, tokens: Sequence[int]) -> None:
         self.tokens = tokens

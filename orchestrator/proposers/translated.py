@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from orchestrator.proposers.base import DraftContext, Proposal, Proposer
+from orchestrator.proposers.base import Committed, DraftContext, Proposal, Proposer
 from orchestrator.proposers.bridge import TextBridge
 from orchestrator.proposers.draft import PREFETCH_MIN, DraftServiceProposer
 from orchestrator.common.request import WireSampling
@@ -114,10 +114,7 @@ class TranslatedDraftProposer(Proposer):
         return replace(proposal, tokens=tokens, probs=None, parents=None, held=None,
                        cache_length=len(ctx.tokens))
 
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        self.inner.observe(n_drafted, n_accepted)
-
-    def crop(self, length: int) -> None:
+    def commit(self, done: Committed) -> None:
         """The record's draft length: the committed text's ids it was sent (the drafts after them
         are kept only while the next round's text still starts with them)."""
         replica = self.inner.replica

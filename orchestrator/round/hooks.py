@@ -19,7 +19,7 @@ import numpy as np
 
 from orchestrator.common.events import TokenLogprob
 from orchestrator.common.grammar import RoundMasks, TurnMatcher
-from orchestrator.round.state import Round, RoundHook, Turn
+from orchestrator.round.state import Drafts, RoundHook, RoundOutcome, Scores, Turn
 from specdec.core import masks
 from specdec.core.verify import node_depths
 from specdec.runtime.errors import FailedPrecondition, InvalidArgument
@@ -36,37 +36,32 @@ class GrammarHook(RoundHook):
     def __init__(self, matcher: TurnMatcher) -> None:
         self.matcher = matcher
 
-    def drafted(self, turn: Turn, rnd: Round) -> None:
-        if rnd.tally.tree:
-            self._prune_tree(rnd)
-            return
+    def drafted(self, turn: Turn, drafts: Drafts) -> Drafts:
+        if drafts.tree:
+            return self._prune_tree(drafts)
         # Drafted tokens the grammar forbids cannot commit: cut them (rejection sampling keeps the
         # first one, which its q can reject; the rest are the grammar's forced tokens).
-        send_invalid = not turn.sampling.params.greedy and rnd.proposal.probs is not None
-        rnd.masks = self.matcher.round_masks(rnd.drafted, send_first_invalid=send_invalid, k=rnd.tally.k)
-        rnd.drafted, rnd.own = rnd.masks.proposal(rnd.drafted), rnd.masks.sent
+        send_invalid = not turn.sampling.params.greedy and drafts.proposal.probs is not None
+        masks = self.matcher.round_masks(drafts.tokens, send_first_invalid=send_invalid, k=drafts.ctx.k)
+        return replace(drafts, tokens=masks.proposal(drafts.tokens), own=masks.sent, masks=masks)
 
-    def _prune_tree(self, rnd: Round) -> None:
+    def _prune_tree(self, drafts: Drafts) -> Drafts:
         """A token tree: the nodes the grammar forbids go with their subtrees (TurnMatcher.tree_masks);
         the target scores the rest under a mask per node. No node left: a round with no drafts."""
-        proposal = rnd.proposal
-        kept, words = self.matcher.tree_masks(rnd.drafted, proposal.parents)
+        proposal = drafts.proposal
+        kept, words = self.matcher.tree_masks(drafts.tokens, proposal.parents)
         index = {old: new for new, old in enumerate(kept)}
-        parents = [index.get(proposal.parents[i], -1) for i in kept]
-        held = [proposal.held[i] for i in kept] if proposal.held is not None else None
-        rnd.drafted = [rnd.drafted[i] for i in kept]
-        rnd.own = len(kept)
-        rnd.masks = RoundMasks(sent=len(kept), valid=len(kept), words=words)
-        if kept:
-            rnd.proposal = replace(proposal, parents=parents, held=held)
-        else:
-            rnd.proposal, rnd.tally.tree = replace(proposal, parents=None, held=None), False
+        parents = [index.get(proposal.parents[i], -1) for i in kept] if kept else None
+        held = [proposal.held[i] for i in kept] if proposal.held is not None and kept else None
+        return replace(drafts, proposal=replace(proposal, parents=parents, held=held),
+                       tokens=[drafts.tokens[i] for i in kept], own=len(kept),
+                       masks=RoundMasks(sent=len(kept), valid=len(kept), words=words))
 
-    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
-        return {"allowed": _wire(rnd.masks.words)}
+    def score_fields(self, turn: Turn, drafts: Drafts) -> dict[str, Any]:
+        return {"allowed": _wire(drafts.masks.words)}
 
-    def committed(self, turn: Turn, rnd: Round) -> None:
-        self.matcher.commit(rnd.committed)
+    def committed(self, turn: Turn, outcome: RoundOutcome) -> None:
+        self.matcher.commit(outcome.commit.tokens)
 
     def replay(self, delivered: list[int]) -> None:
         """A resume: the grammar's state after the delivered tokens."""
@@ -82,32 +77,33 @@ class FeatureHook(RoundHook):
     def relay(self, turn: Turn):
         return turn.proposer.features if turn.proposer.proposes else None
 
-    def before_score(self, turn: Turn, rnd: Round) -> None:
+    def before_score(self, turn: Turn, drafts: Drafts) -> None:
         relay = self.relay(turn)
         if relay is not None:  # what the target skips, the relay must hold the features of
             turn.session.target.held = min(turn.session.target.held, relay.known)
 
-    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+    def score_fields(self, turn: Turn, drafts: Drafts) -> dict[str, Any]:
         relay = self.relay(turn)
         if relay is None:
             return {}
         return {"features": relay.encoding, "feature_layers": relay.layers} if relay.layers else {"features": relay.encoding}
 
-    def scored(self, turn: Turn, rnd: Round) -> None:
+    def scored(self, turn: Turn, drafts: Drafts, scores: Scores) -> None:
         relay = self.relay(turn)
-        if relay is not None and relay.encoding and not rnd.reply.response.HasField("features"):
+        if relay is not None and relay.encoding and not scores.reply.response.HasField("features"):
             raise FailedPrecondition(f"features: target replica {turn.session.target.address} returns no "
                                      "features (an older service), which the feature draft needs")
 
-    def committed(self, turn: Turn, rnd: Round) -> None:
+    def committed(self, turn: Turn, outcome: RoundOutcome) -> None:
         relay = self.relay(turn)
         if relay is None:
             return
         sent_before = relay.sent  # the features of the committed tokens the target has read
-        features = rnd.reply.response.features
-        kept = _path_rows(features, len(rnd.drafted), rnd.verdict.path, relay.width) if rnd.tally.tree else features
-        relay.absorb(kept, len(turn.tokens) + min(len(rnd.committed), rnd.verdict.accepted))
-        rnd.tally.feature_bytes += len(features.data) + relay.sent - sent_before
+        drafts, verdict = outcome.drafts, outcome.verdict
+        features = outcome.scores.reply.response.features
+        kept = _path_rows(features, len(drafts.tokens), verdict.path, relay.width) if drafts.tree else features
+        relay.absorb(kept, len(turn.tokens) + min(len(outcome.commit.tokens), verdict.accepted))
+        outcome.tally.feature_bytes += len(features.data) + relay.sent - sent_before
 
 
 def _path_rows(features: common_pb2.Features, n_nodes: int, path, width: int) -> common_pb2.Features:
@@ -129,15 +125,15 @@ class LogprobsHook(RoundHook):
         self.top = top
         self.n = max(top, 1)  # the argmax's comes with the top 1
 
-    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+    def score_fields(self, turn: Turn, drafts: Drafts) -> dict[str, Any]:
         return {"logprobs": self.n}
 
-    def scored(self, turn: Turn, rnd: Round) -> None:
-        if not rnd.reply.response.HasField("logprobs"):
+    def scored(self, turn: Turn, drafts: Drafts, scores: Scores) -> None:
+        if not scores.reply.response.HasField("logprobs"):
             raise FailedPrecondition(f"logprobs: target replica {turn.session.target.address} does not "
                                      "return log-probabilities (an older service)")
 
-    def tokens(self, rnd: Round) -> list[TokenLogprob]:
+    def tokens(self, outcome: RoundOutcome) -> list[TokenLogprob]:
         """The committed tokens' log-probabilities, from the target's own Logprobs.
 
         Accepted drafts have theirs in Logprobs.drafted. The extra token is the argmax
@@ -145,13 +141,13 @@ class LogprobsHook(RoundHook):
         (Logprobs.sampled); drawn by the verifier from p (or the residual), it is read
         from p itself, the very distribution the log-probabilities are taken from.
         """
-        lp, verdict, p = rnd.reply.response.logprobs, rnd.verdict, rnd.p
+        lp, verdict, p = outcome.scores.reply.response.logprobs, outcome.verdict, outcome.scores.p
         n, out = lp.top_n, []
         # The row each committed token was chosen at, and an accepted one's drafted index: a tree's
         # j-th token on its path comes from the row after the path's (j - 1)-th node.
-        drafted = list(verdict.path) if rnd.tally.tree else list(range(verdict.accepted))
+        drafted = list(verdict.path) if outcome.drafts.tree else list(range(verdict.accepted))
         rows = [0] + [i + 1 for i in drafted]
-        for j, token in enumerate(verdict.tokens[:len(rnd.committed)]):
+        for j, token in enumerate(verdict.tokens[:len(outcome.commit.tokens)]):
             r = rows[j]
             if j < verdict.accepted:
                 value = lp.drafted[drafted[j]]
@@ -185,22 +181,24 @@ class MinTokensHook(RoundHook):
             masks.forbid(self.keep, token)
         self.words: np.ndarray | None = None  # this round's own masks (no grammar)
 
-    def drafted(self, turn: Turn, rnd: Round) -> None:
+    def drafted(self, turn: Turn, drafts: Drafts) -> Drafts:
         self.words = None
         window = self.minimum - (len(turn.tokens) - len(turn.req.prompt_ids))
         if window <= 0:  # past the first min_tokens: nothing to mask (nothing sent)
-            return
+            return drafts
         # A scored row's depth: how many drafted tokens precede its position (a tree: the node's).
-        depths = [0] + node_depths(rnd.proposal.parents) if rnd.tally.tree else list(range(len(rnd.drafted) + 1))
+        depths = [0] + node_depths(drafts.proposal.parents) if drafts.tree else list(range(len(drafts.tokens) + 1))
         masked = [r for r, depth in enumerate(depths) if depth < window]
-        if rnd.masks is not None:  # a grammar's masks, sent by its hook: AND into them
+        if drafts.masks is not None:  # a grammar's masks, sent by its hook: AND into them
+            words = drafts.masks.words.copy()
             for r in masked:
-                both = rnd.masks.words[r] & self.keep
+                both = words[r] & self.keep
                 if both.any():
-                    rnd.masks.words[r] = both
-            return
-        self.words = np.full((len(rnd.drafted) + 1, len(self.keep)), -1, dtype=np.int32)
+                    words[r] = both
+            return replace(drafts, masks=replace(drafts.masks, words=words))
+        self.words = np.full((len(drafts.tokens) + 1, len(self.keep)), -1, dtype=np.int32)
         self.words[masked] = self.keep
+        return drafts
 
-    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+    def score_fields(self, turn: Turn, drafts: Drafts) -> dict[str, Any]:
         return {"allowed": _wire(self.words)} if self.words is not None else {}

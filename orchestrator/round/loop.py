@@ -3,13 +3,19 @@
 `generate(req, config)` is an async generator of `ChunkEvent`s and a final
 `Tally`. A turn opens its session (orchestrator.round.sessions: the Redis
 record, a slot on a target replica) and its proposer, then runs rounds, each
-the steps of orchestrator.round.steps over one `Round` (orchestrator.round.state):
+the steps of orchestrator.round.steps, each step passing its typed result on
+(orchestrator.round.state):
 
-  1. propose  the proposer drafts d_1..d_k (and q), k from the drafting policy
-  2. score    one target forward over the uncached committed tokens + the drafts
-  3. verify   accept d_1..d_m, plus one recovered or bonus token
-  4. commit   cut at EOS / max_new_tokens / stop string, crop both caches'
-              bookkeeping, save the session (one Redis write), stream
+  0. plan     the drafting policy decides k                        -> Drafting
+  1. propose  the proposer drafts d_1..d_k (and q)                 -> Drafts
+  2. score    one target forward over the uncached committed
+              tokens + the drafts                                  -> Scores
+  3. verify   accept d_1..d_m, plus one recovered or bonus token   -> Verdict
+  4. commit   cut at EOS / max_new_tokens / stop string, both
+              caches' bookkeeping, save the session (one Redis
+              write)                                               -> RoundOutcome
+  5. stream the round's chunk; the outcome goes to the turn's observers
+     (orchestrator.round.observers)
 
 A cache miss from either service resends every committed token from position 0
 (the text cannot change: the tokens are the same); a dead replica is replaced
@@ -38,6 +44,7 @@ from orchestrator.common.request import TurnRequest, WireSampling
 from orchestrator.round import steps
 from orchestrator.common.events import ChunkEvent
 from orchestrator.round.hooks import FeatureHook, GrammarHook, LogprobsHook, MinTokensHook
+from orchestrator.round.observers import observers
 from orchestrator.round.output import TextOut
 from orchestrator.round.sessions import Session, open_session
 from orchestrator.round.state import Turn
@@ -67,14 +74,15 @@ async def _rounds(req: TurnRequest, config: LoopConfig, session: Session, tally:
     turn = await _open_turn(req, config, session, tally, trace)
     try:
         while not turn.finish:
-            rnd = steps.plan(turn)
-            await steps.propose(turn, rnd)
-            await steps.score(turn, rnd)
-            steps.verify(turn, rnd)
-            chunk = await steps.commit(turn, rnd)
+            drafting = steps.plan(turn)
+            drafts = await steps.propose(turn, drafting)
+            scores = await steps.score(turn, drafts)
+            verdict = steps.verify(turn, drafts, scores)
+            outcome = await steps.commit(turn, drafting, drafts, scores, verdict)
+            chunk = steps.chunk(turn, outcome)
             if chunk is not None:
                 yield chunk
-            steps.close(turn, rnd)
+            steps.close(turn, outcome)
     except BaseException as exc:
         await _abort(turn, exc)
         raise
@@ -104,7 +112,7 @@ async def _open_turn(req: TurnRequest, config: LoopConfig, session: Session, tal
     hooks = tuple(h for h in (grammar, minimum, FeatureHook(), logprobs) if h is not None)
     turn = Turn(req, config, session, tally, trace, proposer, policy,
                 WireSampling.encode(req.sampling, coupled=req.coupled),  # once per request, not per RPC
-                tokens, prefix_fingerprints(tokens), out, hooks, logprobs)
+                tokens, prefix_fingerprints(tokens), out, hooks, observers(), logprobs)
     delivered = tokens[len(req.prompt_ids):]
     if grammar is not None and delivered:
         grammar.replay(delivered)

@@ -1,9 +1,10 @@
-"""A turn's state across its rounds (`Turn`), one round's state step by step (`Round`), and the
-interface of the features that ride on every round (`RoundHook`)."""
+"""A turn's state across its rounds (`Turn`), the typed results of a round's steps (`Drafts`,
+`Scores`, `Commit`, and the whole `RoundOutcome`), and the interface of the features that ride on
+every round (`RoundHook`)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,48 +19,97 @@ from orchestrator.round.output import TextOut
 from orchestrator.round.sessions import Session
 from orchestrator.common.stats import RoundTally, Tally
 from specdec.core.fingerprint import extend
-from specdec.core.verify import Verdict
+from specdec.core.verify import TargetScores, Verdict
 
 
-@dataclass
-class Round:
-    """One round, filled in by its steps: plan -> propose -> score -> verify -> commit."""
+@dataclass(frozen=True)
+class Drafts:
+    """propose's result: what the target scores this round."""
 
-    tally: RoundTally
-    remaining: int  # tokens the turn may still generate, before this round
-    drafting: Drafting | None = None
-    ctx: DraftContext | None = None
-    proposal: Proposal | None = None
-    drafted: list[int] = field(default_factory=list)  # what the target scores (the proposal, cut by hooks)
-    own: int = 0  # the proposer's own tokens in `drafted` (the rest: grammar-forced)
+    ctx: DraftContext  # what the proposer looked at
+    proposal: Proposal
+    tokens: list[int]  # what the target scores: the proposal, cut by hooks (a grammar)
+    own: int  # the proposer's own tokens among them (the rest: grammar-forced)
+    source: str = ""  # what proposed them (RoundTokens.source; "" = nothing drafted)
     masks: RoundMasks | None = None  # structured output: the grammar's masks of the scored positions
-    reply: Reply | None = None
-    p: torch.Tensor | None = None  # rejection sampling: the target's distributions [k + 1, vocab]
-    verdict: Verdict | None = None
-    committed: list[int] = field(default_factory=list)  # the verdict's tokens after EOS / stop / length
-    text: str = ""
-    stop_hit: bool = False
+
+    @property
+    def tree(self) -> bool:
+        """A token tree (Proposal.parents), not a chain."""
+        return self.proposal.parents is not None
+
+
+@dataclass(frozen=True)
+class Scores:
+    """score's result: the target's Score reply and what verification reads of it."""
+
+    reply: Reply  # the call: its response (log-probabilities, features), timing, misses
+    target: TargetScores  # its own tokens, and p where the round is verified by rejection
+
+    @property
+    def p(self) -> torch.Tensor | None:
+        """The target's distributions [drafted + 1, vocab], decoded where verification needed them."""
+        return self.target.probs
+
+
+@dataclass(frozen=True)
+class Commit:
+    """commit's cut of the verdict: what joins the turn."""
+
+    before: int  # the turn's committed tokens before the round
+    tokens: list[int]  # the verdict's tokens after EOS / stop string / length
+    text: str  # their text, to stream
+    stop_hit: bool  # a stop string ended the turn
+    finish: str | None  # why the turn ends with this round, if it does
+    seconds: float  # the round's time up to its commit (the gate's measure)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One round, whole: each step's result, and the round's figures (`tally`, filled in as its
+    record is written and its chunk is sent). Published once to the turn's observers
+    (orchestrator.round.observers)."""
+
+    drafting: Drafting
+    drafts: Drafts
+    scores: Scores
+    verdict: Verdict
+    commit: Commit
+    tally: RoundTally
+
+    @property
+    def own_accepted(self) -> int:
+        """How many of the proposer's own drafted tokens the target accepted."""
+        return min(self.verdict.accepted, self.drafts.own)
+
+
+class RoundObserver:
+    """A party that learns from every round's outcome (orchestrator.round.observers)."""
+
+    def round_closed(self, turn: Turn, outcome: RoundOutcome) -> None:
+        """The round's chunk is on the stream: its outcome is whole."""
 
 
 class RoundHook:
     """A feature that rides on every round (a grammar, a feature relay, log-probabilities).
     Each step calls every hook of the turn in order; these defaults do nothing."""
 
-    def drafted(self, turn: Turn, rnd: Round) -> None:
-        """After propose: may cut rnd.drafted (and rnd.own) and set rnd.masks."""
+    def drafted(self, turn: Turn, drafts: Drafts) -> Drafts:
+        """After propose: may cut the drafts (and their `own`) and set their masks."""
+        return drafts
 
-    def before_score(self, turn: Turn, rnd: Round) -> None:
+    def before_score(self, turn: Turn, drafts: Drafts) -> None:
         """Just before the Score call."""
 
-    def score_fields(self, turn: Turn, rnd: Round) -> dict[str, Any]:
+    def score_fields(self, turn: Turn, drafts: Drafts) -> dict[str, Any]:
         """Fields this hook adds to the ScoreRequest."""
         return {}
 
-    def scored(self, turn: Turn, rnd: Round) -> None:
+    def scored(self, turn: Turn, drafts: Drafts, scores: Scores) -> None:
         """After the Score call: check the reply carries what this hook asked for."""
 
-    def committed(self, turn: Turn, rnd: Round) -> None:
-        """After the commit's cuts (rnd.committed), before the tokens join the turn."""
+    def committed(self, turn: Turn, outcome: RoundOutcome) -> None:
+        """After the commit's cuts (outcome.commit.tokens), before the tokens join the turn."""
 
 
 @dataclass
@@ -78,6 +128,7 @@ class Turn:
     fps: list[int]  # fps[i] = fingerprint(tokens[:i])
     out: TextOut
     hooks: tuple[RoundHook, ...] = ()
+    observers: tuple[RoundObserver, ...] = ()  # each round's outcome goes to these, once it is whole
     logprobs: Any = None  # the LogprobsHook, when the request asks for log-probabilities
     finish: str | None = None
     sent: int = 0  # chunks streamed
@@ -86,6 +137,13 @@ class Turn:
     @property
     def remaining(self) -> int:
         return self.req.max_new_tokens - (len(self.tokens) - len(self.req.prompt_ids))
+
+    def context(self, drafting: Drafting) -> DraftContext:
+        """What the proposer may look at this round."""
+        return DraftContext(self.session.id, self.tokens, self.fps, len(self.req.prompt_ids), drafting.k,
+                            self.sampling, self.tally.seed, away=self.away, draft_off=drafting.draft_off,
+                            tree_nodes=drafting.tree_nodes, tree_width=drafting.tree_width,
+                            tenant=self.req.tenant)
 
     def extend(self, committed: list[int]) -> None:
         for token in committed:

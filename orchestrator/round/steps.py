@@ -1,11 +1,16 @@
-"""The steps of one round, each a function of the turn and the round's state (orchestrator.round.state).
+"""The steps of one round, each a function of the turn and the typed results of the steps before it
+(orchestrator.round.state):
 
-  plan     the drafting policy decides k (orchestrator.policy.drafting)
-  propose  the proposer drafts d_1..d_k (and q); hooks may cut the drafts
-  score    one target forward over the uncached tokens and the drafts
-  verify   specdec.core.verify: accept d_1..d_m, plus one recovered or bonus token
-  commit   cut at EOS / max_new_tokens / stop string, crop both caches' bookkeeping,
-           save the session (Redis), and the chunk to stream
+  plan     -> Drafting      the drafting policy decides k (orchestrator.policy.drafting)
+  propose  -> Drafts        the proposer drafts d_1..d_k (and q); hooks may cut the drafts
+  score    -> Scores        one target forward over the uncached tokens and the drafts
+  verify   -> Verdict       specdec.core.verify.verify_round: accept d_1..d_m, plus one
+                            recovered or bonus token
+  commit   -> RoundOutcome  cut at EOS / max_new_tokens / stop string; the target's cache
+                            bookkeeping, the proposer's own (Proposer.commit), the session's
+                            record (Redis)
+  chunk    -> ChunkEvent    what the round streams
+  close                     the outcome goes to the turn's observers (orchestrator.round.observers)
 """
 from __future__ import annotations
 
@@ -15,15 +20,15 @@ from dataclasses import replace
 
 import torch
 
-from orchestrator.fleet.remote import ModelClient
-from orchestrator.proposers.base import DraftContext
 from orchestrator.common.events import ChunkEvent, RoundDetail
-from orchestrator.round.state import Round, Turn
 from orchestrator.common.stats import RoundTally
+from orchestrator.fleet.remote import ModelClient
+from orchestrator.policy.drafting import Drafting
+from orchestrator.proposers.base import Committed, Proposal
+from orchestrator.round.state import Commit, Drafts, RoundOutcome, Scores, Turn
 from specdec.core.kv import crop_lengths
 from specdec.core.stopping import STOP, clip_to_stop
-from specdec.core.verify import (Verdict, node_depths, verify_coupled, verify_greedy, verify_sampled,
-                                 verify_tree, verify_tree_sampled)
+from specdec.core.verify import TargetScores, Verdict, verify_round
 from specdec.runtime.errors import FailedPrecondition
 from specdec.runtime.wire import decode_probs
 from specdec.v1 import model_pb2
@@ -34,51 +39,44 @@ PASSES = "passes"
 GRAMMAR = "grammar"
 
 
-def plan(turn: Turn) -> Round:
-    """Step 0: the round's drafting and what the proposer may look at."""
-    rnd = Round(RoundTally(), remaining=turn.remaining)
-    rnd.drafting = turn.policy.decide(turn.session.target, rnd.remaining, first_round=not turn.tally.target_passes)
-    rnd.tally.k = rnd.drafting.k
-    rnd.ctx = DraftContext(turn.session.id, turn.tokens, turn.fps, len(turn.req.prompt_ids), rnd.tally.k,
-                           turn.sampling, turn.tally.seed, away=turn.away, draft_off=rnd.drafting.draft_off,
-                           tree_nodes=rnd.drafting.tree_nodes, tree_width=rnd.drafting.tree_width,
-                           tenant=turn.req.tenant)
-    if rnd.drafting.prefetch and turn.proposer.lags(rnd.ctx):
+def plan(turn: Turn) -> Drafting:
+    """Step 0: the round's drafting."""
+    drafting = turn.policy.decide(turn.session.target, turn.remaining, first_round=not turn.tally.target_passes)
+    if drafting.prefetch and turn.proposer.lags(turn.context(drafting)):
         # A new prompt: the draft is fed it while the target scores it (its first-round drafts
         # would cost the draft's prefill before the target's); drafting starts next round.
-        rnd.ctx = replace(rnd.ctx, draft_off=True)
-        turn.prefetch = asyncio.ensure_future(turn.proposer.prefetch(rnd.ctx))
-    return rnd
+        drafting = replace(drafting, draft_off=True)
+        turn.prefetch = asyncio.ensure_future(turn.proposer.prefetch(turn.context(drafting)))
+    return drafting
 
 
-async def propose(turn: Turn, rnd: Round) -> None:
+async def propose(turn: Turn, drafting: Drafting) -> Drafts:
     """Step 1: the proposer drafts (it recovers from its own failures); hooks may cut the drafts."""
+    ctx = turn.context(drafting)
     with turn.trace.step("propose"):
-        rnd.proposal = await turn.proposer.propose(rnd.ctx)
-    tree = rnd.proposal.parents is not None
-    rnd.drafted = list(rnd.proposal.tokens) if tree else rnd.proposal.tokens[: rnd.tally.k]
-    rnd.own = len(rnd.drafted)
-    rnd.tally.tree = tree
+        proposal = await turn.proposer.propose(ctx)
+    tokens = list(proposal.tokens) if proposal.parents is not None else proposal.tokens[:drafting.k]
+    drafts = Drafts(ctx, proposal, tokens, own=len(tokens))
     for hook in turn.hooks:
-        hook.drafted(turn, rnd)
-    source = rnd.proposal.source or turn.proposer.name
-    rnd.tally.source = (source if rnd.own else GRAMMAR) if rnd.drafted else ""
-    turn.tally.draft_calls += rnd.proposal.call is not None
+        drafts = hook.drafted(turn, drafts)
+    source = (proposal.source or turn.proposer.name) if drafts.own else GRAMMAR
+    drafts = replace(drafts, source=source if drafts.tokens else "")
+    turn.tally.draft_calls += proposal.call is not None
     replica = turn.proposer.replica
-    if rnd.proposal.call is None and replica is not None:
+    if proposal.call is None and replica is not None:
         # No draft call this round: the draft's batch calls need not wait for this session.
         replica.client.leave(replica.session_id)
-    rnd.tally.add_proposal(rnd.proposal)  # its draft call, or the pre-draft it used (parallel)
+    return drafts
 
 
-async def score(turn: Turn, rnd: Round) -> None:
+async def score(turn: Turn, drafts: Drafts) -> Scores:
     """Step 2: one target pass over the committed tokens it lacks, then the drafted ones."""
     for hook in turn.hooks:
-        hook.before_score(turn, rnd)
-    fields = {name: value for hook in turn.hooks for name, value in hook.score_fields(turn, rnd).items()}
-    ctx, drafted, target = rnd.ctx, rnd.drafted, turn.session.target
-    if rnd.tally.tree:
-        fields["parents"] = rnd.proposal.parents
+        hook.before_score(turn, drafts)
+    fields = {name: value for hook in turn.hooks for name, value in hook.score_fields(turn, drafts).items()}
+    ctx, drafted, target = drafts.ctx, drafts.tokens, turn.session.target
+    if drafts.tree:
+        fields["parents"] = drafts.proposal.parents
 
     def send(client: ModelClient, position: int):
         return client.score(model_pb2.ScoreRequest(
@@ -87,72 +85,38 @@ async def score(turn: Turn, rnd: Round) -> None:
             output_mode=ctx.sampling.output_mode, seed=ctx.seed, tenant=ctx.tenant, **fields))
 
     with turn.trace.step("score"):
-        rnd.reply = await target.call(send, len(ctx.tokens), wait_s=turn.config.target_wait_s, extra=len(drafted))
-    if ctx.sampling.coupled and len(rnd.reply.response.sampled_ids) != len(drafted) + 1:
+        reply = await target.call(send, len(ctx.tokens), wait_s=turn.config.target_wait_s, extra=len(drafted))
+    response = reply.response
+    if ctx.sampling.coupled and len(response.sampled_ids) != len(drafted) + 1:
         raise FailedPrecondition(f"sampling: target replica {target.address} returns no coupled draws "
                                  "(an older service)")
-    if rnd.tally.tree and not rnd.reply.response.tree:
+    if drafts.tree and not response.tree:
         raise FailedPrecondition(f"parents: target replica {target.address} does not verify token trees "
                                  "(an older service)")
+    greedy, coupled = ctx.sampling.params.greedy, ctx.sampling.coupled
+    by_rejection = not (greedy or coupled)  # verified on p: decoded once, here
+    scores = Scores(reply, TargetScores(greedy, coupled, response.argmax_ids, response.sampled_ids,
+                                        decode_probs(response.probs) if by_rejection else None))
     for hook in turn.hooks:
-        hook.scored(turn, rnd)
+        hook.scored(turn, drafts, scores)
     turn.tally.target_passes += 1
-    _settle_prefetch(turn, rnd)
-    reply = rnd.reply
-    rnd.tally.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
-    turn.policy.learn(target, rnd.proposal.call, reply, len(drafted))
+    return scores
 
 
-def _settle_prefetch(turn: Turn, rnd: Round) -> None:
-    """A first round's feed of the draft: what it holds now, or, still running, the next Propose
-    waits for it (the chunk does not)."""
-    if turn.prefetch is None:
-        return
-    if turn.prefetch.done():
-        held = turn.prefetch.result()
-        if held is not None:  # the draft now holds the scored prefix
-            rnd.proposal = replace(rnd.proposal, cache_length=held)
-    else:
-        turn.proposer.keep_feeding(turn.prefetch)
-    turn.prefetch = None
-
-
-def verify(turn: Turn, rnd: Round) -> None:
+def verify(turn: Turn, drafts: Drafts, scores: Scores) -> Verdict:
     """Step 3: greedy on the target's argmax ids, coupled on its draws, else exact rejection
-    sampling on p and q; the policy and the proposer learn what the proposer got right."""
-    sampling, response = rnd.ctx.sampling, rnd.reply.response
+    sampling on p and q (specdec.core.verify.verify_round picks the mode)."""
     with turn.trace.step("verify"):
-        if rnd.tally.tree and (sampling.params.greedy or sampling.coupled):  # the target's own tokens
-            own = response.argmax_ids if sampling.params.greedy else response.sampled_ids
-            rnd.verdict = verify_tree(rnd.drafted, rnd.proposal.parents, list(own))
-        elif rnd.tally.tree:  # recursive rejection over siblings, on p per node
-            rnd.p = decode_probs(response.probs)
-            rnd.verdict = verify_tree_sampled(rnd.drafted, rnd.proposal.parents, rnd.p, seed=rnd.ctx.seed,
-                                              position=len(rnd.ctx.tokens))
-        elif sampling.params.greedy:
-            rnd.verdict = verify_greedy(rnd.drafted, list(response.argmax_ids))
-        elif sampling.coupled:
-            rnd.verdict = verify_coupled(rnd.drafted, list(response.sampled_ids))
-        else:
-            rnd.p = decode_probs(response.probs)
-            rnd.verdict = verify_sampled(rnd.drafted, _draft_q(rnd), rnd.p, seed=rnd.ctx.seed,
-                                         position=len(rnd.ctx.tokens))
-    verdict: Verdict = rnd.verdict
-    depth = max(node_depths(rnd.proposal.parents), default=0) if rnd.tally.tree else None
-    turn.tally.add_verdict(len(rnd.drafted), verdict, depth)
-    rnd.tally.drafted, rnd.tally.accepted = len(rnd.drafted), verdict.accepted
-    rnd.tally.accepted_ranks = list(getattr(verdict, "ranks", ()))
-    own_accepted = min(verdict.accepted, rnd.own)  # what the proposer itself got right
-    turn.policy.observe(rnd.own, own_accepted)
-    turn.proposer.observe(rnd.own, own_accepted)
+        return verify_round(drafts.tokens, scores.target, parents=drafts.proposal.parents,
+                            draft_probs=_draft_q(drafts), seed=drafts.ctx.seed, position=len(drafts.ctx.tokens))
 
 
-def _draft_q(rnd: Round) -> torch.Tensor | None:
+def _draft_q(drafts: Drafts) -> torch.Tensor | None:
     """q of the scored drafts: the proposer's rows, then one-hot rows for grammar-forced tokens."""
-    if rnd.proposal.probs is None:
+    if drafts.proposal.probs is None:
         return None  # a deterministic proposal: one-hot q throughout
-    q = rnd.proposal.probs[: rnd.own]
-    forced = rnd.masks.forced if rnd.masks is not None else []
+    q = drafts.proposal.probs[: drafts.own]
+    forced = drafts.masks.forced if drafts.masks is not None else []
     if forced:
         onehot = torch.zeros(len(forced), q.shape[-1], dtype=q.dtype)
         onehot[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
@@ -160,73 +124,75 @@ def _draft_q(rnd: Round) -> torch.Tensor | None:
     return q
 
 
-async def commit(turn: Turn, rnd: Round) -> ChunkEvent | None:
-    """Step 4: cut at EOS / length / stop string; cache bookkeeping, the record, the chunk."""
+async def commit(turn: Turn, drafting: Drafting, drafts: Drafts, scores: Scores, verdict: Verdict) -> RoundOutcome:
+    """Step 4: cut at EOS / length / stop string; both caches' bookkeeping, the record."""
     req, tally = turn.req, turn.tally
-    committed, finish = clip_to_stop(rnd.verdict.tokens, eos_ids=() if req.ignore_eos else turn.config.eos_ids,
-                                     remaining=rnd.remaining)
-    rnd.text, rnd.committed, rnd.stop_hit = turn.out.push(committed)
-    finish = STOP if rnd.stop_hit else finish
-    for hook in turn.hooks:
-        hook.committed(turn, rnd)
+    cut, finish = clip_to_stop(verdict.tokens, eos_ids=() if req.ignore_eos else turn.config.eos_ids,
+                               remaining=turn.remaining)
+    text, committed, stop_hit = turn.out.push(cut)
+    finish = STOP if stop_hit else finish
     if not finish and req.max_target_passes and tally.target_passes >= req.max_target_passes:
         finish = PASSES  # a pass budget (the playground's quota): no further forward
-    _crop(turn, rnd)
-    turn.extend(rnd.committed)
-    turn.proposer.committed(turn.tokens)
-    rnd.tally.committed = len(rnd.committed)
-    if tally.target_passes > 1:  # a decoding round (not the prompt's prefill) for the gate
-        turn.policy.record(len(rnd.committed), time.perf_counter() - tally.round_started, turn.session.id)
-    if finish and not rnd.stop_hit and rnd.committed:
-        rnd.text += turn.out.release()
+    if finish and not stop_hit and committed:
+        text += turn.out.release()
+    done = Commit(len(turn.tokens), committed, text, stop_hit, finish, time.perf_counter() - tally.round_started)
+    outcome = RoundOutcome(drafting, drafts, scores, verdict, done, _figures(drafting, drafts, scores, verdict, done))
+    for hook in turn.hooks:
+        hook.committed(turn, outcome)
+    turn.session.target.held, _ = crop_lengths(
+        committed_before=done.before, n_drafted=len(drafts.tokens), n_accepted=verdict.accepted,
+        draft_held=0, n_committed=len(committed))
+    turn.extend(committed)
+    turn.proposer.commit(Committed(_settled(turn, drafts.proposal), len(drafts.tokens), drafts.own, verdict,
+                                   turn.tokens, len(committed)))
     turn.finish = finish
-    await turn.session.save(turn.tokens, turn.proposer.replica, rnd.tally, last=bool(finish))
-    return _chunk(turn, rnd) if rnd.committed else None
+    await turn.session.save(turn.tokens, turn.proposer.replica, outcome.tally, last=bool(finish))
+    return outcome
 
 
-def _crop(turn: Turn, rnd: Round) -> None:
-    """Both caches' bookkeeping after the verdict: what each service holds of the committed tokens."""
-    before, proposal = len(turn.tokens), rnd.proposal
-    if rnd.tally.tree:  # the draft takes up the accepted path as far as it fed it (engine.tree)
-        # A free guess's tree (lookup, suffix) holds no `held`: the draft fed none of it.
-        held = proposal.held or ()
-        draft_held = proposal.cache_length + sum(1 for _ in _held_prefix(rnd.verdict.path, held))
-    # The draft's own cache holds its tokens, not grammar-forced ones after them.
-    elif rnd.own < len(rnd.drafted):
-        draft_held = min(proposal.cache_length, before + rnd.own)
-    else:
-        draft_held = proposal.cache_length
-    turn.session.target.held, draft_len = crop_lengths(
-        committed_before=before, n_drafted=len(rnd.drafted), n_accepted=rnd.verdict.accepted,
-        draft_held=draft_held, n_committed=len(rnd.committed))
-    turn.proposer.crop(draft_len)
+def _settled(turn: Turn, proposal: Proposal) -> Proposal:
+    """A first round's feed of the draft: the proposal as of what the draft holds now; a feed still
+    running goes on, and the next Propose waits for it (the chunk does not)."""
+    if turn.prefetch is None:
+        return proposal
+    feed, turn.prefetch = turn.prefetch, None
+    if not feed.done():
+        turn.proposer.keep_feeding(feed)
+        return proposal
+    held = feed.result()
+    return proposal if held is None else replace(proposal, cache_length=held)  # it holds the scored prefix
 
 
-def _held_prefix(path, held):
-    """The accepted path's nodes from depth 1 down while the draft holds them."""
-    for node in path:
-        if node >= len(held) or not held[node]:
-            return
-        yield node
+def _figures(drafting: Drafting, drafts: Drafts, scores: Scores, verdict: Verdict, done: Commit) -> RoundTally:
+    """The round's figures (Stats.Round) as of its commit: its calls, drafts and verdict."""
+    figures = RoundTally(k=drafting.k, drafted=len(drafts.tokens), accepted=verdict.accepted,
+                         committed=len(done.tokens), source=drafts.source, tree=drafts.tree,
+                         accepted_ranks=list(getattr(verdict, "ranks", ())))
+    figures.add_proposal(drafts.proposal)  # its draft call, or the pre-draft it used (parallel)
+    reply = scores.reply
+    figures.add_call(reply.call, "target", reply.cache_misses, reply.deadline_misses)
+    return figures
 
 
-def _chunk(turn: Turn, rnd: Round) -> ChunkEvent:
+def chunk(turn: Turn, outcome: RoundOutcome) -> ChunkEvent | None:
+    """Step 5: what the round streams (None: it committed nothing)."""
+    done, verdict = outcome.commit, outcome.verdict
+    if not done.tokens:
+        return None
     turn.tally.chunk_sent()
-    verdict, first = rnd.verdict, turn.sent == 0
-    detail = RoundDetail(turn.tally.target_passes, rnd.tally.source, rnd.drafted, verdict.accepted,
-                         verdict.extra_kind, rnd.committed) if turn.req.round_tokens else None
+    first = turn.sent == 0
+    detail = RoundDetail(turn.tally.target_passes, outcome.drafts.source, outcome.drafts.tokens, verdict.accepted,
+                         verdict.extra_kind, done.tokens) if turn.req.round_tokens else None
     replica = turn.proposer.replica
     replicas = (turn.session.target.address, replica.address if replica is not None else "") if first else ("", "")
     turn.sent += 1
-    return ChunkEvent(text=rnd.text, token_ids=rnd.committed, start_index=len(turn.tokens) - len(rnd.committed),
+    return ChunkEvent(text=done.text, token_ids=done.tokens, start_index=len(turn.tokens) - len(done.tokens),
                       session_id=turn.session.id if first else "", round=detail,
-                      logprobs=turn.logprobs.tokens(rnd) if turn.logprobs is not None else None,
+                      logprobs=turn.logprobs.tokens(outcome) if turn.logprobs is not None else None,
                       replicas=replicas)
 
 
-def close(turn: Turn, rnd: Round) -> None:
-    """The round ends once its chunk is on the stream."""
-    turn.tally.close_round(rnd.tally)
-    if len(turn.tally.rounds) > 1:  # a chunk gap (the first round is the time to first token)
-        turn.config.admission.observe_round(turn.config.router, turn.session.target.address, rnd.tally.total_ms)
-    turn.trace.round_closed(rnd.tally)
+def close(turn: Turn, outcome: RoundOutcome) -> None:
+    """The round ends once its chunk is on the stream: its outcome goes to every observer."""
+    for observer in turn.observers:
+        observer.round_closed(turn, outcome)

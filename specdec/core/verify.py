@@ -448,3 +448,59 @@ def _verify_rejection(
         Verdict(accepted=m, tokens=d[:m] + [e], extra_kind=RECOVERED if r else BONUS)
         for d, m, e, r in zip(drafted, accepted, extra, rejected)
     ]
+
+
+@dataclass(frozen=True)
+class TargetScores:
+    """What the target returned for one round's scored positions, as verification reads it.
+
+    `argmax_ids` / `sampled_ids`: its own token after the committed tokens and after each drafted
+    one (greedy: the argmax; coupled: its seeded draw); `probs`: p at those positions, where the
+    round is verified by rejection sampling (None otherwise).
+    """
+
+    greedy: bool
+    coupled: bool
+    argmax_ids: Sequence[int] = ()
+    sampled_ids: Sequence[int] = ()
+    probs: torch.Tensor | None = None
+
+    @property
+    def by_rejection(self) -> bool:
+        """Verified on p (rejection sampling), not on the target's own tokens."""
+        return not (self.greedy or self.coupled)
+
+
+def verify_round(
+    drafted: Sequence[int],
+    target: TargetScores,
+    *,
+    parents: Sequence[int] | None = None,
+    draft_probs: torch.Tensor | None = None,
+    seed: int = 0,
+    position: int = 0,
+) -> Verdict:
+    """One round's verdict, by the mode its sampling and its drafts' shape call for.
+
+    A token tree (`parents`) is verified by the target's own tokens when greedy or coupled
+    (`verify_tree`), else by recursive rejection over siblings (`verify_tree_sampled`); a chain by
+    `verify_greedy`, `verify_coupled` or exact rejection sampling on p and q (`verify_sampled`;
+    `draft_probs` None: a deterministic proposal, one-hot q). `position` is the absolute position
+    of the first drafted token.
+    """
+    own = target.argmax_ids if target.greedy else target.sampled_ids
+    if parents is not None:
+        if not target.by_rejection:
+            return verify_tree(drafted, parents, list(own))
+        return verify_tree_sampled(drafted, parents, _probs(target), seed=seed, position=position)
+    if target.greedy:
+        return verify_greedy(drafted, list(own))
+    if target.coupled:
+        return verify_coupled(drafted, list(own))
+    return verify_sampled(drafted, draft_probs, _probs(target), seed=seed, position=position)
+
+
+def _probs(target: TargetScores) -> torch.Tensor:
+    if target.probs is None:
+        raise ValueError("rejection sampling needs the target's distributions (TargetScores.probs)")
+    return target.probs

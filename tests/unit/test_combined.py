@@ -2,7 +2,7 @@
 
 Costs are taught to a real CostBook through the same observe() calls the loop
 makes (Calls with the services' forward timings); acceptance through the
-proposer's own observe(). The loop-level checks (greedy identity, sampled
+proposer's own commit(). The loop-level checks (greedy identity, sampled
 exactness with lookup and draft rounds mixed) are in test_loop.py.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ from orchestrator.proposers.draft import DraftServiceProposer
 from orchestrator.proposers.local import PromptLookupProposer
 from orchestrator.fleet.remote import Call
 from orchestrator.common.kinds import DRAFT, LOOKUP
+from orchestrator.proposers.base import Committed, Proposal
+from specdec.core.verify import BONUS, RECOVERED, Verdict
 
 GUESS = [5, 6, 7, 8]
 
@@ -41,9 +43,12 @@ def proposer(b: CostBook, *, draft: bool = True) -> CombinedProposer:
 
 
 def teach(p: CombinedProposer, source: str, drafted: int, accepted: int, rounds: int = 30) -> None:
+    """`rounds` rounds from `source`, each accepting `accepted` of `drafted`, as the loop commits them."""
+    verdict = Verdict(accepted, [5] * (accepted + 1), BONUS if accepted == drafted else RECOVERED)
     for _ in range(rounds):
         p._last = source
-        p.observe(drafted, accepted)
+        p.commit(Committed(Proposal([5] * drafted), drafted, drafted, verdict, tokens=[1, 2, *verdict.tokens],
+                           committed=len(verdict.tokens)))
 
 
 def test_a_lookup_that_is_usually_right_wins_over_a_weak_draft() -> None:

@@ -237,9 +237,9 @@ def test_min_tokens_with_a_grammar_ands_the_masks() -> None:
     set of masks, k + 1 rows), except where that would leave no token; without a grammar the
     hook sends its own."""
     from orchestrator.round.hooks import MinTokensHook
-    from orchestrator.round.state import Round
+    from orchestrator.round.state import Drafts
     from orchestrator.common.grammar import RoundMasks
-    from orchestrator.common.stats import RoundTally
+    from orchestrator.proposers.base import Proposal
     from types import SimpleNamespace
 
     hook = MinTokensHook(3, {1, 4}, vocab_size=40)
@@ -248,16 +248,17 @@ def test_min_tokens_with_a_grammar_ands_the_masks() -> None:
     only_end = np.zeros_like(words[2])
     only_end[0] = 1 << 4  # the grammar allows nothing but an end token here: it stands
     words[2] = only_end
-    rnd = Round(RoundTally(), remaining=10, drafted=[5, 6], masks=RoundMasks(sent=2, valid=2, words=words))
+    drafts = Drafts(None, Proposal([5, 6]), [5, 6], own=2, masks=RoundMasks(sent=2, valid=2, words=words))
     turn = SimpleNamespace(tokens=[0, 0, 9], req=SimpleNamespace(prompt_ids=(0, 0)))  # 1 generated
-    hook.drafted(turn, rnd)
-    assert hook.score_fields(turn, rnd) == {}  # the grammar's hook sends the combined masks
+    drafts = hook.drafted(turn, drafts)
+    assert hook.score_fields(turn, drafts) == {}  # the grammar's hook sends the combined masks
+    words = drafts.masks.words
     assert not masks.allows(words[0], 1) and not masks.allows(words[0], 4) and masks.allows(words[0], 5)
     assert not masks.allows(words[1], 7) and not masks.allows(words[1], 4)
     assert masks.allows(words[2], 4)  # outside the window (generated 1 + row 2 = 3) anyway
-    rnd = Round(RoundTally(), remaining=10, drafted=[5, 6])
-    hook.drafted(turn, rnd)
-    sent = hook.score_fields(turn, rnd)["allowed"]
+    drafts = Drafts(None, Proposal([5, 6]), [5, 6], own=2)
+    drafts = hook.drafted(turn, drafts)
+    sent = hook.score_fields(turn, drafts)["allowed"]
     assert sent.rows == 3
     rows = masks.from_bytes(sent.bits, 3)
     assert not masks.allows(rows[1], 1) and masks.allows(rows[2], 1)

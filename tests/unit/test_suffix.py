@@ -147,21 +147,14 @@ def test_a_free_guess_tree_crops_the_draft_at_what_it_held_before_the_round() ->
     it. The crop once indexed an empty list there (IndexError, an INTERNAL error mid-stream)."""
     from types import SimpleNamespace
 
-    from orchestrator.proposers.base import Proposal
-    from orchestrator.round.steps import _crop
+    from orchestrator.proposers.base import Committed, Proposal
     from specdec.core.verify import verify_tree
 
     tokens, parents = [7, 8, 9, 5], [-1, 0, 1, -1]
-    cropped: list[int] = []
-    target = SimpleNamespace(held=0)
-    turn = SimpleNamespace(tokens=[1, 2, 3, 4], session=SimpleNamespace(target=target),
-                           proposer=SimpleNamespace(crop=cropped.append))
     verdict = verify_tree(tokens, parents, [7, 8, 9, 6, 0])  # the path 7 8 9 accepted, then 6
-    rnd = SimpleNamespace(tally=SimpleNamespace(tree=True), proposal=Proposal(tokens, cache_length=3,
-                          parents=parents), verdict=verdict, drafted=tokens, own=4,
-                          committed=verdict.tokens)
-    _crop(turn, rnd)
-    assert verdict.accepted == 3 and target.held == 4 + 3 and cropped == [3]
+    done = Committed(Proposal(tokens, cache_length=3, parents=parents), drafted=4, own=4, verdict=verdict,
+                     tokens=[1, 2, 3, 4, *verdict.tokens], committed=len(verdict.tokens))
+    assert verdict.accepted == 3 and done.before == 4 and done.draft_keeps() == 3
 
 
 def test_a_negative_cache_size_refuses_to_start() -> None:
