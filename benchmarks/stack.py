@@ -16,6 +16,14 @@ from specdec.runtime import procs
 from specdec.runtime.launch import Processes, child_env, orchestrator_argv, service_argv
 
 
+# --suffix-cache-tokens for a benchmark's orchestrators (StackSpec.suffix_cache_tokens).
+SUFFIX_CACHE_OFF = 0
+
+
+def suffix_cache_flags(tokens: int | None) -> tuple[str, ...]:
+    return () if tokens is None else ("--suffix-cache-tokens", str(tokens))
+
+
 @dataclass(frozen=True)
 class StackSpec:
     target: str | None          # --model for the target; None = embedded default
@@ -33,6 +41,11 @@ class StackSpec:
     default_k: str = "auto"
     # --trace-dir: every process appends its spans to DIR/<name>.jsonl (specdec.runtime.tracing).
     trace_dir: Path | None = None
+    # The orchestrators' --suffix-cache-tokens. A benchmark replays the same prompts across its
+    # configurations and repetitions, so by default suffix decoding learns nothing across requests
+    # (0: it matches each request's own tokens only) and no configuration reads another's answer
+    # to the same prompt; None: the orchestrator's own default (benchmarks.features.suffix).
+    suffix_cache_tokens: int | None = SUFFIX_CACHE_OFF
 
 
 @dataclass
@@ -91,7 +104,8 @@ class Stack:
         argv = orchestrator_argv(port, tokenizer=self.spec.target, targets=[target], drafts=[draft],
                                  redis_url=self.spec.redis_url, redis_prefix=self.prefix,
                                  default_k=self.spec.default_k, threads=1,
-                                 trace_file=self._trace_file(name), extra=extra)
+                                 trace_file=self._trace_file(name),
+                                 extra=(*suffix_cache_flags(self.spec.suffix_cache_tokens), *extra))
         return self._group().serve(name, argv, port, timeout=timeout)
 
     def start(self, *, with_link: bool, orchestrator_extra: tuple[str, ...] = ()) -> None:

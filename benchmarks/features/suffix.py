@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = prepare_run(args, "specdec-suffix-")
     results = {}
     with Stack(StackSpec(target=args.target, draft=args.draft, draft_layers=None, threads=args.threads,
-                         redis_url=args.redis_url, log_dir=workdir)) as stack:
+                         redis_url=args.redis_url, log_dir=workdir, suffix_cache_tokens=None)) as stack:
         stack.start(with_link=False)
         # A configuration that learns across requests gets an orchestrator (a cache) of its own: it
         # sees its own earlier requests only, never another configuration's answer to this one.

@@ -162,6 +162,7 @@ class LoadStack:
 
     def wait(self) -> None:
         from specdec.runtime import procs
+        from benchmarks.stack import SUFFIX_CACHE_OFF, suffix_cache_flags
         from specdec.runtime.launch import orchestrator_argv
 
         for address, proc in self._pending:
@@ -170,6 +171,8 @@ class LoadStack:
         # shedding (benchmarks.faults.gray_bench measures admission); the unbatched stack's target
         # would otherwise hold one session (its batch size).
         admit = ["--target-capacity", str(max(self.args.ns))]
+        # The cells replay the same prompts: suffix decoding learns nothing across requests here.
+        admit += suffix_cache_flags(SUFFIX_CACHE_OFF)
         port = procs.free_port()
         argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
                                  drafts=[self.services["draft"]], redis_url=self.args.redis_url,
