@@ -98,7 +98,7 @@ flake-hunt: install guidellm speculators
 	hunt() { \
 	  name=$$1; shift; runs=$$((runs + 1)); log=$(FLAKE_DIR)/$$name.log; \
 	  printf 'flake-hunt: %s: pytest %s ... ' "$$name" "$${*:-(whole suite)}"; \
-	  $(PY) -m pytest -q -rfE "$$@" >$$log 2>&1; rc=$$?; \
+	  $(PY) -m pytest -q -rfE --durations=20 "$$@" >$$log 2>&1; rc=$$?; \
 	  if [ $$rc -eq 0 ]; then echo passed; return; fi; \
 	  failed=$$((failed + 1)); echo "FAILED (exit $$rc, $$log)"; \
 	  if grep -qE '^(FAILED|ERROR) ' $$log; then \
