@@ -7,7 +7,11 @@ measurement shows. So for the requests that leave the choice to the orchestrator
 compares committed tokens per second on that replica in epochs with drafting
 allowed and in epochs with every such session at k = 0.
 
-  * An epoch (EPOCH_S) runs one mode for every gated session. Its rate is its
+  * An epoch (EPOCH_S) runs one mode for every gated session, and at least
+    MIN_EPOCH_ROUNDS decoding rounds: on a slow replica, or when a request starts
+    late in an epoch, it runs on until it has them (a verdict on a lone session's
+    two or three rounds is noise: its first draft calls, a catch-up), but not past
+    STALE_FACTOR times its length. Its rate is its
     slowest session's tokens over its decoding rounds' wall time (sessions with
     MIN_ROUNDS rounds; else all rounds pooled), times the sessions live: a load
     of equal requests waits for its slowest stream. First rounds (prefill) and
@@ -49,6 +53,7 @@ PRESUME_LEAD = 0.25  # a lower level's drafting lead below this presumes plain d
 EWMA = 0.3  # weight of the newest epoch's rate
 CLIP = 1.5  # an epoch's rate enters the average within [average / CLIP, average x CLIP]
 MIN_ROUNDS = 3  # a session's rate is compared once it has this many rounds in the epoch
+MIN_EPOCH_ROUNDS = 8  # an epoch is scored once it has this many decoding rounds (all sessions')
 STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
 EXPLORE_FRACTION = 0.5  # an epoch running the mode its level's verdict does not: this share of EPOCH_S
 
@@ -78,6 +83,7 @@ class SpeculationGate:
     explore_every: int = EXPLORE_EVERY
     explore_max: int = EXPLORE_MAX
     margin: float = MARGIN
+    min_rounds: int = MIN_EPOCH_ROUNDS
     levels: dict[int, _Rates] = field(default_factory=dict)
     live: int = 0  # gated sessions running on the replica now
     mode_spec: bool = True  # the mode of the running epoch
@@ -101,11 +107,20 @@ class SpeculationGate:
         now = time.monotonic() if now is None else now
         if not self._epoch_start:
             self._start(now, self.mode_spec)
-        elif now - self._epoch_start >= self._epoch_len:
+        elif self._due(now - self._epoch_start):
             self._close(now)
         elif self._surged():
             self._start_next(now)  # the epoch is dropped unscored: its load level is gone
         return self.mode_spec
+
+    def _due(self, elapsed: float) -> bool:
+        """Whether the running epoch ends now: its length is up and it holds enough rounds to be
+        scored, or none (nothing to wait for), or it ran so far past its length that it will not
+        be scored (an idle replica)."""
+        if elapsed < self._epoch_len:
+            return False
+        return (self._epoch_rounds >= self.min_rounds or not self._epoch_rounds
+                or elapsed > STALE_FACTOR * self._epoch_len)
 
     def _verdict(self, level: int) -> bool | None:
         """The mode this load level would run, as measured (or presumed from its neighbours)."""

@@ -1,7 +1,10 @@
 """orchestrator.policy.gate: drafting allowed only where it measured faster, per load level."""
 from __future__ import annotations
 
-from orchestrator.policy.gate import SpeculationGate, load_level
+from orchestrator.policy.gate import STALE_FACTOR, SpeculationGate, load_level
+
+
+ROUNDS = 10  # decoding rounds per session in each epoch of _run
 
 
 def _run(gate: SpeculationGate, epochs: int, rate: dict[bool, float], t0: float = 100.0) -> list[bool]:
@@ -11,8 +14,9 @@ def _run(gate: SpeculationGate, epochs: int, rate: dict[bool, float], t0: float 
         spec = gate.allows(now)
         modes.append(spec)
         live = max(gate.live, 1)
-        for _ in range(live):  # each live session: one epoch-long round, its share of the rate
-            gate.record(rate[spec] * gate.epoch_s / live, gate.epoch_s)
+        for _ in range(ROUNDS):  # each live session: ROUNDS rounds filling the epoch, its share of the rate
+            for _ in range(live):
+                gate.record(rate[spec] * gate.epoch_s / live / ROUNDS, gate.epoch_s / ROUNDS)
         now += gate.epoch_s
     gate.allows(now)  # closes the last epoch
     return modes
@@ -161,7 +165,7 @@ def test_an_epoch_is_scored_on_its_rounds_time_not_on_the_wall_clock() -> None:
     """Time outside the recorded rounds (a prompt's prefill, a client reading, an idle replica)
     does not count against the epoch's mode: one 0.3 s round of 3 tokens scores 10 tokens/s,
     as its wall clock's second would score 3."""
-    gate = SpeculationGate()
+    gate = SpeculationGate(min_rounds=1)
     gate.enter()
     assert gate.allows(10.0) is True
     gate.record(3, 0.3)
@@ -174,7 +178,7 @@ def test_an_epoch_is_scored_on_its_rounds_time_not_on_the_wall_clock() -> None:
 
 
 def test_a_rate_is_the_replica_s_rounds_times_its_live_sessions() -> None:
-    gate = SpeculationGate()
+    gate = SpeculationGate(min_rounds=1)
     for _ in range(4):
         gate.enter()
     gate.allows(10.0)
@@ -327,3 +331,45 @@ def test_a_session_with_too_few_rounds_in_the_epoch_is_not_its_slowest() -> None
     gate.record(1, 0.1, "late")
     gate.allows(11.0)
     assert abs(gate.snapshot()[2][0] - 80.0) < 1e-9  # 40 x 2 live
+
+
+def test_an_epoch_with_too_few_rounds_runs_on_until_it_has_them() -> None:
+    """A lone request that starts late in an epoch (another request's warm-up started it): at the
+    epoch's end it has 2 decoding rounds, its first draft calls, slow ones. The epoch runs on
+    until it holds MIN_EPOCH_ROUNDS, and is scored on them all: drafting, 50% faster once under
+    way, is chosen. Scored on the two rounds, it lost to plain decoding."""
+    def lone_request(gate: SpeculationGate) -> list[bool]:
+        gate.enter()
+        modes, now = [gate.allows(10.0)], 10.0
+        now = 10.9  # the request's first decoding rounds: its first draft calls, 0.05 s each
+        for tokens in (1, 1):
+            gate.record(tokens, 0.05)
+            now += 0.05
+            modes.append(gate.allows(now))
+        for _ in range(60):  # then drafting under way: 3 tokens a 0.05 s round (60/s), plain 40/s
+            spec = modes[-1]
+            gate.record(3 if spec else 2, 0.05)
+            now += 0.05
+            modes.append(gate.allows(now))
+        return modes
+
+    gate = SpeculationGate()
+    modes = lone_request(gate)
+    spec, plain, epochs = gate.snapshot()[1]
+    assert epochs >= 2 and spec > plain * (1 + gate.margin), gate.snapshot()
+    assert modes[-1] is True and modes.count(False) <= 25  # one plain epoch, then drafting
+    # The control: scored on whatever the epoch held (the rule off), the two slow rounds decide.
+    hasty = SpeculationGate(min_rounds=1)
+    modes = lone_request(hasty)
+    spec, plain, _ = hasty.snapshot()[1]
+    assert spec < plain and modes[-1] is False
+
+
+def test_an_epoch_past_its_staleness_bound_is_not_scored_even_with_too_few_rounds() -> None:
+    gate = SpeculationGate()
+    gate.enter()
+    gate.allows(10.0)
+    gate.record(3, 0.05)
+    assert gate.allows(12.0) is True  # 2 s: still waiting for rounds
+    gate.allows(10.0 + STALE_FACTOR * gate.epoch_s + 0.1)  # gone stale: closed, unscored
+    assert gate.snapshot().get(1, (None, None, 0))[2] == 0
