@@ -22,7 +22,6 @@ from orchestrator.proposers.local import (
     GuessProposer, NoProposer, PredictedOutputProposer, PromptLookupProposer,
 )
 from orchestrator.proposers.parallel import ParallelDraftProposer
-from orchestrator.proposers.suffix import SuffixProposer
 from orchestrator.proposers.translated import TranslatedDraftProposer
 from orchestrator.common.request import TurnRequest
 from specdec.core.fingerprint import prefix_fingerprints
@@ -111,5 +110,5 @@ class CombinedHome(DraftHome):
     async def open(self, o: Opening) -> Proposer:
         draft = await super().open(o)
         suffix = o.config.homes.get(SUFFIX, o.config)  # one cache for suffix and combined turns
-        free = [PromptLookupProposer(max_k=o.config.max_k), SuffixProposer(suffix.cache, o.req.tenant)]
+        free = [PromptLookupProposer(max_k=o.config.max_k), suffix.proposer(o.req.tenant)]
         return CombinedProposer(draft, free, o.config.costs, o.target)

@@ -12,21 +12,31 @@ round's k (max_k unless the request names k). When the turn ends its tokens (the
 `TURN_TOKENS`) join the cache, so the next request of the same tenant can match them. One tenant's
 turns never propose to another.
 
+The cache learns on the event loop a step at a time (`SuffixHome.remember`): one turn's tokens,
+or a compaction after evictions, at most `specdec.core.suffix.CHUNK` tokens a step, one step per
+turn of the loop, so no stream waits long for another's learning.
+
 Deterministic, like every proposal without q: greedy output is the target's and
 sampled output keeps its distribution (specdec.core.verify).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 
 from orchestrator.config import LoopConfig
 from orchestrator.common.kinds import SUFFIX
 from orchestrator.proposers.base import Committed, DraftContext, Proposal, Proposer
 from specdec.core.suffix import SuffixCache, SuffixIndex, propose_tree
 
+log = logging.getLogger(__name__)
+
 MIN_PROB = 0.1  # a continuation token's least estimated probability (its share of the occurrences)
-# A turn's last tokens that join the cache: indexing costs a few microseconds a token on the event
-# loop, so a long conversation adds its recent part (the end of its prompt and the output).
+# A turn's last tokens that join the cache: indexing costs a few microseconds a token (on the event
+# loop, a step at a time), so a long conversation adds its recent part (the end of its prompt and
+# the output).
 TURN_TOKENS = 2048
 
 
@@ -35,9 +45,47 @@ class SuffixHome:
 
     def __init__(self, config: LoopConfig) -> None:
         self.cache = SuffixCache(max_tokens=config.suffix_cache_tokens)
+        self._learning: deque[Iterator[None]] = deque()  # turns to add, the first one under way
+        self.steps = 0  # steps taken, in all
 
     async def open(self, o) -> Proposer:
-        return SuffixProposer(self.cache, o.req.tenant)
+        return self.proposer(o.req.tenant)
+
+    def proposer(self, tenant: str) -> SuffixProposer:
+        """A request's proposer over this cache (the suffix kind's, or a combined proposer's source)."""
+        return SuffixProposer(self.cache, tenant, remember=self.remember)
+
+    def remember(self, tenant: str, tokens: Sequence[int]) -> None:
+        """Add a finished turn to the cache, a step per turn of the event loop (at once where no
+        loop runs)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.cache.add(tenant, tokens)
+            return
+        self._learning.append(self.cache.adding(tenant, tokens))
+        if len(self._learning) == 1:
+            loop.call_soon(self._step)
+
+    def _step(self) -> None:
+        while self._learning:
+            try:
+                next(self._learning[0])
+            except StopIteration:
+                self._learning.popleft()
+                continue
+            except Exception:  # a defect: that turn is not learnt, the others still are
+                log.exception("suffix cache: adding a turn failed")
+                self._learning.popleft()
+                continue
+            self.steps += 1
+            asyncio.get_running_loop().call_soon(self._step)
+            return
+
+    @property
+    def learning(self) -> bool:
+        """Turns are still being added."""
+        return bool(self._learning)
 
 
 class SuffixProposer(Proposer):
@@ -47,8 +95,10 @@ class SuffixProposer(Proposer):
     branches = True
     own_length = True
 
-    def __init__(self, cache: SuffixCache, tenant: str, *, min_prob: float = MIN_PROB) -> None:
+    def __init__(self, cache: SuffixCache, tenant: str, *, min_prob: float = MIN_PROB,
+                 remember: Callable[[str, Sequence[int]], None] | None = None) -> None:
         self.cache, self.tenant, self.min_prob = cache, tenant, min_prob
+        self.remember = remember or cache.add  # how a finished turn joins the cache
         self.own = SuffixIndex()  # this request's tokens so far
         self.tokens: Sequence[int] = ()
 
@@ -82,5 +132,5 @@ class SuffixProposer(Proposer):
     def close(self) -> None:
         """The turn is over: its tokens join the tenant's cache (once)."""
         if self.tokens:
-            self.cache.add(self.tenant, list(self.tokens[-TURN_TOKENS:]))
+            self.remember(self.tenant, list(self.tokens[-TURN_TOKENS:]))
             self.tokens = ()

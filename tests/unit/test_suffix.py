@@ -164,3 +164,103 @@ def test_a_negative_cache_size_refuses_to_start() -> None:
     with pytest.raises(StartupError, match="--suffix-cache-tokens: must be >= 0, got -1"):
         gray_from_args(parse_args(["--suffix-cache-tokens", "-1"]), CostBook())
     gray_from_args(parse_args(["--suffix-cache-tokens", "0"]), CostBook())  # 0: remember nothing
+
+
+def _state(cache: SuffixCache) -> dict:
+    return {tenant: (index._tokens, index._prev, index._last, index._open, index.base)
+            for tenant, index in cache._tenants.items()}
+
+
+def test_learning_a_step_at_a_time_ends_where_adding_at_once_does(monkeypatch) -> None:
+    """Two tenants' turns through a full cache (evictions and compactions): stepping each add in
+    chunks of 16 tokens leaves the very index adding at once does, and no step indexes more than
+    16 tokens, compactions included."""
+    rng = random.Random(3)
+    turns = [("ab"[rng.randrange(2)], [rng.randrange(40) for _ in range(rng.randrange(1, 90))]) for _ in range(120)]
+    at_once, stepped = SuffixCache(max_tokens=600), SuffixCache(max_tokens=600)
+    indexed = [0]
+    original = SuffixIndex._index
+    monkeypatch.setattr(SuffixIndex, "_index", lambda self, end: (indexed.__setitem__(0, indexed[0] + 1),
+                                                                   original(self, end))[1])
+    most, steps = 0, 0
+    for tenant, tokens in turns:
+        at_once.add(tenant, tokens)
+        indexed[0] = 0
+        for _ in stepped.adding(tenant, tokens, chunk=16):
+            most, steps = max(most, indexed[0]), steps + 1
+            indexed[0] = 0
+        assert _state(stepped) == _state(at_once)
+    assert 0 < most <= 16 and steps > 120 * 2
+    assert any(len(i._tokens) < 600 for i in stepped._tenants.values())  # compactions ran
+
+
+def test_a_compaction_swaps_its_index_in_at_its_last_step_only() -> None:
+    index = SuffixIndex()
+    for seq in ([1, 2, 3, 4], [5, 6, 7, 8, 9], [1, 2, 3, 7]):
+        index.add(seq)
+    index.evict(5, compact=False)  # the first sequence and its separator
+    before = _state_of(index)
+    steps = index.compacting(chunk=2)
+    next(steps)
+    assert _state_of(index) == before  # mid-way: the old index, still consistent
+    for _ in steps:
+        pass
+    assert index.base == 0 and index._tokens == [5, 6, 7, 8, 9, -1, 1, 2, 3, 7, -1]
+    assert propose(index, [1, 2, 3], 2) == propose(_fresh([[5, 6, 7, 8, 9], [1, 2, 3, 7]]), [1, 2, 3], 2)
+
+
+def _state_of(index: SuffixIndex) -> tuple:
+    return (list(index._tokens), {n: list(v) for n, v in index._prev.items()},
+            {n: dict(v) for n, v in index._last.items()}, index._open, index.base)
+
+
+def _fresh(seqs: list[list[int]]) -> SuffixIndex:
+    index = SuffixIndex()
+    for seq in seqs:
+        index.add(seq)
+    return index
+
+
+def test_the_home_learns_between_other_work_on_the_event_loop() -> None:
+    """A finished turn joins the cache a step per turn of the event loop: another task runs
+    between the steps, and once the steps are done the next request of the tenant matches it."""
+    from types import SimpleNamespace
+
+    home = SuffixHome(SimpleNamespace(suffix_cache_tokens=10_000))
+    turn = [random.Random(5).randrange(1000) for _ in range(2000)]
+
+    async def main() -> tuple[int, int, list[int]]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        proposer = home.proposer("t")
+        proposer.tokens = turn
+        proposer.close()  # the turn ends
+        started = ticks
+        while home.learning:
+            await asyncio.sleep(0)
+        task.cancel()
+        again = DraftContext("s2", turn[:100], [0] * 101, 2, 8, None, 0, tenant="t")
+        return home.steps, ticks - started, (await home.proposer("t").propose(again)).tokens
+
+    steps, ticks, proposed = asyncio.run(main())
+    assert steps >= 2000 // 256 and ticks >= steps - 1  # the ticker ran between the steps
+    assert proposed == turn[100:108]
+
+
+def test_a_dropped_index_is_freed_a_piece_a_step() -> None:
+    from specdec.core.suffix import free
+
+    boxes = [list(range(20_000)), {i: i for i in range(10_000)}]
+    sizes, steps = [], free(boxes, per_step=8192)
+    for _ in steps:
+        sizes.append(sum(len(b) for b in boxes))
+    assert sizes[-1] == 0 and len(sizes) >= 4
+    assert all(0 < before - after <= 8192 for before, after in zip([30_000, *sizes], sizes))
