@@ -46,6 +46,7 @@ class SuffixHome:
     def __init__(self, config: LoopConfig) -> None:
         self.cache = SuffixCache(max_tokens=config.suffix_cache_tokens)
         self._learning: deque[Iterator[None]] = deque()  # turns to add, the first one under way
+        self._stepping: asyncio.AbstractEventLoop | None = None  # the loop a next step is due on
         self.steps = 0  # steps taken, in all
 
     async def open(self, o) -> Proposer:
@@ -64,10 +65,12 @@ class SuffixHome:
             self.cache.add(tenant, tokens)
             return
         self._learning.append(self.cache.adding(tenant, tokens))
-        if len(self._learning) == 1:
+        if self._stepping is not loop:  # none due (or due on a loop that has ended: tests)
+            self._stepping = loop
             loop.call_soon(self._step)
 
     def _step(self) -> None:
+        self._stepping = None
         while self._learning:
             try:
                 next(self._learning[0])
@@ -79,7 +82,8 @@ class SuffixHome:
                 self._learning.popleft()
                 continue
             self.steps += 1
-            asyncio.get_running_loop().call_soon(self._step)
+            self._stepping = asyncio.get_running_loop()
+            self._stepping.call_soon(self._step)
             return
 
     @property
