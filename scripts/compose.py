@@ -50,6 +50,7 @@ DEBIAN = os.environ.get("SPECDEC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 USER = 10001
 API_KEY = ROOT / ".compose-api-key"
 GATEWAY = "http://127.0.0.1:8000"
+PUBLISHED = (8000, 50050)  # the gateway's and the orchestrator's ports on this host (compose.yaml)
 
 
 def log(message: str) -> None:
@@ -58,8 +59,12 @@ def log(message: str) -> None:
 
 def run(*argv: str, check: bool = True, capture: bool = False, timeout: float | None = None,
         env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), check=check, text=True, timeout=timeout, input=input,
-                          capture_output=capture, env={**os.environ, **(env or {})})
+    try:
+        return subprocess.run(list(argv), check=check, text=True, timeout=timeout, input=input,
+                              capture_output=capture, env={**os.environ, **(env or {})})
+    except subprocess.CalledProcessError as exc:  # what it printed, which capturing would hide
+        log(f"{' '.join(argv[:3])} ... exited {exc.returncode}:\n{exc.stdout or ''}{exc.stderr or ''}")
+        raise
 
 
 def docker_answers() -> bool:
@@ -225,6 +230,36 @@ def wait_healthy(timeout: float, want: int) -> None:
         time.sleep(3)
 
 
+def report_failure(done: subprocess.CompletedProcess) -> None:
+    """What a failed `up -d` said, where each container stands, and who holds the published ports."""
+    log(f"`{' '.join(done.args[-2:])}` exited {done.returncode}:\n{done.stdout or ''}{done.stderr or ''}")
+    listing = run("docker", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+                  "--format", "{{.Names}}\t{{.Status}}", check=False, capture=True)
+    log(f"containers:\n{listing.stdout}{listing.stderr}")
+    for line in listing.stdout.splitlines():
+        name = line.split("\t")[0]
+        tail = run("docker", "logs", "--tail", "20", name, check=False, capture=True)
+        log(f"{name}: last log lines:\n{tail.stdout}{tail.stderr}")
+    if shutil.which("ss"):
+        ports = run("ss", "-ltnp", check=False, capture=True).stdout.splitlines()
+        held = [p for p in ports if any(f":{port} " in p for port in PUBLISHED)]
+        log("published ports held on the host: " + ("\n" + "\n".join(held) if held else "none"))
+
+
+def start(argv: list[str], env: dict, *, verbose: bool) -> None:
+    """`up -d`, once more after a failure (which is reported in full first): docker-compose 1.29
+    gives up on a dependency that is not healthy yet when it looks, which the second try waits out."""
+    for attempt in (1, 2):
+        done = run(*argv, "up", "-d", env=env, capture=not verbose, check=False)
+        if done.returncode == 0:
+            return
+        report_failure(done)
+        if attempt == 1:
+            log("trying `up -d` once more in 15 s")
+            time.sleep(15)
+    sys.exit("compose: `up -d` failed twice (reported above)")
+
+
 def up(args) -> None:
     started = time.monotonic()
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -236,7 +271,7 @@ def up(args) -> None:
     env = images_env(base, redis)
     log("building the image and starting the cpu profile")
     run(*argv, "build", env=env, capture=not args.verbose)
-    run(*argv, "up", "-d", env=env, capture=not args.verbose)
+    start(argv, env, verbose=args.verbose)
     wait_healthy(args.timeout, want=5)
     tenant, token = (ROOT / "secrets" / "orchestrator" / "tokens").read_text().split()[0].split(":", 1)
     API_KEY.write_text(token + "\n")

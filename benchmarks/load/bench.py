@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-unbatched", action="store_true", help="skip the --max-batch 1 stack")
     p.add_argument("--no-peer", action="store_true", help="skip the in-process peer")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--orchestrator-workers", type=int, default=1,
+                   help="orchestrator processes per configuration, over the same services; a cell's "
+                        "streams are dealt out among them in turn (default 1)")
     p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load")
@@ -110,8 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.configs = [names[n.strip()] for n in args.configs.split(",") if n.strip()]
     except KeyError as exc:
         p.error(f"--configs: unknown {exc}; expected some of {', '.join(names)}")
-    if min(args.ns) < 1 or args.reps < 1 or args.max_new_tokens < 1:
-        p.error("--ns, --reps and --max-new-tokens must be >= 1")
+    if min(args.ns) < 1 or args.reps < 1 or args.max_new_tokens < 1 or args.orchestrator_workers < 1:
+        p.error("--ns, --reps, --max-new-tokens and --orchestrator-workers must be >= 1")
     return args
 
 
@@ -163,7 +166,6 @@ class LoadStack:
     def wait(self) -> None:
         from specdec.runtime import procs
         from benchmarks.stack import SUFFIX_CACHE_OFF, suffix_cache_flags
-        from specdec.runtime.launch import orchestrator_argv
 
         for address, proc in self._pending:
             procs.wait_healthy(address, proc, timeout=600)
@@ -173,16 +175,23 @@ class LoadStack:
         admit = ["--target-capacity", str(max(self.args.ns))]
         # The cells replay the same prompts: suffix decoding learns nothing across requests here.
         admit += suffix_cache_flags(SUFFIX_CACHE_OFF)
-        port = procs.free_port()
-        argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
-                                 drafts=[self.services["draft"]], redis_url=self.args.redis_url,
-                                 redis_prefix=self.prefix, default_k="auto", threads=1, extra=admit)
-        self.address = self.group.serve("orchestrator", argv, port, timeout=300)
-        port = procs.free_port()
-        argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
-                                 drafts=[self.services["draft"]], redis_url=self.args.redis_url,
-                                 redis_prefix=self.prefix, threads=1, extra=admit)
-        self.default_address = self.group.serve("orchestrator-default", argv, port, timeout=300)
+        self.address = self._orchestrators("orchestrator", admit, default_k="auto")
+        self.default_address = self._orchestrators("orchestrator-default", admit)
+
+    def _orchestrators(self, name: str, extra: list[str], **flags) -> str:
+        """--orchestrator-workers orchestrator processes over the stack's services, each on its own
+        port (named name, name.2, ...); their addresses, joined by commas."""
+        from specdec.runtime import procs
+        from specdec.runtime.launch import orchestrator_argv
+
+        addresses = []
+        for i in range(self.args.orchestrator_workers):
+            port = procs.free_port()
+            argv = orchestrator_argv(port, tokenizer=self.args.target, targets=[self.services["target"]],
+                                     drafts=[self.services["draft"]], redis_url=self.args.redis_url,
+                                     redis_prefix=self.prefix, threads=1, extra=extra, **flags)
+            addresses.append(self.group.serve(name if i == 0 else f"{name}.{i + 1}", argv, port, timeout=300))
+        return ",".join(addresses)
 
     def address_for(self, config: LoadConfig) -> str:
         return self.default_address if config.proposer == "default" else self.address
@@ -193,6 +202,17 @@ class LoadStack:
         out = {name: proc_cpu_s(proc.pid) for name, proc in self.group.running.items()}
         out["client"] = time.process_time()
         return {name: v for name, v in out.items() if v is not None}
+
+    def redis_commands(self) -> int | None:
+        """Commands the Redis server has run so far, all clients together (INFO commandstats): a
+        cell's difference is what its streams cost Redis while nothing else uses that server."""
+        try:
+            import redis
+
+            stats = redis.Redis.from_url(self.args.redis_url, socket_timeout=2).info("commandstats")
+        except Exception:  # noqa: BLE001 - the figure is left out, the cell still runs
+            return None
+        return sum(int(v.get("calls", 0)) for v in stats.values())
 
     def scrape(self) -> dict:
         """{role: {metric: {"count", "sum", "buckets": {le: cumulative}}}} for the batch histograms."""
@@ -302,8 +322,9 @@ def cpu_per_stream_round(before: dict[str, float], after: dict[str, float], batc
         return None
     used = {name: after[name] - before[name] for name in after if name in before}
     out = {}
-    if orchestrator in used:
-        out["orchestrator"] = used[orchestrator] / rounds * 1e6
+    if orchestrator in used:  # with --orchestrator-workers, its processes together
+        spent = sum(v for name, v in used.items() if name == orchestrator or name.startswith(orchestrator + "."))
+        out["orchestrator"] = spent / rounds * 1e6
     if "client" in used:
         out["client"] = used["client"] / rounds * 1e6
     for role in ("target", "draft"):
@@ -372,16 +393,21 @@ async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prom
     from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc
 
     kind = "" if config.proposer == "default" else config.proposer  # a registered kind's name
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+    channels = [grpc.aio.insecure_channel(a) for a in address.split(",")]  # streams dealt out in turn
+    try:
+        stubs = [orchestrator_pb2_grpc.OrchestratorStub(c) for c in channels]
         requests = [pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in p.messages], max_new_tokens=max_new,
             sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer_name=kind, k=config.k,
             strict=config.proposer != "default", ignore_eos=ignore_eos) for p in prompts]
         mark = DecodeMark(len(requests), scrape)
         start = time.perf_counter()
-        results = await asyncio.gather(*(_stream(stub, r, start, mark) for r in requests))
+        results = await asyncio.gather(*(_stream(stubs[i % len(stubs)], r, start, mark)
+                                         for i, r in enumerate(requests)))
         decoding = await mark.result()
+    finally:
+        for channel in channels:
+            await channel.close()
     for p, r in zip(prompts, results):
         r["prompt_id"] = p.id
     return list(results), (None if decoding is None else {"at_s": mark.at_s, "scrape": decoding})
@@ -684,6 +710,7 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
     decode_limit = limiter.measure(len(group), reps=5, grown=True) if held else None
     before = stack.scrape() if stack is not None else {}
     cpu_before = stack.cpu() if stack is not None else {}
+    redis_before = stack.redis_commands() if stack is not None else None
     t0 = time.perf_counter()
     decoding = None
     if mode == PEER:
@@ -695,6 +722,7 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
             ignore_eos=args.ignore_eos, scrape=stack.fetch))
     wall = time.perf_counter() - t0
     cpu_after = stack.cpu() if stack is not None else {}
+    redis_after = stack.redis_commands() if stack is not None else None
     after = stack.scrape() if stack is not None else {}
     batches = histogram_delta(before, after) if stack is not None else {}
     record = {"rep": rep, "n": len(group), "mode": mode, "config": config.name,
@@ -702,8 +730,11 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
               "batches": batches}
     if stack is not None:
         orchestrator = "orchestrator-default" if config.proposer == "default" else "orchestrator"
-        record["cpu_us"] = cpu_per_stream_round(cpu_before, cpu_after, batches,
-                                                sum(s.get("rounds", 0) for s in streams), orchestrator)
+        rounds = sum(s.get("rounds", 0) for s in streams)
+        record["cpu_us"] = cpu_per_stream_round(cpu_before, cpu_after, batches, rounds, orchestrator)
+        if record["cpu_us"] is not None and redis_before is not None and redis_after is not None:
+            # (the INFO calls themselves: 2 of them, well under one per round)
+            record["cpu_us"]["redis_commands"] = (redis_after - redis_before) / rounds
     if cell_limit is not None:
         record["limit_ms"] = cell_limit
         record["decode_limit_ms"] = decode_limit
@@ -720,7 +751,7 @@ def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt
         "command": "python -m benchmarks.load " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
         "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
-        "ignore_eos": args.ignore_eos,
+        "ignore_eos": args.ignore_eos, "orchestrator_workers": args.orchestrator_workers,
         "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
         "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
         "elapsed_s": time.time() - started, "failure": failure,

@@ -473,14 +473,16 @@ def _cpu_section(summaries: list[dict]) -> list[str]:
              "N streams counts N): the orchestrator that served the cell, each model service outside its "
              "forward passes (its control plane: gRPC, decoding, scheduling, sampling), the client streaming "
              "every stream (this benchmark's process), and the forward passes' own time per stream-round "
-             "for comparison.", "",
+             "for comparison. Redis: the commands its server ran per stream-round over the cell (every "
+             "orchestrator's, with --orchestrator-workers), while the run had that server to itself.", "",
              "| stack | config | N | orchestrator | target outside forward | draft outside forward | client "
-             "| target forward | draft forward |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| target forward | draft forward | Redis commands |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in rows:
         c = s["cpu_us"]
         lines.append(f"| {s['mode']} | {s['config']} | {s['n']} | "
-                     + " | ".join(_f(c.get(name), ".0f") for name in CPU_PARTS) + " |")
+                     + " | ".join(_f(c.get(name), ".0f") for name in CPU_PARTS)
+                     + f" | {_f(c.get('redis_commands'), '.2f')} |")
     return lines
 
 
