@@ -26,7 +26,10 @@ down past the server's bound) is resumed on the next address: the request is
 sent again with the session id from its first chunk, `resume_from` = the
 index after the last token received and the tokens received (`delivered`),
 and the turn continues from exactly those tokens: the caller sees one
-uninterrupted stream (`retries` bounds the attempts). A stream of n > 1
+uninterrupted stream (`retries` bounds the attempts). With `spread=True` the
+addresses are peers (orchestrator processes over one fleet, scaled out): each
+new stream starts on the next address in turn, and a broken one resumes on the
+address after its own. A stream of n > 1
 choices resumes each unfinished choice from its own tokens. A request is single-turn unless
 `keep_session=True`; then `stats.session_id` continues it.
 """
@@ -296,7 +299,8 @@ class _Stream:
         self._client, self._timeout, self._metadata = client, timeout, metadata
         self._resume = _Resume(request, client.retries)
         self._cancelled = False
-        self._call = client._stub.Generate(request, timeout=timeout, metadata=metadata)
+        self._at = client._start()  # the address it runs on (its index in client.addresses)
+        self._call = client._stub_at(self._at).Generate(request, timeout=timeout, metadata=metadata)
         self.stats: pb.Stats | None = None  # the last Stats (n = 1: the only one)
         self.choice_stats: dict[int, pb.Stats] = {}  # Stats.index -> its Stats (n > 1)
 
@@ -313,8 +317,14 @@ class _Stream:
 
     def _restart(self, again: pb.GenerateRequest) -> None:
         """Send the resuming request to the next address."""
-        stub = self._client._failover()
+        self._at = self._client._next(self._at)
+        stub = self._client._stub_at(self._at)
         self._call = stub.Generate(again, timeout=self._timeout, metadata=self._metadata)
+
+    @property
+    def address(self) -> str:
+        """The orchestrator address the stream runs on now."""
+        return self._client.addresses[self._at % len(self._client.addresses)]
 
     @property
     def session_id(self) -> str:
@@ -390,41 +400,70 @@ def _with_token(token: str | None, metadata: Metadata | None) -> Metadata | None
 
 
 class _Orchestrators:
-    """The addresses a client talks to, one channel each, and which one is current."""
+    """The addresses a client talks to, one channel each, and which one is current (the one calls
+    other than Generate go to, and without `spread` every new stream)."""
 
     def __init__(self, address: str | Sequence[str], *, timeout: float | None = 600.0,
                  token: str | None = None, ca: str | None = None, cert: str | None = None,
-                 key: str | None = None, retries: int = 3) -> None:
+                 key: str | None = None, retries: int = 3, spread: bool = False) -> None:
         self.addresses = split_addresses(address)
-        self.timeout, self.retries = timeout, retries
+        self.timeout, self.retries, self.spread = timeout, retries, spread
         self._token = token
         self._credentials = channel_credentials(ca, cert, key)
         self._channels: dict[str, Any] = {}
+        self._stubs: dict[str, orchestrator_pb2_grpc.OrchestratorStub] = {}
+        self._turn = 0  # spread: the address the next stream starts on
         self._use(0)
 
     def _open(self, address: str) -> Any:
         raise NotImplementedError
 
+    def _stub_at(self, i: int) -> orchestrator_pb2_grpc.OrchestratorStub:
+        """Address i's stub (its channel opened once)."""
+        address = self.addresses[i % len(self.addresses)]
+        if address not in self._channels:
+            self._channels[address] = self._open(address)
+            self._stubs[address] = orchestrator_pb2_grpc.OrchestratorStub(self._channels[address])
+        return self._stubs[address]
+
     def _use(self, i: int) -> orchestrator_pb2_grpc.OrchestratorStub:
-        """Make address i the current one (its channel opened once)."""
+        """Make address i the current one."""
         self._current = i % len(self.addresses)
         self.address = self.addresses[self._current]
-        if self.address not in self._channels:
-            self._channels[self.address] = self._open(self.address)
+        self._stub = self._stub_at(self._current)
         self._channel = self._channels[self.address]
-        self._stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
         return self._stub
 
-    def _failover(self) -> orchestrator_pb2_grpc.OrchestratorStub:
-        """The next address becomes current (for this stream's resume and later calls)."""
-        return self._use(self._current + 1)
+    def _start(self) -> int:
+        """The address a new stream starts on: the next in turn (spread), else the current one."""
+        if not self.spread:
+            return self._current
+        self._turn += 1
+        return (self._turn - 1) % len(self.addresses)
+
+    def _next(self, at: int) -> int:
+        """The address a stream broken on address `at` resumes on. Without `spread` it becomes the
+        current one (for later calls too)."""
+        if self.spread:
+            if at % len(self.addresses) == self._current:  # the current one failed: others' calls move on
+                self._use(self._current + 1)
+            return (at + 1) % len(self.addresses)
+        self._use(self._current + 1)
+        return self._current
+
+    @property
+    def channel(self) -> Any:
+        """The current address's channel (for other services on it: health, reflection)."""
+        return self._channel
 
 
 class Client(_Orchestrators):
     """A blocking client for one or more orchestrator addresses (a stream resumes on the next).
 
     `address`: "host:port", several comma-separated, or a list; `retries`: how
-    many times a broken stream is resumed. `token`: sent as `authorization:
+    many times a broken stream is resumed; `spread`: the addresses are peers, each
+    new stream starts on the next one in turn (else every stream goes to the
+    current one, the next taking over when it fails). `token`: sent as `authorization:
     Bearer <token>`; `ca`: PEM file of the CA that signed the orchestrator's
     certificate (enables TLS); `cert`/`key`: a client certificate for mutual TLS.
     """

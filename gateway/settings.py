@@ -3,10 +3,14 @@ from __future__ import annotations
 
 from gateway.guard import LOCAL_HOSTS
 from gateway.responses.kept import RECORD_TTL_S
-from specdec.runtime.settings import CLIENT_TLS, ON, Flag, Group, Settings
+from specdec.runtime.settings import CLIENT_TLS, ON, SWITCH, Flag, Group, Settings
 
 GATEWAY = Group("gateway", (
-    Flag("orchestrator", "orchestrator gRPC address", "127.0.0.1:50050"),
+    Flag("orchestrator", "orchestrator gRPC address; several, comma-separated: orchestrator processes "
+         "over one fleet (see --spread)", "127.0.0.1:50050"),
+    Flag("spread", "with several --orchestrator addresses: each new stream starts on the next one in "
+         "turn, a broken one resuming on the one after its own (--no-spread: every stream to the "
+         "first that answers, the next taking over when it fails)", True, kind=SWITCH),
     Flag("host", "address to bind (0.0.0.0 for all interfaces)", "127.0.0.1"),
     Flag("port", "HTTP port", 8000, int, env_aliases=("SPECDEC_GATEWAY_PORT",)),
     Flag("served-model-name", "the model ids requests may name, comma-separated: the first is the one "

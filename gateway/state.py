@@ -15,12 +15,12 @@ from gateway.guard import LOCAL_HOSTS, Credentials, TokenVerdicts
 from gateway.responses.kept import RECORD_TTL_S, ResponseStore
 from gateway.playground import Playground, PlaygroundSettings
 from gateway.served import Served
-from specdec.runtime.security import aio_channel, channel_credentials
 
 
 @dataclass(frozen=True)
 class Settings:
-    orchestrator: str = "127.0.0.1:50050"
+    orchestrator: str = "127.0.0.1:50050"  # several, comma-separated: orchestrators over one fleet
+    spread: bool = True  # several: each new stream on the next in turn (client.AsyncClient's spread)
     served_model_names: tuple[str, ...] = ()  # ids (the first the primary); () = the target's name
     default_max_tokens: int = 256        # when a request gives neither max_tokens form
     timeout_s: float = 600.0             # deadline of one Generate call
@@ -49,18 +49,21 @@ class Gateway:
         self.served = Served(settings.served_model_names)  # the model ids, the target's name and context
         self.playground = Playground(settings.playground) if settings.playground is not None else None
         self.stored = ResponseStore(settings.responses_ttl_s, settings.max_stored_responses)
-        self.client: AsyncClient | None = None  # Generate streams
-        self.channel: grpc.aio.Channel | None = None  # health, Check, Predict, EndSession
+        self.client: AsyncClient | None = None  # Generate streams (and the channels under them)
+
+    @property
+    def channel(self) -> grpc.aio.Channel | None:
+        """Health, Check, Predict, EndSession: the client's current orchestrator (the first that
+        answered a stream)."""
+        return self.client.channel if self.client is not None else None
 
     def open(self) -> None:
         s = self.settings
-        tls = dict(ca=s.tls_ca, cert=s.tls_cert, key=s.tls_key)
-        self.client = AsyncClient(s.orchestrator, timeout=s.timeout_s, **tls)
-        self.channel = aio_channel(s.orchestrator, channel_credentials(**tls))
+        self.client = AsyncClient(s.orchestrator, timeout=s.timeout_s, spread=s.spread,
+                                  ca=s.tls_ca, cert=s.tls_cert, key=s.tls_key)
 
     async def close(self) -> None:
         await self.client.close()
-        await self.channel.close()
 
 
 def of(request: Request) -> Gateway:

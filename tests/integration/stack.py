@@ -61,9 +61,11 @@ class Stack:
         return self._serve(name, argv, port, wait=wait, env=env)
 
     def start_gateway(self, orchestrator: str = "orch", extra: tuple[str, ...] = ()) -> str:
-        """`python -m gateway` in front of the named orchestrator; returns its base URL."""
+        """`python -m gateway` in front of the named orchestrator (several: names joined by commas);
+        returns its base URL."""
         port = procs.free_port()
-        proc = procs.start(["python", "-m", "gateway", "--orchestrator", self.addresses[orchestrator],
+        addresses = ",".join(self.addresses[name] for name in orchestrator.split(","))
+        proc = procs.start(["python", "-m", "gateway", "--orchestrator", addresses,
                             "--port", str(port), *extra],
                            env=ENV, log_path=self.logs / "gateway.log")
         self.procs["gateway"] = proc  # stopped by pid with the rest
