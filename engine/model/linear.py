@@ -141,10 +141,25 @@ def _candidates(limit: int) -> list[int]:
     return out
 
 
+SMALL = 8  # counts up to this are also tried on OFFSETS more windows of the input, not only its first rows
+OFFSETS = 12
+
+
 def _agreeing(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: list[int]) -> list[bool]:
-    """Per count m whether its m tokens' outputs equal the same tokens' computed among counts[-1]."""
+    """Per count m whether its m tokens' outputs equal the same tokens' computed among counts[-1].
+
+    A small count is tried on several windows of x, not only its first rows: which tokens differ
+    depends on their values. In float16 on an Intel CPU with AVX-512 FP16, F.linear gave a token
+    alone other bits than among 16 for one row in 96, never for the first: the first rows alone
+    found every shape invariant, and the tiny target failed the start-up check (its decode steps
+    are one token each); with 12 more windows every shape pads 1 -> 2 and the check passes."""
     reference = fn(x[:counts[-1]])
-    return [torch.equal(fn(x[:m]), reference[:m]) for m in counts]
+
+    def agree(m: int) -> bool:
+        starts = range(0, min(OFFSETS, counts[-1] - m) + 1) if m <= SMALL else (0,)
+        return all(torch.equal(fn(x[j:j + m]), reference[j:j + m]) for j in starts)
+
+    return [agree(m) for m in counts]
 
 
 TRIALS = 2  # inputs per shape; a class split shows for some tokens of some inputs only

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.model.attention import (LANE_BLOCK, ONE_QUERY_GROUP_KEYS, SHARED_FROM, key_bucket, one_query_lengths,
                                     plan_attention)
@@ -172,6 +173,29 @@ def test_calibration_pads_make_every_count_agree(loaded) -> None:
         reference = lin(x)
         for m in range(1, 100):
             assert torch.equal(lin(x[:m]), reference[:m]), f"{m} rows"
+
+
+def test_calibration_finds_a_split_that_only_some_rows_alone_show() -> None:
+    """A planted kernel whose bits for one token computed alone differ from the same token's among
+    others, for a token that is not the input's first (what F.linear did in float16 on an Intel CPU
+    with AVX-512 FP16): calibration must see it, not take the first rows' agreement for every row's."""
+    from engine.model.linear import _agreeing, _candidates
+
+    # Small integers: every kernel computes them exactly, so only the plant can split a count.
+    weight = torch.randint(-3, 4, (8, 16), generator=torch.Generator().manual_seed(0)).float()
+
+    def planted(x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, weight)
+        return out + 2 ** -10 if x.shape[0] == 1 and float(x[0, 0]) > 1.5 else out  # by value, not position
+
+    x = torch.randint(-3, 4, (64, 16), generator=torch.Generator().manual_seed(1)).float()
+    x[:, 0] = 0.0
+    x[5, 0] = 2.0  # the one odd token: the sixth
+    counts = _candidates(64)
+    agree = _agreeing(planted, x, counts)
+    assert agree[0] is False  # one token alone: the odd class
+    assert all(agree[1:])  # from two tokens on every count agrees
+    assert all(_agreeing(lambda t: F.linear(t, weight), x, counts))  # the control: a kernel with no split
 
 
 def test_pool_blocks_grow_crop_and_free() -> None:
