@@ -78,7 +78,6 @@ class ReplicaLatency:
 
     alpha: float = 0.3
     buckets: dict[int, _Bucket] = field(default_factory=dict)
-    fresh: int = 0  # samples since `reset_fresh` (readmission after an ejection)
 
     def observe(self, size: int, ms: float, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -91,7 +90,6 @@ class ReplicaLatency:
             b.size += self.alpha * (size - b.size)
             b.n += 1
             b.seen = now
-        self.fresh += 1
 
     def estimate_ms(self, size: int, spread: float = 0.0) -> float | None:
         """The usual wall time for `size` (plus `spread` of its deviations); None before any sample."""

@@ -4,10 +4,13 @@ Envoy's outlier detection, for gray failures: a replica that is alive but
 hung or slow. `ReplicaHealth` (one per orchestrator process, on the Router)
 holds the learned latency tables (orchestrator.fleet.deadlines) and, per replica:
 
-  ejected    after a call missed its deadline (reason "deadline"), or once its
-             recent wall times for the same sizes of work are `slow_ratio` x
-             its peers' median (their latest figures, however old) (reason "slow", with `min_samples` answers since
-             it was last admitted). An ejected replica gets no new sessions
+  ejected    after a call missed its deadline (reason "deadline"), or once the
+             median of its last `min_samples` answers (within `window_s`, since
+             it was last admitted), each taken as its wall time over its peers'
+             usual wall time for the same size of work (their latest figures,
+             however old), reaches `slow_ratio` (reason "slow"). Answers, not
+             its table: a size it served fast before it slowed, and has not
+             served since, must not outvote the sizes it serves now. An ejected replica gets no new sessions
              (Router.pick) and the sessions on it move at their next round
              (SessionReplica.ready): a target session is resent from 0 on
              another replica, a draft session moves to another draft or sits
@@ -32,6 +35,7 @@ Every ejection and readmission is logged and counted:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import statistics
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from orchestrator.fleet.deadlines import DeadlinePolicy, LatencyBook
+from orchestrator.fleet.deadlines import DeadlinePolicy, LatencyBook, bucket_of
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,7 @@ class OutlierPolicy:
     """When a replica is ejected and how it comes back (orchestrator flags --outlier-*, --eject-*)."""
 
     slow_ratio: float = 3.0  # x the peers' median wall time for the same work; 0 = off
-    min_samples: int = 5  # answers since its last admission before it can be judged slow
+    min_samples: int = 5  # answers judged at once: the median of the last so many (since admission)
     window_s: float = 30.0  # a replica is judged on its answers this recent
     eject_s: float = 1.0  # first ejection; doubles while its probes fail
     max_eject_s: float = 8.0
@@ -91,6 +95,8 @@ class ReplicaHealth:
         self.policy = policy or OutlierPolicy()
         self.probe = probe  # set by the Router (it owns the clients)
         self._ejected: dict[tuple[str, str], _Ejection] = {}
+        # (role, address) -> (monotonic, answer's ms / peers' usual ms) of its latest answers
+        self._paces: dict[tuple[str, str], collections.deque[tuple[float, float]]] = {}
 
     # ---- what callers ask -------------------------------------------------------
 
@@ -114,11 +120,21 @@ class ReplicaHealth:
             # Still in use where it is the only one of its role: an answer in time is better
             # evidence than the next probe.
             self.readmit(role, address, "a call answered within its deadline")
-        if self.ejected(role, address) or table.fresh < self.policy.min_samples:
+        p = self.policy
+        if self.ejected(role, address) or p.slow_ratio <= 0:
             return
-        ratio = self.slowness(role, address)
-        if ratio is not None and self.policy.slow_ratio > 0 and ratio >= self.policy.slow_ratio:
-            self.eject(role, address, "slow", f"{ratio:.1f}x its peers' wall time for the same work")
+        ratio = self.pace(role, address, size, ms)
+        if ratio is None:
+            return
+        now = time.monotonic()
+        paces = self._paces.get((role, address))
+        if paces is None:
+            paces = self._paces[(role, address)] = collections.deque(maxlen=max(1, p.min_samples))
+        paces.append((now, ratio))
+        recent = [r for t, r in paces if now - t <= p.window_s]
+        if len(recent) >= p.min_samples and (slow := statistics.median(recent)) >= p.slow_ratio:
+            self.eject(role, address, "slow", f"{slow:.1f}x its peers' wall time for the same work "
+                       f"(the median of its last {len(recent)} answers)")
 
     def missed(self, role: str, address: str, size: int, deadline_s: float) -> None:
         """A call of `size` tokens did not answer within `deadline_s`."""
@@ -128,23 +144,16 @@ class ReplicaHealth:
         self.eject(role, address, "deadline",
                    f"no answer within {deadline_s * 1e3:.0f} ms for {size} tokens ({usual_text})")
 
-    def slowness(self, role: str, address: str) -> float | None:
-        """Median over size buckets of this replica's recent wall time / its peers' median.
-
-        The peers' figures may be older (routing may have sent every recent session here)."""
-        now = time.monotonic()
-        others = [t for (r, a), t in self.latency.replicas.items()
-                  if r == role and a != address and not self.ejected(r, a)]
-        if not others:  # a lone replica has no pace to be judged against (every answered call asks)
+    def pace(self, role: str, address: str, size: int, ms: float) -> float | None:
+        """`ms` for `size` tokens on this replica over its peers' usual for that size (the median of
+        the healthy peers' latest figures, however old: routing may have sent every recent session
+        here); None without a healthy peer that has served that size."""
+        key = bucket_of(size)
+        theirs = [t.buckets[key].ms for (r, a), t in self.latency.replicas.items()
+                  if r == role and a != address and key in t.buckets and not self.ejected(r, a)]
+        if not theirs:  # a lone replica has no pace to be judged against
             return None
-        mine = self.latency.replica(role, address).recent(self.policy.window_s, now)
-        peers = [t.recent(float("inf"), now) for t in others]
-        ratios = []
-        for bucket, ms in mine.items():
-            theirs = [p[bucket] for p in peers if bucket in p]
-            if theirs:
-                ratios.append(ms / max(statistics.median(theirs), 1e-3))
-        return statistics.median(ratios) if ratios else None
+        return ms / max(statistics.median(theirs), 1e-3)
 
     # ---- ejection and readmission -------------------------------------------------
 
@@ -169,7 +178,7 @@ class ReplicaHealth:
         if ejection is None:
             return
         EJECTED.labels(role, address).set(0)
-        self.latency.replica(role, address).fresh = 0  # judged again on new answers only
+        self._paces.pop((role, address), None)  # judged again on new answers only
         log.info("%s replica %s back in rotation after %.1f s ejected (%s): %s", role, address,
                  time.monotonic() - ejection.since, ejection.reason, why)
 
@@ -185,6 +194,7 @@ class ReplicaHealth:
                 self._ejected.pop(key, None)
                 EJECTED.remove(role, address)
                 self.latency.replicas.pop(key, None)
+                self._paces.pop(key, None)
                 log.warning("%s replica %s: probes failing for %.0f s (%s); forgotten", role,
                             address, self.policy.forget_s, verdict)
                 return

@@ -107,22 +107,23 @@ def test_a_frozen_target_moves_its_streams_to_the_other_with_identical_text(gray
     _wait_for(lambda: _ejected(gray, "target", "target1") == 0.0, FREEZE_S + 10)
 
 
-def test_a_replica_slowed_5x_gets_no_new_sessions_within_10_s(gray):
+def test_a_replica_slowed_5x_is_ejected_on_its_slow_answers_and_gets_no_new_sessions(gray):
+    # Counted in sessions, not seconds: a loaded machine slows every call, not the verdict. Sessions
+    # alternate between the targets and each is 24 one-token Scores, so target2 answers 5 slow ones
+    # (the outlier check's sample) within its first session; 8 sessions give it 4 chances.
     slow = gray.addresses["target2"]
-    placed: list[tuple[float, str]] = []
+    placed: list[tuple[int, str]] = []
+    ejected_after = None
     with Client(gray.addresses["orch"], timeout=60) as c, Throttle(gray.procs["target2"].pid):
-        started = time.monotonic()
-        ejected_at = None
-        while time.monotonic() - started < 15.0:
+        while len(placed) < (8 if ejected_after is None else ejected_after + 4):
             done = c.complete(PROMPTS[len(placed) % 4], max_new_tokens=24, proposer="none")
-            placed.append((time.monotonic() - started, done.stats.target_replica))
-            if ejected_at is None and _ejected(gray, "target", "target2") == 1.0:
-                ejected_at = time.monotonic() - started
-            if ejected_at is not None and time.monotonic() - started > ejected_at + 3.0:
-                break
-    assert ejected_at is not None and ejected_at < 10.0, placed
-    after = [replica for t, replica in placed if t > ejected_at]
-    assert after and slow not in after, placed  # no new session went to it once ejected
+            assert done.token_ids == gray.expected[PROMPTS[len(placed) % 4]][:24]
+            placed.append((len(placed), done.stats.target_replica))
+            if ejected_after is None and _ejected(gray, "target", "target2") == 1.0:
+                ejected_after = len(placed)
+    assert ejected_after is not None, placed
+    after = [replica for n, replica in placed if n >= ejected_after]
+    assert len(after) == 4 and slow not in after, placed  # no new session went to it once ejected
     # Running freely again: its probes are no slower than target1's, and it is readmitted.
     _wait_for(lambda: _ejected(gray, "target", "target2") == 0.0, 15.0)
 

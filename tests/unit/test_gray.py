@@ -122,7 +122,10 @@ def test_a_replica_far_slower_than_its_peers_is_ejected_and_not_routed_to() -> N
         health.answered("target", "t0", 2, 10.0)
         health.answered("target", "t1", 2, 25.0)  # 2.5x: within the ratio
     assert not health.ejected("target", "t1")
-    health.answered("target", "t1", 2, 80.0)  # EWMA 41.5 ms: 4.2x
+    health.answered("target", "t1", 2, 80.0)  # 8x, once: the median of its last 5 answers is 2.5x
+    health.answered("target", "t1", 2, 80.0)
+    assert not health.ejected("target", "t1")
+    health.answered("target", "t1", 2, 80.0)  # 3 of its last 5 answers at 8x: the median is 8x
     assert health.ejected("target", "t1") and health.ejection_reason("target", "t1") == "slow"
     assert not health.ejected("target", "t0")
 
@@ -135,6 +138,20 @@ def test_a_replica_far_slower_than_its_peers_is_ejected_and_not_routed_to() -> N
 
     chosen, anyway, none = asyncio.run(picks())
     assert chosen == {"t0"} and anyway is not None and none is None
+
+
+def test_a_replica_slowed_on_one_size_of_work_is_ejected_though_its_other_sizes_were_fast() -> None:
+    # Both replicas served prefills and 4-token verifies at the same pace moments ago; then t1 turns
+    # 5x slower and gets only 1-token calls. Its answers are judged, not its table's stale sizes.
+    health = ReplicaHealth(FAST, OutlierPolicy(min_samples=5, slow_ratio=3.0))
+    for address in ("t0", "t1"):
+        for size, ms in ((12, 30.0), (4, 12.0), (5, 13.0), (1, 10.0)):
+            for _ in range(3):
+                health.answered("target", address, size, ms)
+    for n in range(1, 4):
+        health.answered("target", "t1", 1, 50.0)
+        assert health.ejected("target", "t1") == (n == 3), n  # 3 of its last 5 answers are slow
+    assert health.ejection_reason("target", "t1") == "slow"
 
 
 def test_an_ejected_replica_comes_back_only_when_its_probes_answer_in_time_and_not_slow() -> None:
