@@ -257,11 +257,14 @@ async def main_async(args: argparse.Namespace) -> None:
 
     from orchestrator.api import metrics
 
+    if args.stream_interval < 1:
+        raise StartupError(f"--stream-interval: must be >= 1 (tokens a chunk), got {args.stream_interval}")
     config = await build_config(args)
     metrics.bind(config)  # vLLM's model_name label; running and waiting from the admission
     limits = tenant_limits_from_args(args)
     servicer = OrchestratorServicer(config, limits, text_threads=args.text_threads,
-                                    bounds=request_limits_from_args(args))
+                                    bounds=request_limits_from_args(args),
+                                    stream_interval=args.stream_interval)
     options = dataclasses.replace(options_from_args(args),
                                   max_receive_bytes=limits.grpc_receive_bytes)
     await serve(

@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--orchestrator-workers", type=int, default=1,
                    help="orchestrator processes per configuration, over the same services; a cell's "
                         "streams are dealt out among them in turn (default 1)")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="the orchestrators' --stream-interval: tokens gathered into one chunk message "
+                        "of a stream (default 1: every round)")
     p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load")
@@ -113,8 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.configs = [names[n.strip()] for n in args.configs.split(",") if n.strip()]
     except KeyError as exc:
         p.error(f"--configs: unknown {exc}; expected some of {', '.join(names)}")
-    if min(args.ns) < 1 or args.reps < 1 or args.max_new_tokens < 1 or args.orchestrator_workers < 1:
-        p.error("--ns, --reps, --max-new-tokens and --orchestrator-workers must be >= 1")
+    if (min(args.ns) < 1 or args.reps < 1 or args.max_new_tokens < 1 or args.orchestrator_workers < 1
+            or args.stream_interval < 1):
+        p.error("--ns, --reps, --max-new-tokens, --orchestrator-workers and --stream-interval must be >= 1")
     return args
 
 
@@ -175,6 +179,7 @@ class LoadStack:
         admit = ["--target-capacity", str(max(self.args.ns))]
         # The cells replay the same prompts: suffix decoding learns nothing across requests here.
         admit += suffix_cache_flags(SUFFIX_CACHE_OFF)
+        admit += ["--stream-interval", str(self.args.stream_interval)]
         self.address = self._orchestrators("orchestrator", admit, default_k="auto")
         self.default_address = self._orchestrators("orchestrator-default", admit)
 
@@ -752,6 +757,7 @@ def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt
         "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
         "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
         "ignore_eos": args.ignore_eos, "orchestrator_workers": args.orchestrator_workers,
+        "stream_interval": args.stream_interval,
         "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
         "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
         "elapsed_s": time.time() - started, "failure": failure,

@@ -380,7 +380,9 @@ def _header(result: dict) -> list[str]:
         f"- N = {cfg.get('ns')} concurrent greedy streams (suite prompts, all started at once), "
         f"{cfg.get('max_new_tokens')} new tokens"
         f"{' (ignore_eos: every stream that long)' if cfg.get('ignore_eos') else ''}, "
-        f"{cfg.get('reps')} repetition(s), cells interleaved per N",
+        f"{cfg.get('reps')} repetition(s), cells interleaved per N"
+        + (f"; --stream-interval {cfg['stream_interval']} (a chunk message every "
+           f"{cfg['stream_interval']} tokens)" if cfg.get("stream_interval", 1) > 1 else ""),
         f"- stacks: {', '.join(cfg.get('modes', []))}"
         + ("" if cfg.get("batching_flag") else " — **the services have no --max-batch flag in this build: "
            "they run one request per forward; no unbatched stack was started**"),

@@ -27,6 +27,7 @@ from orchestrator.api import predict as predicting
 from orchestrator.api import tokens
 from orchestrator.api import metrics
 from orchestrator.api.choices import SharedPrefill, choice_requests, merged, resumed_choices
+from orchestrator.api.interval import ChunkGatherer
 from orchestrator.common.grammar import Constraint
 from orchestrator.common.events import ChunkEvent, RoundDetail, TokenLogprob
 from orchestrator.round.loop import generate
@@ -261,8 +262,10 @@ _SPECULATION = {pb.SPECULATION_SEQUENTIAL: False, pb.SPECULATION_PARALLEL: True}
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     def __init__(self, config: LoopConfig, limits: TenantLimits | None = None,
-                 text_threads: int = 2, bounds: RequestLimits | None = None) -> None:
+                 text_threads: int = 2, bounds: RequestLimits | None = None,
+                 stream_interval: int = 1) -> None:
         self.config = config
+        self.stream_interval = max(1, stream_interval)  # tokens per chunk message (orchestrator.api.interval)
         self.quota = TenantQuota(limits or TenantLimits())
         self.bounds = bounds or RequestLimits()
         self._text_pool = ThreadPoolExecutor(max(1, text_threads), thread_name_prefix="text")
@@ -343,18 +346,28 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
     async def _responses(self, req: TurnRequest, resumable: bool,
                          shared: SharedPrefill | None) -> AsyncIterator[pb.GenerateResponse]:
+        gather = ChunkGatherer(self.stream_interval) if self.stream_interval > 1 else None
         async for event in generate(req, self.config):
             if shared is not None and isinstance(event, ChunkEvent):
                 await shared.offer(event)  # the loop waits at this chunk: its KV is still held
             if isinstance(event, ChunkEvent):
-                yield pb.GenerateResponse(chunk=pb.Chunk(
-                    text=event.text, token_ids=event.token_ids, start_index=event.start_index,
-                    session_id=event.session_id if resumable else "", index=req.index,
-                    round=self._round_tokens(event.round) if event.round else None,
-                    logprobs=[self._logprob(lp) for lp in event.logprobs or ()]))
+                if gather is not None and (event := gather.add(event)) is None:
+                    continue  # held: the stream interval (orchestrator.api.interval)
+                yield self._chunk(event, req.index, resumable)
             else:
+                if gather is not None and (held := gather.flush()) is not None:
+                    yield self._chunk(held, req.index, resumable)
                 metrics.observe(event)
                 yield pb.GenerateResponse(stats=stats_to_proto(event))
+        if gather is not None and (held := gather.flush()) is not None:
+            yield self._chunk(held, req.index, resumable)
+
+    def _chunk(self, event: ChunkEvent, index: int, resumable: bool) -> pb.GenerateResponse:
+        return pb.GenerateResponse(chunk=pb.Chunk(
+            text=event.text, token_ids=event.token_ids, start_index=event.start_index,
+            session_id=event.session_id if resumable else "", index=index,
+            round=self._round_tokens(event.round) if event.round else None,
+            logprobs=[self._logprob(lp) for lp in event.logprobs or ()]))
 
     def _decode_each(self, ids: list[int]) -> list[str]:
         """Every token decoded alone (special tokens shown), as Check and Predict report them."""

@@ -62,6 +62,10 @@ ORCHESTRATOR = Group("orchestrator", (
     Flag("startup-timeout", "seconds to wait for a target replica at start-up", 60.0, float),
     Flag("threads", "torch CPU threads (verification is light)", 1, int),
     Flag("text-threads", "threads tokenising, templating and decoding off the event loop", 2, int),
+    Flag("stream-interval", "tokens gathered into one chunk message of a Generate stream (the first chunk "
+         "and the end go at once; requests with round_tokens get every round): fewer messages for the "
+         "orchestrator to write and the client to read where rounds take milliseconds; 1 = every round",
+         1, int),
 ))
 
 BATCH_CALLS = Group("batch calls (orchestrator.fleet.batching): many sessions' calls to one replica in one RPC", (

@@ -309,3 +309,25 @@ def test_ignore_eos_generates_exactly_max_new_tokens(client, tiny_pair, tokenize
     with pytest.raises(grpc.RpcError) as err:
         client.complete(prompt, max_new_tokens=4, ignore_eos=True, regex="[ab]+")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ignore_eos" in err.value.details()
+
+
+def test_a_stream_interval_joins_chunks_and_keeps_the_text(stack, tiny_pair, references):
+    from client import Client
+
+    address = stack.start_orchestrator("orch-interval", tiny_pair[0], extra=("--stream-interval", "4"))
+    try:
+        with Client(address) as c:
+            for prompt, ref in references.items():
+                for proposer, k in (("none", 0), ("draft", 3)):
+                    stream = c.generate(prompt, max_new_tokens=N_NEW, proposer=proposer, k=k)
+                    chunks = list(stream)
+                    assert [t for ch in chunks for t in ch.token_ids] == list(ref.token_ids), (prompt, proposer)
+                    assert "".join(ch.text for ch in chunks) == ref.text
+                    # The first chunk at once; every other but the last holds 4 tokens or more.
+                    assert all(len(ch.token_ids) >= 4 for ch in chunks[1:-1]), [len(ch.token_ids) for ch in chunks]
+                    assert len(chunks) < stream.stats.target_passes or stream.stats.target_passes <= 2
+                    starts = [ch.start_index for ch in chunks]
+                    assert starts == [chunks[0].start_index + sum(len(ch.token_ids) for ch in chunks[:i])
+                                      for i in range(len(chunks))]
+    finally:
+        stack.stop_one("orch-interval")
