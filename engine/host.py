@@ -138,15 +138,24 @@ def pick_runner(loaded: LoadedModel, limits: HostLimits) -> PooledRunner | Stock
                         _dtype_name(forward.dtype), _dtype_name(forward.attention_dtype), broken)
             forward.attention_dtype = torch.float32
             broken = selfcheck.verify_shapes(checker, loaded.vocab_size, limits.max_k)
+        if broken and forward.device.type == "cpu" and torch.get_num_threads() > 1:
+            # Some CPUs' SDPA splits one query's work by the threads and the lanes beside it
+            # (engine.model.attention): attention on one thread, the linears on all of them.
+            log.warning("verify shapes with attention on %d threads: %s; trying attention on 1 thread",
+                        torch.get_num_threads(), broken)
+            forward.attention_threads = 1
+            broken = selfcheck.verify_shapes(checker, loaded.vocab_size, limits.max_k)
         if broken:
             raise Inexact(f"{loaded.name} in {_dtype_name(forward.dtype)} on {loaded.device}: {broken}. "
                           "Speculative output could differ from target-only decoding, so this target does not "
                           "start; serve another --dtype (float32 is the reference), or pass "
                           "--no-batch-invariant to serve knowingly inexact")
-        log.info("exactness check on %s (%s, attention in %s): every position's logits bitwise the same "
+        log.info("exactness check on %s (%s, attention in %s%s): every position's logits bitwise the same "
                  "one token at a time, in Scores of 1..%d tokens alone and packed, in a token tree and after "
                  "a chunked prefill", loaded.device, _dtype_name(forward.dtype),
-                 _dtype_name(forward.attention_dtype), limits.max_k + 1)
+                 _dtype_name(forward.attention_dtype),
+                 f" on {forward.attention_threads} thread" if forward.attention_threads else "",
+                 limits.max_k + 1)
     elif not limits.batch_invariant:
         log.warning("batch invariance off (--no-batch-invariant): a session's logits may differ in the last "
                     "bits with the batch and with k, so speculative output may differ from target-only's")

@@ -118,7 +118,7 @@ class PooledRunner:
         n_emitted = bucket(max(k, 1), TOKEN_BUCKETS) if self.fixed_shapes else max(k, 1)
         emitted.extend([emitted[-1] if emitted else 0] * (n_emitted - k))
         attention = plan_attention(self.pool, spec, padded, self.device, self.forward.attention_dtype,
-                                   multi_query=self.forward.multi_query)
+                                   multi_query=self.forward.multi_query, threads=self.forward.attention_threads)
         ids_t, positions_t, emitted_t = token_tensors(ids, positions, emitted, self.device)
         packed = None
         if heads:

@@ -26,7 +26,12 @@ threads): a query's output is bitwise the same for any number of other lanes
 in the call, for any key padding that is a multiple of ONE_QUERY_ALIGN with
 the padding masked, and folded into the head axis as above (each (row, head)
 is its own one-query product; the start-up check proves it on the device). So lanes are grouped by padded key length only
-(`one_query_lengths`), whoever they belong to.
+(`one_query_lengths`), whoever they belong to. On another AMD EPYC with 2
+threads (2026-12-07) that did not hold, in float32: a lane's output followed
+the lanes and heads beside it in the call, and the embedded target refused to
+start. With 1 thread it held. So the start-up check (engine.host.pick_runner)
+then runs the SDPA calls on one thread (`AttentionPlan.threads`) and checks
+again; the linears keep every thread.
 
 Where exactness is switched off (--no-batch-invariant), every row of several tokens is one
 SDPA call over all its queries instead (`multi_query`): faster for long prefills, but a query's
@@ -145,6 +150,7 @@ class AttentionPlan:
     tokens: int  # T_padded
     compute: torch.dtype  # attention's compute dtype
     multi_query: bool = False  # a shared group is one call over all its queries (not exact; module doc)
+    threads: int = 0  # CPU threads of its SDPA calls (0: the process's; see the module doc)
 
 
 def _lane_positions(past: int, n: int, tree: TreeRow | None) -> list[tuple[int, list[int] | None]]:
@@ -157,7 +163,7 @@ def _lane_positions(past: int, n: int, tree: TreeRow | None) -> list[tuple[int, 
 
 def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeRow | None]], padded_tokens: int,
                    device: torch.device, compute: torch.dtype | None = None, *,
-                   multi_query: bool = False) -> AttentionPlan:
+                   multi_query: bool = False, threads: int = 0) -> AttentionPlan:
     """rows: (session KV, past positions, new tokens, tree or None) in packing order; blocks already
     reserved. Every token becomes a lane (see the module doc); with multi_query, every chain row of
     several tokens is one call over its queries instead."""
@@ -222,7 +228,7 @@ def plan_attention(pool: KVPool, rows: Sequence[tuple[SessionKV, int, int, TreeR
                                 slots.to(device, non_blocking=True), True, mask.to(device, non_blocking=True)))
     write_t = torch.tensor(write, dtype=torch.long).to(device, non_blocking=True)
     dtype = compute if compute is not None else (pool.keys[0].dtype if pool.keys else torch.float32)
-    return AttentionPlan(write_t, groups, padded_tokens, dtype, multi_query)
+    return AttentionPlan(write_t, groups, padded_tokens, dtype, multi_query, threads)
 
 
 def _padded(blocks: Sequence[int], width: int) -> list[int]:
@@ -286,7 +292,18 @@ def attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: to
     """q [T, heads, hd], k, v [T, kv_heads, hd] (rotated) -> [T, heads * hd]; writes k, v to the pool.
     window: a sliding-window layer's (each lane attends to its last `window` keys); skip_first: no
     lane past position 0 attends to key 0 (Group.masks)."""
-    mode = (window, skip_first)
+    threads = torch.get_num_threads()
+    if not plan.threads or plan.threads == threads:
+        return _attend(pool, layer, plan, q, k, v, scaling, (window, skip_first))
+    torch.set_num_threads(plan.threads)  # ~0.3 µs a switch on a CPU
+    try:
+        return _attend(pool, layer, plan, q, k, v, scaling, (window, skip_first))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _attend(pool: KVPool, layer: int, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor, scaling: float, mode: tuple) -> torch.Tensor:
     keys, values = pool.keys[layer], pool.values[layer]  # [slots, kv_heads, hd]
     keys.index_copy_(0, plan.write_slots, k)
     values.index_copy_(0, plan.write_slots, v)

@@ -162,6 +162,7 @@ class LlamaForward:
         # Attention's compute dtype (engine.model.attention; the start-up check may widen it to float32).
         self.attention_dtype = attention_dtype(self.dtype, self.device)
         self.multi_query = False  # True: --no-batch-invariant's attention (engine.model.attention)
+        self.attention_threads = 0  # > 0: attention's CPU threads (the start-up check may set 1)
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens

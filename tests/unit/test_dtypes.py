@@ -156,3 +156,42 @@ def test_no_batch_invariant_serves_knowingly_inexact(wide, caplog) -> None:
         runner = pick_runner(loaded, HostLimits(require_exact=True, batch_invariant=False, max_k=8))
     assert isinstance(runner, PooledRunner) and runner.forward.multi_query  # the fast, shape-dependent attention
     assert any("may differ from target-only" in r.getMessage() for r in caplog.records)
+
+
+class _ThreadSplitSDPA:
+    """A planted attention kernel as measured on one AMD EPYC in float32: on more than one thread, a
+    lane's output moves in the last bits when other lanes share its SDPA call; on one thread it does
+    not. (torch.nn.functional otherwise, for the module under test.)"""
+
+    def __init__(self, heads: int) -> None:
+        self.heads = heads  # query heads of one lane
+
+    def __getattr__(self, name: str):
+        return getattr(torch.nn.functional, name)
+
+    def scaled_dot_product_attention(self, q, *args, **kwargs):
+        o = torch.nn.functional.scaled_dot_product_attention(q, *args, **kwargs)
+        lanes = q.shape[0] * q.shape[1] // self.heads
+        return o * (1 + 2.0 ** -20) if torch.get_num_threads() > 1 and lanes > 1 else o
+
+
+def test_attention_exact_only_on_one_thread_is_run_on_one_thread(tiny_pair, monkeypatch, caplog) -> None:
+    from engine.model import attention
+
+    loaded = _load(tiny_pair, "float32")
+    monkeypatch.setattr(attention, "F", _ThreadSplitSDPA(loaded.model.config.num_attention_heads))
+    torch.set_num_threads(2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="engine.host"):
+            runner = pick_runner(loaded, EXACT)  # Inexact without the one-thread retry
+        assert isinstance(runner, PooledRunner) and runner.forward.attention_threads == 1
+        assert any("trying attention on 1 thread" in r.getMessage() for r in caplog.records)
+        with torch.inference_mode():  # the control: the plant on 2 threads is caught
+            forward = runner.forward
+            checker = PooledRunner(forward, forward.new_pool(64 << 20), fixed_shapes=False, max_rows=64)
+            assert selfcheck.verify_shapes(checker, loaded.vocab_size, 8) == ""
+            forward.attention_threads = 0
+            assert "not bitwise invariant" in selfcheck.verify_shapes(checker, loaded.vocab_size, 8)
+        assert torch.get_num_threads() == 2  # attention's switch gave the threads back
+    finally:
+        torch.set_num_threads(1)
