@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         group.serve("plain", service_argv("target", plain_port, model=model, threads=1), plain_port)
         target, orchestrator = sec / "target", sec / "orchestrator"  # each role's own files
         extra = ["--tls-cert", str(target / "server.crt"), "--tls-key", str(target / "server.key"),
-                 "--service-token", token]
+                 f"--service-token={token}"]
         if args.mutual:
             extra += ["--tls-client-ca", str(target / "ca.crt")]
         group.start("tls", service_argv("target", tls_port, model=model, threads=1, extra=extra))

@@ -21,17 +21,12 @@ keys in logical order, exactly the call a one-token decode makes:
     KV head share that KV head, each (lane, head) masked to the lane's
     position), and rows of the same n and padded length share one call.
 
-One-query SDPA (measured on the same CPU, bf16, fp16 and fp32, 1 and 2
-threads): a query's output is bitwise the same for any number of other lanes
-in the call, for any key padding that is a multiple of ONE_QUERY_ALIGN with
-the padding masked, and folded into the head axis as above (each (row, head)
-is its own one-query product; the start-up check proves it on the device). So lanes are grouped by padded key length only
-(`one_query_lengths`), whoever they belong to. On another AMD EPYC with 2
-threads (2026-12-07) that did not hold, in float32: a lane's output followed
-the lanes and heads beside it in the call, and the embedded target refused to
-start. With 1 thread it held. So the start-up check (engine.host.pick_runner)
-then runs the SDPA calls on one thread (`AttentionPlan.threads`) and checks
-again; the linears keep every thread.
+One-query SDPA (measured on the same CPU, bf16, fp16 and fp32, 1 and 2 threads): a query's output
+is bitwise the same for any number of other lanes in the call, for any key padding that is a
+multiple of ONE_QUERY_ALIGN with the padding masked, and folded into the head axis as above (each
+(row, head) is its own one-query product; the start-up check proves it on the device, and where it
+holds on 1 thread only runs the SDPA calls on one: `AttentionPlan.threads`). So lanes are grouped
+by padded key length only (`one_query_lengths`), whoever they belong to.
 
 Where exactness is switched off (--no-batch-invariant), every row of several tokens is one
 SDPA call over all its queries instead (`multi_query`): faster for long prefills, but a query's

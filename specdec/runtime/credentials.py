@@ -293,12 +293,20 @@ def _issue_leaves(folder: Path, hosts: dict[str, list[str]]) -> None:
     _write(folder / "orchestrator" / "client.key", _pem_key(key))
 
 
+def _token(nbytes: int) -> str:
+    """A random URL-safe token that never starts with "-" (1 in 64 of token_urlsafe's would, and a
+    command line would then read `--service-token -x...` as another flag)."""
+    while (token := random.token_urlsafe(nbytes)).startswith("-"):
+        pass
+    return token
+
+
 def _new_secrets(state: dict) -> dict:
     """The state with a fresh service token and Redis passwords (the replaced ones still accepted)."""
-    token = random.token_urlsafe(32)
+    token = _token(32)
     redis = {}
     for user in dict.fromkeys(REDIS_USERS.values()):
-        password = random.token_urlsafe(24)
+        password = _token(24)
         old = state.get("redis", {}).get(user, {}).get("sha256", [])
         redis[user] = {"password": password, "sha256": _accepting(password, old)}
     for legacy in LEGACY_REDIS_USERS:  # running model services still log in with it until restarted
@@ -330,7 +338,7 @@ def generate(folder: Path, *, hosts: Iterable[str] = (), tenants=("default",), f
     state = _new_secrets({"hosts": role_hosts(hosts), "redis_prefix": redis_prefix,
                           "redis_maxmemory": redis_maxmemory})
     _issue_leaves(folder, state["hosts"])
-    tokens = {tenant: random.token_urlsafe(32) for tenant in tenants}
+    tokens = {tenant: _token(32) for tenant in tenants}
     _write(_role_dir(folder, "orchestrator") / "tokens",
            "".join(f"{t}:{tok}\n" for t, tok in tokens.items()).encode())
     _write_config(folder, state)

@@ -85,7 +85,7 @@ def secured(tiny_pair, pki, tmp_path_factory) -> Secured:
     try:
         for role, model in (("target", target_dir), ("draft", draft_dir)):
             port = procs.free_port()
-            service = (*server_tls(pki, mutual=True, role=role), "--service-token", service_token)
+            service = (*server_tls(pki, mutual=True, role=role), f"--service-token={service_token}")
             argv = service_argv(role, port, model=model, threads=1, replica_id=role, extra=service)
             s.processes.start(role, argv)
             s.addresses[role] = f"127.0.0.1:{port}"
@@ -96,7 +96,7 @@ def secured(tiny_pair, pki, tmp_path_factory) -> Secured:
             extra=("--startup-timeout", "60", *server_tls(pki, mutual=False),
                    "--auth-tokens", str(logs / "tokens"),
                    "--service-tls-ca", str(pki.ca), "--service-tls-cert", str(pki.client_cert),
-                   "--service-tls-key", str(pki.client_key), "--service-token", service_token,
+                   "--service-tls-key", str(pki.client_key), f"--service-token={service_token}",
                    "--max-request-bytes", "65536", "--max-streams-per-tenant", "2",
                    "--rate-per-tenant", "4", "--burst-per-tenant", "8"))
         s.processes.start("orch", argv)

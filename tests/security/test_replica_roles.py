@@ -22,7 +22,7 @@ def _orchestrator(secured, tokenizer, target: str, logs, extra: tuple[str, ...] 
                              extra=("--startup-timeout", "5", "--service-tls-ca", str(pki.ca),
                                     "--service-tls-cert", str(pki.client_cert),
                                     "--service-tls-key", str(pki.client_key),
-                                    "--service-token", secured.service_token, *extra))
+                                    f"--service-token={secured.service_token}", *extra))
     return procs.start(argv, env=child_env(1, quiet=True), log_path=logs), port
 
 
@@ -30,7 +30,7 @@ def test_a_target_whose_certificate_names_another_role_is_never_routed_to(secure
     target_dir, _ = tiny_pair
     port = procs.free_port()
     impostor = procs.start(service_argv("target", port, model=target_dir, threads=1, replica_id="impostor", extra=(
-        *server_tls(secured.pki, mutual=True, role="draft"), "--service-token", secured.service_token)),
+        *server_tls(secured.pki, mutual=True, role="draft"), f"--service-token={secured.service_token}")),
         env=child_env(1, quiet=True), log_path=tmp_path / "impostor.log")
     try:
         wait_serving(f"127.0.0.1:{port}", secured.pki, impostor)

@@ -44,3 +44,14 @@ def test_the_orchestrators_service_token_is_not_its_own_credential() -> None:
 
     sec = security_from_args(parse_args(["--service-token", "x" * 20]))
     assert sec.service_token == "" and sec.guard().table is None
+
+
+def test_generated_tokens_never_start_with_a_dash(monkeypatch) -> None:
+    """A token on a command line (`--service-token -x...`) would read as another flag."""
+    from specdec.runtime import credentials
+
+    drawn = iter(["-first", "-second", "third"])
+    monkeypatch.setattr(credentials.random, "token_urlsafe", lambda n: next(drawn))
+    assert credentials._token(32) == "third"
+    monkeypatch.undo()
+    assert not any(credentials._token(2).startswith("-") for _ in range(2000))  # 1 in 64 would
