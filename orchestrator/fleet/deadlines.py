@@ -104,11 +104,6 @@ class ReplicaLatency:
         b = self.buckets[max(self.buckets)]
         return b.bound(spread) * max(1.0, size / max(b.size, 1.0))  # at most linear in the size
 
-    def recent(self, window_s: float, now: float | None = None) -> dict[int, float]:
-        """bucket -> EWMA ms, for buckets sampled within `window_s`."""
-        now = time.monotonic() if now is None else now
-        return {k: b.ms for k, b in self.buckets.items() if now - b.seen <= window_s}
-
 
 class LatencyBook:
     """Every replica's latency table in this orchestrator, by role and address."""
