@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import suite
+from benchmarks.load import profile as load_profile
 from benchmarks.load import report as load_report
 from specdec.runtime import heap
 
@@ -108,7 +109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true",
                    help="every stream generates exactly --max-new-tokens (GenerateRequest.ignore_eos): "
                         "batches are not thinned by answers that end early")
+    p.add_argument("--profile", action="store_true",
+                   help="sample each configuration's orchestrator with py-spy during its cells at the "
+                        "largest N: OUT/profiles/*.txt and the parts of its CPU in results.md "
+                        "(benchmarks.load.profile)")
     args = p.parse_args(argv)
+    if args.profile and not load_profile.Sampler.available():
+        p.error("--profile needs py-spy on PATH (pip install -e '.[bench]')")
     args.ns = [int(x) for x in (args.ns or ("1,4" if args.quick else "1,2,4,8,16")).split(",") if x.strip()]
     args.max_new_tokens = args.max_new_tokens or (12 if args.quick else 32)
     names = {c.name: c for c in SERVICE_CONFIGS}
@@ -197,6 +204,12 @@ class LoadStack:
                                      redis_prefix=self.prefix, threads=1, extra=extra, **flags)
             addresses.append(self.group.serve(name if i == 0 else f"{name}.{i + 1}", argv, port, timeout=300))
         return ",".join(addresses)
+
+    def orchestrator_pids(self, config: LoadConfig) -> dict[str, int]:
+        """{process name: pid} of the orchestrator process(es) serving `config`."""
+        base = "orchestrator-default" if config.proposer == "default" else "orchestrator"
+        return {name: proc.pid for name, proc in self.group.running.items()
+                if name == base or name.startswith(base + ".")}
 
     def address_for(self, config: LoadConfig) -> str:
         return self.default_address if config.proposer == "default" else self.address
@@ -713,6 +726,7 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
     held = limiter is not None and mode == BATCHED and config.proposer == "none"
     cell_limit = limiter.measure(len(group), reps=5) if held else None
     decode_limit = limiter.measure(len(group), reps=5, grown=True) if held else None
+    sampler = _sampler(args, rep, config, len(group), stack)
     before = stack.scrape() if stack is not None else {}
     cpu_before = stack.cpu() if stack is not None else {}
     redis_before = stack.redis_commands() if stack is not None else None
@@ -726,6 +740,7 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
             stack.address_for(config), config, group, args.max_new_tokens, args.seed,
             ignore_eos=args.ignore_eos, scrape=stack.fetch))
     wall = time.perf_counter() - t0
+    profiled = sampler.stop() if sampler is not None else []
     cpu_after = stack.cpu() if stack is not None else {}
     redis_after = stack.redis_commands() if stack is not None else None
     after = stack.scrape() if stack is not None else {}
@@ -740,6 +755,8 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
         if record["cpu_us"] is not None and redis_before is not None and redis_after is not None:
             # (the INFO calls themselves: 2 of them, well under one per round)
             record["cpu_us"]["redis_commands"] = (redis_after - redis_before) / rounds
+    if profiled:
+        record["profile"] = load_profile.parts(load_profile.merged(profiled))
     if cell_limit is not None:
         record["limit_ms"] = cell_limit
         record["decode_limit_ms"] = decode_limit
@@ -747,6 +764,17 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
         record["decode"] = {"start_s": decoding["at_s"],
                             "batches": histogram_delta(parse_scrape(decoding["scrape"]), after)}
     return record
+
+
+def _sampler(args, rep: int, config: LoadConfig, n: int, stack: LoadStack | None):
+    """--profile: py-spy started on the orchestrator(s) serving this cell, at the largest N only."""
+    if not args.profile or stack is None or n != max(args.ns):
+        return None
+    sampler = load_profile.Sampler()
+    for name, pid in stack.orchestrator_pids(config).items():
+        sampler.start(pid, args.out / "profiles" / f"{stack.name}-{config.name}-N{n}-rep{rep}-{name}.txt")
+    time.sleep(0.5)  # py-spy attaches before the cell's streams start
+    return sampler
 
 
 def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt], limit: dict[int, dict],
@@ -757,7 +785,7 @@ def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt
         "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
         "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
         "ignore_eos": args.ignore_eos, "orchestrator_workers": args.orchestrator_workers,
-        "stream_interval": args.stream_interval,
+        "stream_interval": args.stream_interval, "profile": args.profile,
         "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
         "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
         "elapsed_s": time.time() - started, "failure": failure,

@@ -10,6 +10,8 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks.load import profile as load_profile
+
 PLOTS = ("tps_vs_n.png", "ttft_vs_n.png")
 SERVICE_MODES = ("batched", "unbatched")
 
@@ -227,6 +229,7 @@ def summarize(records: list[dict], limit: dict[int, dict] | None = None) -> list
             if any(r.get("limit_ms") for r in rs) else None,
             "round_parts": _median_phase(parts),
             "cpu_us": _median_phase([r["cpu_us"] for r in rs if r.get("cpu_us")]),
+            "profile": _median_phase([r["profile"] for r in rs if r.get("profile")]),
         })
     return out
 
@@ -363,7 +366,8 @@ def _met(m) -> str:
 
 def markdown(result: dict) -> str:
     lines = _header(result) + _goals_section(result["goals"]) + _identity_section(result["identity"])
-    lines += _cells_section(result) + _round_parts_section(result["summaries"]) + _cpu_section(result["summaries"]) + NOTES
+    lines += _cells_section(result) + _round_parts_section(result["summaries"]) + _cpu_section(result["summaries"])
+    lines += _profile_section(result["summaries"]) + NOTES
     return "\n".join(lines)
 
 
@@ -485,6 +489,23 @@ def _cpu_section(summaries: list[dict]) -> list[str]:
         lines.append(f"| {s['mode']} | {s['config']} | {s['n']} | "
                      + " | ".join(_f(c.get(name), ".0f") for name in CPU_PARTS)
                      + f" | {_f(c.get('redis_commands'), '.2f')} |")
+    return lines
+
+
+def _profile_section(summaries: list[dict]) -> list[str]:
+    """--profile: the parts of the orchestrator's busy CPU samples (benchmarks.load.profile)."""
+    rows = [s for s in summaries if s.get("profile")]
+    if not rows:
+        return []
+    names = [part for part in load_profile.ORDER if part != "waiting"]
+    lines = ["", "Where the orchestrator's CPU goes (--profile: py-spy samples during the cells at the largest N, "
+             "each sample in the part of its innermost frame that a rule names; shares of the busy samples, "
+             "medians over repetitions; benchmarks.load.profile's docstring defines the parts).", "",
+             "| stack | config | N | samples | " + " | ".join(names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for s in rows:
+        lines.append(f"| {s['mode']} | {s['config']} | {s['n']} | {_f(s['profile'].get('samples'), '.0f')} | "
+                     + " | ".join(load_profile.table(s["profile"])) + " |")
     return lines
 
 
