@@ -4,11 +4,16 @@ Envoy's outlier detection, for gray failures: a replica that is alive but
 hung or slow. `ReplicaHealth` (one per orchestrator process, on the Router)
 holds the learned latency tables (orchestrator.fleet.deadlines) and, per replica:
 
-  ejected    after a call missed its deadline (reason "deadline"), or once the
-             median of its last `min_samples` answers (within `window_s`, since
-             it was last admitted), each taken as its wall time over its peers'
-             usual wall time for the same size of work (their latest figures,
-             however old), reaches `slow_ratio` (reason "slow"). Answers, not
+  ejected    after a call missed its deadline (reason "deadline"), or when its
+             answers (within `window_s`, since it was last admitted), each taken
+             as its wall time over its peers' usual wall time for the same size
+             of work (their latest figures, however old), are `slow_ratio` slower
+             (reason "slow"): the median of its last `min_samples` answers, or,
+             for a replica that runs in bursts (a CPU quota, a duty cycle: fast
+             answers between long stalls, so the median stays fast), the total
+             time of its last BURST_SAMPLES x `min_samples` answers against its
+             peers' total for the same work, with at least 2 of them that slow
+             (one freak answer never ejects). Answers, not
              its table: a size it served fast before it slowed, and has not
              served since, must not outvote the sizes it serves now. An ejected replica gets no new sessions
              (Router.pick) and the sessions on it move at their next round
@@ -63,6 +68,8 @@ SESSION_MOVES = Counter("specdec_session_moves_total",
 # Probe(role, address, timeout_s) -> wall ms of one tiny real call; raises if it fails.
 Probe = Callable[[str, str, float], Awaitable[float]]
 PROBE_SIZE = {"target": 2, "draft": 3}  # tokens of work in a probe (Propose: 2 fed + 1 drafted)
+BURST_SAMPLES = 4  # x min_samples: the answers whose total time judges a replica that runs in bursts
+BURST_SLOW = 2  # ... of which at least this many must be slow_ratio slower by themselves
 
 
 @dataclass(frozen=True)
@@ -95,8 +102,8 @@ class ReplicaHealth:
         self.policy = policy or OutlierPolicy()
         self.probe = probe  # set by the Router (it owns the clients)
         self._ejected: dict[tuple[str, str], _Ejection] = {}
-        # (role, address) -> (monotonic, answer's ms / peers' usual ms) of its latest answers
-        self._paces: dict[tuple[str, str], collections.deque[tuple[float, float]]] = {}
+        # (role, address) -> (monotonic, answer's ms, peers' usual ms for that work) of its latest answers
+        self._paces: dict[tuple[str, str], collections.deque[tuple[float, float, float]]] = {}
 
     # ---- what callers ask -------------------------------------------------------
 
@@ -123,18 +130,28 @@ class ReplicaHealth:
         p = self.policy
         if self.ejected(role, address) or p.slow_ratio <= 0:
             return
-        ratio = self.pace(role, address, size, ms)
-        if ratio is None:
+        usual = self._peers_usual(role, address, size)
+        if usual is None:
             return
         now = time.monotonic()
+        n = max(1, p.min_samples)
         paces = self._paces.get((role, address))
         if paces is None:
-            paces = self._paces[(role, address)] = collections.deque(maxlen=max(1, p.min_samples))
-        paces.append((now, ratio))
-        recent = [r for t, r in paces if now - t <= p.window_s]
-        if len(recent) >= p.min_samples and (slow := statistics.median(recent)) >= p.slow_ratio:
+            paces = self._paces[(role, address)] = collections.deque(maxlen=BURST_SAMPLES * n)
+        paces.append((now, ms, usual))
+        recent = [(mine, theirs) for seen, mine, theirs in paces if now - seen <= p.window_s]
+        last = [mine / theirs for mine, theirs in recent[-n:]]
+        if len(last) >= n and (slow := statistics.median(last)) >= p.slow_ratio:
             self.eject(role, address, "slow", f"{slow:.1f}x its peers' wall time for the same work "
-                       f"(the median of its last {len(recent)} answers)")
+                       f"(the median of its last {len(last)} answers)")
+            return
+        if len(recent) < BURST_SAMPLES * n:
+            return
+        total = sum(mine for mine, _ in recent) / sum(theirs for _, theirs in recent)
+        stalls = sum(mine >= p.slow_ratio * theirs for mine, theirs in recent)
+        if total >= p.slow_ratio and stalls >= BURST_SLOW:
+            self.eject(role, address, "slow", f"{total:.1f}x its peers' wall time for the same work in all "
+                       f"over its last {len(recent)} answers, {stalls} of them stalled (it runs in bursts)")
 
     def missed(self, role: str, address: str, size: int, deadline_s: float) -> None:
         """A call of `size` tokens did not answer within `deadline_s`."""
@@ -144,16 +161,16 @@ class ReplicaHealth:
         self.eject(role, address, "deadline",
                    f"no answer within {deadline_s * 1e3:.0f} ms for {size} tokens ({usual_text})")
 
-    def pace(self, role: str, address: str, size: int, ms: float) -> float | None:
-        """`ms` for `size` tokens on this replica over its peers' usual for that size (the median of
-        the healthy peers' latest figures, however old: routing may have sent every recent session
-        here); None without a healthy peer that has served that size."""
+    def _peers_usual(self, role: str, address: str, size: int) -> float | None:
+        """The usual ms for `size` tokens on this replica's peers: the median of the healthy peers'
+        latest figures, however old (routing may have sent every recent session here); None
+        without a healthy peer that has served that size."""
         key = bucket_of(size)
         theirs = [t.buckets[key].ms for (r, a), t in self.latency.replicas.items()
                   if r == role and a != address and key in t.buckets and not self.ejected(r, a)]
         if not theirs:  # a lone replica has no pace to be judged against
             return None
-        return ms / max(statistics.median(theirs), 1e-3)
+        return max(statistics.median(theirs), 1e-3)
 
     # ---- ejection and readmission -------------------------------------------------
 

@@ -109,8 +109,10 @@ def test_a_frozen_target_moves_its_streams_to_the_other_with_identical_text(gray
 
 def test_a_replica_slowed_5x_is_ejected_on_its_slow_answers_and_gets_no_new_sessions(gray):
     # Counted in sessions, not seconds: a loaded machine slows every call, not the verdict. Sessions
-    # alternate between the targets and each is 24 one-token Scores, so target2 answers 5 slow ones
-    # (the outlier check's sample) within its first session; 8 sessions give it 4 chances.
+    # are spread over the targets and each is 24 one-token Scores. Stopped 80 ms of every 100,
+    # target2 answers fast while it runs and stalls between: on a fast machine most answers are
+    # fast, so the median never ejects it, and its 20 answers' total time does (outliers'
+    # BURST_SAMPLES), within its first session; 8 sessions give it several.
     slow = gray.addresses["target2"]
     placed: list[tuple[int, str]] = []
     ejected_after = None

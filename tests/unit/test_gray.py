@@ -154,6 +154,33 @@ def test_a_replica_slowed_on_one_size_of_work_is_ejected_though_its_other_sizes_
     assert health.ejection_reason("target", "t1") == "slow"
 
 
+def test_a_replica_that_runs_in_bursts_is_ejected_on_its_total_time_though_its_median_answer_is_fast() -> None:
+    # A CPU quota or a duty cycle (running 20 ms of every 100): five answers at the peers' pace, then
+    # one that waits out the stall. Its median answer is fast; its streams run ~7x slower.
+    health = ReplicaHealth(FAST, OutlierPolicy(min_samples=5, slow_ratio=3.0))
+    answers = [2.0, 2.0, 2.0, 2.0, 2.0, 80.0] * 4
+    for n, ms in enumerate(answers, start=1):
+        health.answered("target", "t0", 1, 2.0)
+        health.answered("target", "t1", 1, ms)
+        if health.ejected("target", "t1"):
+            break
+    assert health.ejected("target", "t1") and health.ejection_reason("target", "t1") == "slow"
+    assert n == 20  # judged once it has 4 x min_samples answers: 3 stalls among them
+    assert sorted(answers[n - 5:n])[2] == 2.0  # the median of its last 5 answers is its peers' pace
+
+
+def test_one_freak_answer_never_ejects_however_slow() -> None:
+    health = ReplicaHealth(FAST, OutlierPolicy(min_samples=5, slow_ratio=3.0))
+    for ms in [2.0] * 10 + [500.0] + [2.0] * 12:  # one 250x answer: a pause, a page fault
+        health.answered("target", "t0", 1, 2.0)
+        health.answered("target", "t1", 1, ms)
+    assert not health.ejected("target", "t1")  # its last 20 answers took 13x its peers' time
+    for ms in [500.0] + [2.0] * 3:  # a second one within its last 20 answers: it stalls, and it is out
+        health.answered("target", "t0", 1, 2.0)
+        health.answered("target", "t1", 1, ms)
+    assert health.ejected("target", "t1")
+
+
 def test_an_ejected_replica_comes_back_only_when_its_probes_answer_in_time_and_not_slow() -> None:
     answers = {"t0": 5.0, "t1": 5.0}
     down = {"t1"}
