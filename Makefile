@@ -74,7 +74,7 @@ compose-down: install
 	$(PY) scripts/compose.py down
 
 test: install guidellm speculators
-	$(PY) -m pytest -q -rs --durations=40
+	$(PY) -m pytest -q -rs --durations=40 --junitxml=build/test-report.xml
 	$(MAKE) test-oldest-transformers
 
 # The engine's own tests (tiny models, in-process and one real service each) on the
