@@ -109,10 +109,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true",
                    help="every stream generates exactly --max-new-tokens (GenerateRequest.ignore_eos): "
                         "batches are not thinned by answers that end early")
+    p.add_argument("--warmup-s", type=float, default=0.0,
+                   help="before the cells, run each configuration at each N for this many seconds, "
+                        "not recorded: the speculation gate's verdicts settle (steady state; default 0: "
+                        "the cells meet a cold gate)")
     p.add_argument("--profile", action="store_true",
-                   help="sample each configuration's orchestrator with py-spy during its cells at the "
-                        "largest N: OUT/profiles/*.txt and the parts of its CPU in results.md "
-                        "(benchmarks.load.profile)")
+                   help="sample each cell's orchestrator and the target service with py-spy: "
+                        "OUT/profiles/*.txt, and the parts of the orchestrator's CPU in results.md "
+                        "(benchmarks.load.profile); py-spy takes CPU too, so a profiled run's speeds "
+                        "are not compared with an unprofiled one's")
     args = p.parse_args(argv)
     if args.profile and not load_profile.Sampler.available():
         p.error("--profile needs py-spy on PATH (pip install -e '.[bench]')")
@@ -124,8 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except KeyError as exc:
         p.error(f"--configs: unknown {exc}; expected some of {', '.join(names)}")
     if (min(args.ns) < 1 or args.reps < 1 or args.max_new_tokens < 1 or args.orchestrator_workers < 1
-            or args.stream_interval < 1):
-        p.error("--ns, --reps, --max-new-tokens, --orchestrator-workers and --stream-interval must be >= 1")
+            or args.stream_interval < 1 or args.warmup_s < 0):
+        p.error("--ns, --reps, --max-new-tokens, --orchestrator-workers and --stream-interval must be >= 1, "
+                "--warmup-s >= 0")
     return args
 
 
@@ -255,6 +261,7 @@ class LoadStack:
 
 
 HISTOGRAMS = ("specdec_batch_rows", "specdec_batch_tokens")
+TARGET_PROFILE = "target"  # --profile: the target service's samples go to OUT/profiles/*-target.txt
 ROUND_FIELDS = ("total_ms", "draft_ms", "target_ms", "serialize_ms", "network_ms", "orchestrator_ms",
                 "redis_ms")  # Stats.rounds[] fields kept per round (load_report.ROUND_PARTS)
 MODEL_CALLS = ("Score", "ScoreBatch", "Propose", "ProposeBatch")  # RPCs counted per token
@@ -712,9 +719,22 @@ def _reference(args, modes: list[str], stacks: dict[str, LoadStack], peer: Peer 
     for mode in modes:
         for c in args.configs:
             asyncio.run(run_streams(stacks[mode].address, c, prompts[:2], 4, args.seed))
+            if args.warmup_s > 0:
+                _steady(args, stacks[mode], c, prompts)
     if peer is not None:
         peer.padded(prompts[:2], 4)
         peer.assisted(prompts[0], 4)
+
+
+def _steady(args, stack: LoadStack, config: LoadConfig, prompts: list[suite.Prompt]) -> None:
+    """--warmup-s: every N's streams over and over for that long, not recorded, so the speculation
+    gate has scored drafting and plain decoding at each load level before the cells (a server's
+    steady state; the cells alone are too short for its 1 s epochs)."""
+    for n in args.ns:
+        until = time.perf_counter() + args.warmup_s
+        while time.perf_counter() < until:
+            asyncio.run(run_streams(stack.address_for(config), config, prompts[:n], args.max_new_tokens,
+                                    args.seed, ignore_eos=args.ignore_eos))
 
 
 def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Prompt], stack: LoadStack | None,
@@ -755,8 +775,9 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
         if record["cpu_us"] is not None and redis_before is not None and redis_after is not None:
             # (the INFO calls themselves: 2 of them, well under one per round)
             record["cpu_us"]["redis_commands"] = (redis_after - redis_before) / rounds
-    if profiled:
-        record["profile"] = load_profile.parts(load_profile.merged(profiled))
+    orchestrators = [p for p in profiled if not p.stem.endswith(f"-{TARGET_PROFILE}")]
+    if orchestrators:
+        record["profile"] = load_profile.parts(load_profile.merged(orchestrators))
     if cell_limit is not None:
         record["limit_ms"] = cell_limit
         record["decode_limit_ms"] = decode_limit
@@ -767,11 +788,12 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
 
 
 def _sampler(args, rep: int, config: LoadConfig, n: int, stack: LoadStack | None):
-    """--profile: py-spy started on the orchestrator(s) serving this cell, at the largest N only."""
-    if not args.profile or stack is None or n != max(args.ns):
+    """--profile: py-spy started on the orchestrator(s) serving this cell and on the target service."""
+    if not args.profile or stack is None:
         return None
     sampler = load_profile.Sampler()
-    for name, pid in stack.orchestrator_pids(config).items():
+    pids = {**stack.orchestrator_pids(config), TARGET_PROFILE: stack.group.running["target"].pid}
+    for name, pid in pids.items():
         sampler.start(pid, args.out / "profiles" / f"{stack.name}-{config.name}-N{n}-rep{rep}-{name}.txt")
     time.sleep(0.5)  # py-spy attaches before the cell's streams start
     return sampler
@@ -785,7 +807,7 @@ def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt
         "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
         "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
         "ignore_eos": args.ignore_eos, "orchestrator_workers": args.orchestrator_workers,
-        "stream_interval": args.stream_interval, "profile": args.profile,
+        "stream_interval": args.stream_interval, "profile": args.profile, "warmup_s": args.warmup_s,
         "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
         "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
         "elapsed_s": time.time() - started, "failure": failure,

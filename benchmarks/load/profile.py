@@ -1,9 +1,9 @@
 """Where an orchestrator's CPU goes: py-spy samples of it during a cell, summed by part.
 
-`benchmarks.load --profile` samples each configuration's orchestrator process(es)
-with py-spy during every cell at the largest N (`Sampler`: `py-spy record --format
-raw --nonblocking`, so the process is never stopped to be read) and writes the
-collapsed stacks to OUT/profiles/. `parts(text)` puts each sample in one part by its
+`benchmarks.load --profile` samples each cell's orchestrator process(es) and the
+target service with py-spy (`Sampler`: `py-spy record --format raw --nonblocking`,
+so the process is never stopped to be read) and writes the collapsed stacks to
+OUT/profiles/. `parts(text)` puts each sample in one part by its
 innermost frame that a rule names (`PARTS`, first match from the leaf up), so a
 Redis call made from the round's commit counts as Redis and a Score batch's gRPC
 write as gRPC:
@@ -126,6 +126,7 @@ class Sampler:
                 proc.wait()
             if out.is_file() and out.stat().st_size:
                 written.append(out)
+                out.with_suffix(".log").unlink(missing_ok=True)
             else:
                 self.errors.append(out.with_suffix(".log").read_text(errors="replace").strip())
         self._running = []

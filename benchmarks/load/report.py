@@ -498,7 +498,7 @@ def _profile_section(summaries: list[dict]) -> list[str]:
     if not rows:
         return []
     names = [part for part in load_profile.ORDER if part != "waiting"]
-    lines = ["", "Where the orchestrator's CPU goes (--profile: py-spy samples during the cells at the largest N, "
+    lines = ["", "Where the orchestrator's CPU goes (--profile: py-spy samples during each cell, "
              "each sample in the part of its innermost frame that a rule names; shares of the busy samples, "
              "medians over repetitions; benchmarks.load.profile's docstring defines the parts).", "",
              "| stack | config | N | samples | " + " | ".join(names) + " |",

@@ -60,6 +60,9 @@ class CombinedProposer(Proposer):
         return self.draft.features
 
     async def propose(self, ctx: DraftContext) -> Proposal:
+        if not ctx.k:  # a plain round (the gate's, or the end of the turn): no guess, no call, no choice
+            self._last = ""
+            return self._free_round("", [])
         chain = replace(ctx, tree_nodes=0)
         guesses = {name: (await source.propose(chain)).tokens if ctx.k else []
                    for name, source in self.free.items()}

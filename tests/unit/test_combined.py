@@ -119,3 +119,26 @@ def test_a_lookup_written_off_is_tried_again_and_returns_when_it_pays() -> None:
     assert source == LOOKUP and 0 < n <= 2  # ... but the eighth round probes the guess
     teach(p, LOOKUP, n, n, rounds=12)  # the probes are right
     assert p.choose(4, GUESS)[0] == LOOKUP
+
+
+def test_a_plain_round_asks_no_source_and_weighs_nothing() -> None:
+    """k = 0 (the speculation gate's plain epoch under load): an empty proposal at the draft's held
+    length, without a guess, a draft call or the goodput comparison (a round's cost at N = 64)."""
+    import asyncio
+
+    from orchestrator.proposers.base import DraftContext
+
+    p = proposer(book(verify_ms=LATENCY_BOUND))
+    p.draft.replica.held = 7
+    asked: list[str] = []
+
+    class Counting(PromptLookupProposer):
+        async def propose(self, ctx):
+            asked.append("lookup")
+            return await super().propose(ctx)
+
+    p.free = {LOOKUP: Counting()}
+    p.sources.book = None  # any goodput comparison would fail on it
+    ctx = DraftContext("s", [1, 2, 3, 1, 2], [0] * 6, 3, 0, None, 0)
+    out = asyncio.run(p.propose(ctx))
+    assert out.tokens == [] and out.cache_length == 7 and out.source == "" and asked == []
