@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     playground = None if args.no_playground else PlaygroundSettings(
         passes_per_minute=passes, trusted_proxies=parse_networks(args.trusted_proxies))
     app = create_app(Settings(orchestrator=args.orchestrator, spread=bool(args.spread),
+                              multiplex=bool(args.multiplex),
                               served_model_names=parse_names(args.served_model_name),
                               default_max_tokens=int(args.default_max_tokens),
                               timeout_s=float(args.request_timeout), grace_s=float(args.grace),

@@ -11,6 +11,9 @@ GATEWAY = Group("gateway", (
     Flag("spread", "with several --orchestrator addresses: each new stream starts on the next one in "
          "turn, a broken one resuming on the one after its own (--no-spread: every stream to the "
          "first that answers, the next taking over when it fails)", True, kind=SWITCH),
+    Flag("multiplex", "run the generations to each orchestrator over one shared GenerateMany stream, their "
+         "chunks packed into one message per moment (--no-multiplex: a Generate stream each; an "
+         "orchestrator without GenerateMany gets those anyway)", True, kind=SWITCH),
     Flag("host", "address to bind (0.0.0.0 for all interfaces)", "127.0.0.1"),
     Flag("port", "HTTP port", 8000, int, env_aliases=("SPECDEC_GATEWAY_PORT",)),
     Flag("served-model-name", "the model ids requests may name, comma-separated: the first is the one "

@@ -21,6 +21,7 @@ from gateway.served import Served
 class Settings:
     orchestrator: str = "127.0.0.1:50050"  # several, comma-separated: orchestrators over one fleet
     spread: bool = True  # several: each new stream on the next in turn (client.AsyncClient's spread)
+    multiplex: bool = True  # generations over one GenerateMany stream per orchestrator (client.multiplex)
     served_model_names: tuple[str, ...] = ()  # ids (the first the primary); () = the target's name
     default_max_tokens: int = 256        # when a request gives neither max_tokens form
     timeout_s: float = 600.0             # deadline of one Generate call
@@ -60,6 +61,7 @@ class Gateway:
     def open(self) -> None:
         s = self.settings
         self.client = AsyncClient(s.orchestrator, timeout=s.timeout_s, spread=s.spread,
+                                  multiplex=s.multiplex,
                                   ca=s.tls_ca, cert=s.tls_cert, key=s.tls_key)
 
     async def close(self) -> None:

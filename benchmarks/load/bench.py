@@ -100,6 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-interval", type=int, default=1,
                    help="the orchestrators' --stream-interval: tokens gathered into one chunk message "
                         "of a stream (default 1: every round)")
+    p.add_argument("--multiplex", action="store_true",
+                   help="each cell's streams to one orchestrator share one GenerateMany stream, their "
+                        "chunks packed into one message per moment (client.multiplex), as the gateway "
+                        "sends them; default: a Generate stream each")
     p.add_argument("--suite", type=Path, default=suite.DEFAULT_SUITE)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load")
@@ -383,11 +387,12 @@ class DecodeMark:
         return await self.task if self.task is not None else None
 
 
-async def _stream(stub, request, start: float, mark: DecodeMark | None = None) -> dict:
+async def _stream(stub, request, start: float, mark: DecodeMark | None = None, mux=None) -> dict:
     from specdec.v1 import orchestrator_pb2 as pb
 
     token_ids, chunks, stats = [], [], None
-    async for event in stub.Generate(request, timeout=900):
+    call = mux.generate(request, timeout=900) if mux is not None else stub.Generate(request, timeout=900)
+    async for event in call:
         if event.HasField("chunk"):
             if event.chunk.token_ids:
                 chunks.append((time.perf_counter() - start, len(event.chunk.token_ids)))
@@ -410,10 +415,14 @@ async def _stream(stub, request, start: float, mark: DecodeMark | None = None) -
 
 
 async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prompt], max_new: int,
-                      seed: int, *, ignore_eos: bool = False, scrape=None) -> tuple[list[dict], dict | None]:
+                      seed: int, *, ignore_eos: bool = False, scrape=None,
+                      multiplex: bool = False) -> tuple[list[dict], dict | None]:
     """All prompts' streams at once through the orchestrator at `address`; with `scrape`, also
-    its result once every stream has its first token (DecodeMark), with the time as "at_s"."""
+    its result once every stream has its first token (DecodeMark), with the time as "at_s".
+    `multiplex`: the streams to one address share one GenerateMany stream (client.multiplex)."""
     import grpc
+
+    from client.multiplex import Multiplexed
 
     from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc
 
@@ -421,13 +430,14 @@ async def run_streams(address: str, config: LoadConfig, prompts: list[suite.Prom
     channels = [grpc.aio.insecure_channel(a) for a in address.split(",")]  # streams dealt out in turn
     try:
         stubs = [orchestrator_pb2_grpc.OrchestratorStub(c) for c in channels]
+        muxes = [Multiplexed(c) if multiplex else None for c in channels]
         requests = [pb.GenerateRequest(
             messages=[pb.ChatMessage(role=r, content=c) for r, c in p.messages], max_new_tokens=max_new,
             sampling=common_pb2.SamplingParams(temperature=0.0), seed=seed, proposer_name=kind, k=config.k,
             strict=config.proposer != "default", ignore_eos=ignore_eos) for p in prompts]
         mark = DecodeMark(len(requests), scrape)
         start = time.perf_counter()
-        results = await asyncio.gather(*(_stream(stubs[i % len(stubs)], r, start, mark)
+        results = await asyncio.gather(*(_stream(stubs[i % len(stubs)], r, start, mark, muxes[i % len(muxes)])
                                          for i, r in enumerate(requests)))
         decoding = await mark.result()
     finally:
@@ -734,7 +744,7 @@ def _steady(args, stack: LoadStack, config: LoadConfig, prompts: list[suite.Prom
         until = time.perf_counter() + args.warmup_s
         while time.perf_counter() < until:
             asyncio.run(run_streams(stack.address_for(config), config, prompts[:n], args.max_new_tokens,
-                                    args.seed, ignore_eos=args.ignore_eos))
+                                    args.seed, ignore_eos=args.ignore_eos, multiplex=args.multiplex))
 
 
 def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Prompt], stack: LoadStack | None,
@@ -758,7 +768,7 @@ def _cell(args, rep: int, mode: str, config: LoadConfig, group: list[suite.Promp
     else:
         streams, decoding = asyncio.run(run_streams(
             stack.address_for(config), config, group, args.max_new_tokens, args.seed,
-            ignore_eos=args.ignore_eos, scrape=stack.fetch))
+            ignore_eos=args.ignore_eos, scrape=stack.fetch, multiplex=args.multiplex))
     wall = time.perf_counter() - t0
     profiled = sampler.stop() if sampler is not None else []
     cpu_after = stack.cpu() if stack is not None else {}
@@ -807,7 +817,7 @@ def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt
         "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
         "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
         "ignore_eos": args.ignore_eos, "orchestrator_workers": args.orchestrator_workers,
-        "stream_interval": args.stream_interval, "profile": args.profile, "warmup_s": args.warmup_s,
+        "stream_interval": args.stream_interval, "multiplex": args.multiplex, "profile": args.profile, "warmup_s": args.warmup_s,
         "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
         "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
         "elapsed_s": time.time() - started, "failure": failure,

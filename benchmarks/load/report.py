@@ -386,7 +386,8 @@ def _header(result: dict) -> list[str]:
         f"{' (ignore_eos: every stream that long)' if cfg.get('ignore_eos') else ''}, "
         f"{cfg.get('reps')} repetition(s), cells interleaved per N"
         + (f"; --stream-interval {cfg['stream_interval']} (a chunk message every "
-           f"{cfg['stream_interval']} tokens)" if cfg.get("stream_interval", 1) > 1 else ""),
+           f"{cfg['stream_interval']} tokens)" if cfg.get("stream_interval", 1) > 1 else "")
+        + ("; --multiplex (each cell's streams over one GenerateMany stream)" if cfg.get("multiplex") else ""),
         f"- stacks: {', '.join(cfg.get('modes', []))}"
         + ("" if cfg.get("batching_flag") else " — **the services have no --max-batch flag in this build: "
            "they run one request per forward; no unbatched stack was started**"),

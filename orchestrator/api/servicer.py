@@ -28,6 +28,7 @@ from orchestrator.api import tokens
 from orchestrator.api import metrics
 from orchestrator.api.choices import SharedPrefill, choice_requests, merged, resumed_choices
 from orchestrator.api.interval import ChunkGatherer
+from orchestrator.api.multiplex import Multiplexer
 from orchestrator.common.grammar import Constraint
 from orchestrator.common.events import ChunkEvent, RoundDetail, TokenLogprob
 from orchestrator.round.loop import generate
@@ -276,6 +277,18 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        async for response in self._generation(request):
+            yield response
+
+    async def GenerateMany(  # noqa: N802
+        self, requests: AsyncIterator[pb.GenerateManyRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateManyResponse]:
+        """Many generations over one stream, each run as Generate runs it (orchestrator.api.multiplex)."""
+        async for response in Multiplexer(self._generation).serve(requests):
+            yield response
+
+    async def _generation(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
+        """One Generate call's responses (raises what its status is made from)."""
         tenant = TENANT.get()
         self.quota.rate(tenant)  # first: a refused request costs its tenant a call too
         bounding.check(request, self.bounds)

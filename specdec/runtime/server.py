@@ -128,7 +128,8 @@ def configure_logging(level: str = "INFO") -> None:
     )
 
 
-def _observe(method: str, code: str) -> None:
+def observe_call(method: str, code: str) -> None:
+    """One finished call (a GenerateMany stream counts each of its generations) in REQUESTS."""
     REQUESTS.labels(method=method, code=code).inc()
 
 
@@ -153,7 +154,7 @@ async def serve(
 
         interceptors = [*interceptors, TracingInterceptor(options.public_address)]
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(_observe, guard=options.security.guard()), *interceptors],
+        interceptors=[ErrorInterceptor(observe_call, guard=options.security.guard()), *interceptors],
         options=options.grpc_options(),
     )
     for add in adders:

@@ -324,6 +324,40 @@ class GenerateResponse(_message.Message):
     stats: Stats
     def __init__(self, chunk: _Optional[_Union[Chunk, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
 
+class GenerateManyRequest(_message.Message):
+    __slots__ = ("id", "request", "cancel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: GenerateRequest
+    cancel: bool
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class TaggedResponse(_message.Message):
+    __slots__ = ("id", "response", "code", "message", "end", "retry_after_s", "request_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: GenerateResponse
+    code: int
+    message: str
+    end: bool
+    retry_after_s: int
+    request_id: str
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., end: _Optional[bool] = ..., retry_after_s: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class GenerateManyResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TaggedResponse]
+    def __init__(self, events: _Optional[_Iterable[_Union[TaggedResponse, _Mapping]]] = ...) -> None: ...
+
 class CheckRequest(_message.Message):
     __slots__ = ("prompt", "messages", "guess")
     PROMPT_FIELD_NUMBER: _ClassVar[int]

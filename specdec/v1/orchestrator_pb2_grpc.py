@@ -39,6 +39,11 @@ class OrchestratorStub:
                 request_serializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/specdec.v1.Orchestrator/GenerateMany',
+                request_serializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
         self.Check = channel.unary_unary(
                 '/specdec.v1.Orchestrator/Check',
                 request_serializer=specdec_dot_v1_dot_orchestrator__pb2.CheckRequest.SerializeToString,
@@ -76,6 +81,19 @@ class OrchestratorServicer:
 
     def Generate(self, request, context):
         """Stream a generation: text deltas as tokens commit, then one Stats message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many generations over one stream (a gateway, a load generator): each starts
+        with its own GenerateRequest under an id the caller picks, and every
+        response message carries the events of all of them that came in the same
+        moment, so many streams cost one message per round, not one each. A
+        generation's failure ends that generation only (its status in its last
+        event); the stream's own status is for the stream. Added later; older
+        servers answer UNIMPLEMENTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,6 +157,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateResponse.SerializeToString,
             ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateManyRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_orchestrator__pb2.GenerateManyResponse.SerializeToString,
+            ),
             'Check': grpc.unary_unary_rpc_method_handler(
                     servicer.Check,
                     request_deserializer=specdec_dot_v1_dot_orchestrator__pb2.CheckRequest.FromString,
@@ -197,6 +220,33 @@ class Orchestrator:
             '/specdec.v1.Orchestrator/Generate',
             specdec_dot_v1_dot_orchestrator__pb2.GenerateRequest.SerializeToString,
             specdec_dot_v1_dot_orchestrator__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.Orchestrator/GenerateMany',
+            specdec_dot_v1_dot_orchestrator__pb2.GenerateManyRequest.SerializeToString,
+            specdec_dot_v1_dot_orchestrator__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

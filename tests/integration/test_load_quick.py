@@ -3,7 +3,7 @@
 `python -m benchmarks.load --quick --tiny` starts a batched and an unbatched
 stack (target, draft, orchestrator each, with metrics endpoints), runs N = 1
 and 4 concurrent streams of every configuration and the in-process peer, and
-writes JSON, Markdown and PNGs. Checked here: the outputs exist, greedy
+writes JSON, Markdown and PNGs; its streams run multiplexed (GenerateMany). Checked here: the outputs exist, greedy
 identity holds for every stream, and the identity check fails on a real
 record with one token changed.
 """
@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 def load_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("load-quick")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # --multiplex: the streams share one GenerateMany stream per orchestrator, as the gateway's do.
     proc = subprocess.run([sys.executable, "-m", "benchmarks.load", "--quick", "--tiny", "--ignore-eos",
-                           "--out", str(out)],
+                           "--multiplex", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     return proc, out
 
@@ -38,6 +39,7 @@ def test_quick_load_benchmark_writes_its_outputs_and_keeps_greedy_identity(load_
     ident = result["identity"]
     assert ident["passed"] is True and ident["mismatches"] == []
     modes = result["settings"]["modes"]
+    assert result["settings"]["multiplex"] is True
     # Every service configuration at N = 1 and 4 on every stack, all compared.
     configs = result["settings"]["configs"]
     assert set(configs) >= {"target-only", "default", "adaptive", "draft-k4", "lookup-k4"}

@@ -18,16 +18,15 @@ from tests.integration.stack import Stack, post_json
 
 PROMPT = "The cat sat on the mat and the dog"
 OPTIONS = dict(max_new_tokens=24)
-GENERATE = 'specdec_requests_total{code="OK",method="/specdec.v1.Orchestrator/Generate"}'
+# A Generate call, or a generation on a GenerateMany stream (the gateway's, by default).
+GENERATE = tuple(f'specdec_requests_total{{code="OK",method="/specdec.v1.Orchestrator/{m}"}} '
+                 for m in ("Generate", "GenerateMany"))
 
 
 def generated(port: int) -> int:
-    """Generate calls an orchestrator finished with OK, from its /metrics."""
+    """Generations an orchestrator finished with OK, from its /metrics."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in body.splitlines():
-        if line.startswith(GENERATE + " "):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in body.splitlines() if line.startswith(GENERATE))
 
 
 @pytest.fixture(scope="module")
