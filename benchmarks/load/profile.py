@@ -26,6 +26,7 @@ write as gRPC:
 from __future__ import annotations
 
 import argparse
+import os
 import collections
 import re
 import shutil
@@ -110,7 +111,8 @@ class Sampler:
     def start(self, pid: int, out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         argv = [self.available() or "py-spy", "record", "--pid", str(pid), "--rate", str(self.rate),
-                "--format", "raw", "--nonblocking", "--output", str(out)]
+                "--format", "raw", *(() if os.environ.get("SPECDEC_PROFILE_BLOCKING") else ("--nonblocking",)),
+                "--output", str(out)]
         with out.with_suffix(".log").open("wb") as log:  # py-spy's own messages
             self._running.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), out))
 
