@@ -122,6 +122,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "OUT/profiles/*.txt, and the parts of the orchestrator's CPU in results.md "
                         "(benchmarks.load.profile); py-spy takes CPU too, so a profiled run's speeds "
                         "are not compared with an unprofiled one's")
+    p.add_argument("--profile-stopping", action="store_true",
+                   help="with --profile: py-spy stops the process for each sample (whole stacks; "
+                        "without it, a sample read while the process runs may hold only part of its "
+                        "stack, which then counts in the part its innermost frame names)")
     args = p.parse_args(argv)
     if args.profile and not load_profile.Sampler.available():
         p.error("--profile needs py-spy on PATH (pip install -e '.[bench]')")
@@ -801,7 +805,7 @@ def _sampler(args, rep: int, config: LoadConfig, n: int, stack: LoadStack | None
     """--profile: py-spy started on the orchestrator(s) serving this cell and on the target service."""
     if not args.profile or stack is None:
         return None
-    sampler = load_profile.Sampler()
+    sampler = load_profile.Sampler(stopping=args.profile_stopping)
     pids = {**stack.orchestrator_pids(config), TARGET_PROFILE: stack.group.running["target"].pid}
     for name, pid in pids.items():
         sampler.start(pid, args.out / "profiles" / f"{stack.name}-{config.name}-N{n}-rep{rep}-{name}.txt")

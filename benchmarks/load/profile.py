@@ -26,7 +26,6 @@ write as gRPC:
 from __future__ import annotations
 
 import argparse
-import os
 import collections
 import re
 import shutil
@@ -97,8 +96,9 @@ def top_functions(text: str, n: int = 15) -> list[tuple[str, float]]:
 class Sampler:
     """py-spy recording processes while a cell runs; `stop` writes their files."""
 
-    def __init__(self, rate: int = 200) -> None:
+    def __init__(self, rate: int = 200, *, stopping: bool = False) -> None:
         self.rate = rate
+        self.stopping = stopping  # stop the process for each sample: whole stacks, more overhead
         self._running: list[tuple[subprocess.Popen, Path]] = []
         self.errors: list[str] = []  # py-spy's messages for the recordings that wrote nothing
 
@@ -111,7 +111,7 @@ class Sampler:
     def start(self, pid: int, out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         argv = [self.available() or "py-spy", "record", "--pid", str(pid), "--rate", str(self.rate),
-                "--format", "raw", *(() if os.environ.get("SPECDEC_PROFILE_BLOCKING") else ("--nonblocking",)),
+                "--format", "raw", *(() if self.stopping else ("--nonblocking",)),
                 "--output", str(out)]
         with out.with_suffix(".log").open("wb") as log:  # py-spy's own messages
             self._running.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), out))

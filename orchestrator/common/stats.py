@@ -11,6 +11,7 @@ kept apart (round i's redis_write_ms).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass, field, fields
@@ -41,6 +42,11 @@ class Breakdown:
     feature_bytes: int = 0  # feature drafts: target features on the wire, Score replies + Propose requests
 
 
+@functools.cache
+def _round_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(RoundTally))
+
+
 @dataclass
 class RoundTally(Breakdown):
     """One round's figures; becomes a Stats.Round (field for field).
@@ -61,7 +67,7 @@ class RoundTally(Breakdown):
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
         """Every field by name: the Stats.Round message's fields, and the round span's attributes."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in _round_fields()}
 
     def add_proposal(self, proposal) -> None:
         """Book the round's proposal: its draft call, or the pre-draft it used (parallel mode).

@@ -59,8 +59,9 @@ async def propose(turn: Turn, drafting: Drafting) -> Drafts:
     drafts = Drafts(ctx, proposal, tokens, own=len(tokens))
     for hook in turn.hooks:
         drafts = hook.drafted(turn, drafts)
-    source = (proposal.source or turn.proposer.name) if drafts.own else GRAMMAR
-    drafts = replace(drafts, source=source if drafts.tokens else "")
+    source = ((proposal.source or turn.proposer.name) if drafts.own else GRAMMAR) if drafts.tokens else ""
+    if source != drafts.source:  # a plain round (nothing drafted) keeps its Drafts as they are
+        drafts = replace(drafts, source=source)
     turn.tally.draft_calls += proposal.call is not None
     replica = turn.proposer.replica
     if proposal.call is None and replica is not None:
