@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-interval", type=int, default=1,
                    help="the orchestrators' --stream-interval: tokens gathered into one chunk message "
                         "of a stream (default 1: every round)")
+    p.add_argument("--orchestrator-flags", action="append", default=[], metavar="FLAGS",
+                   help="more flags for every orchestrator of the run, as one string (repeatable), "
+                        "e.g. --orchestrator-flags='--batch-max-items 32'")
     p.add_argument("--multiplex", action="store_true",
                    help="each cell's streams to one orchestrator share one GenerateMany stream, their "
                         "chunks packed into one message per moment (client.multiplex), as the gateway "
@@ -201,6 +204,7 @@ class LoadStack:
         # The cells replay the same prompts: suffix decoding learns nothing across requests here.
         admit += suffix_cache_flags(SUFFIX_CACHE_OFF)
         admit += ["--stream-interval", str(self.args.stream_interval)]
+        admit += [flag for given in self.args.orchestrator_flags for flag in shlex.split(given)]
         self.address = self._orchestrators("orchestrator", admit, default_k="auto")
         self.default_address = self._orchestrators("orchestrator-default", admit)
 
@@ -821,7 +825,8 @@ def _settings(args, batching: bool, modes: list[str], prompts: list[suite.Prompt
         "quick": args.quick, "tiny": args.tiny, "ns": args.ns, "max_new_tokens": args.max_new_tokens,
         "reps": args.reps, "threads": args.threads, "max_batch": args.max_batch,
         "ignore_eos": args.ignore_eos, "orchestrator_workers": args.orchestrator_workers,
-        "stream_interval": args.stream_interval, "multiplex": args.multiplex, "profile": args.profile, "warmup_s": args.warmup_s,
+        "stream_interval": args.stream_interval, "multiplex": args.multiplex,
+        "orchestrator_flags": args.orchestrator_flags, "profile": args.profile, "warmup_s": args.warmup_s,
         "batching_flag": batching, "modes": modes, "configs": [c.name for c in args.configs],
         "peer": not args.no_peer, "suite": Path(args.suite).name, "prompts": [p.id for p in prompts],
         "elapsed_s": time.time() - started, "failure": failure,
