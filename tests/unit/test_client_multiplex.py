@@ -101,6 +101,14 @@ class Orchestrator:
         await asyncio.gather(*self.readers, return_exceptions=True)
 
 
+async def _until(done, timeout_s: float = 10.0) -> None:
+    """Wait for `done()` (a busy machine may take a while to deliver a message)."""
+    for _ in range(int(timeout_s / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
+
+
 def test_an_older_server_without_generate_many_gets_generate_calls():
     async def run():
         old = await Orchestrator(many=False).start()
@@ -142,7 +150,7 @@ def test_a_generation_past_its_timeout_is_cancelled_on_the_server_and_raises_dea
             async with AsyncClient(slow.address, multiplex=True, timeout=0.5, retries=0) as client:
                 with pytest.raises(grpc.aio.AioRpcError) as late:
                     await client.complete("p", max_new_tokens=50)
-                await asyncio.sleep(0.1)  # the cancel reaches the server
+                await _until(lambda: slow.cancelled)  # the cancel reaches the server
                 return late.value, slow.cancelled
         finally:
             await slow.stop()
@@ -164,8 +172,8 @@ def test_a_cancelled_stream_tells_the_server_and_the_stream_then_closes():
                         got.append(chunk)
                         if len(got) == 2:
                             stream.cancel()
-                await asyncio.sleep(0.2)
                 mux = list(client._muxes.values())[0]
+                await _until(lambda: slow.cancelled and mux._open is None)
                 return stopped.value, slow.cancelled, mux
         finally:
             await slow.stop()

@@ -64,7 +64,10 @@ def test_one_message_per_round_carries_every_generations_chunk():
     out = asyncio.run(_serve(rounds, [_start(i) for i in range(1, 9)], ticks=40))
     chunks = [[e for e in r.events if e.response.HasField("chunk")] for r in out]
     per_round = [len(c) for c in chunks if c]
-    assert per_round == [8] * 5, per_round  # 8 generations, 5 rounds: 5 messages of 8 chunks
+    # 8 generations, 5 rounds: a round's 8 chunks always share one message (a machine that stalls
+    # past a tick may join two rounds in one; never split one).
+    assert sum(per_round) == 40 and all(n % 8 == 0 for n in per_round), per_round
+    assert len(per_round) >= 3, per_round
     ends = [e.id for r in out for e in r.events if e.end]
     assert sorted(ends) == list(range(1, 9))
     for gid in range(1, 9):  # each generation's events in its own order: chunks 0..4, stats, end
