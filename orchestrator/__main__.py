@@ -36,6 +36,7 @@ from specdec.core.bounds import MAX_K
 from specdec.core.fingerprint import tokenizer_fingerprint
 from specdec.runtime.limits import request_limits_from_args, tenant_limits_from_args
 from specdec.runtime.security import TokenTable, service_client_from_args
+from specdec.runtime import loop as event_loop
 from specdec.runtime.server import configure_logging, options_from_args, serve
 from specdec.runtime.store import Expected, ServiceRegistry, SessionStore, connect
 from specdec.v1 import orchestrator_pb2_grpc
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     try:
-        asyncio.run(main_async(args))
+        event_loop.run(main_async(args), args.event_loop)
     except StartupError as exc:
         log.error("refusing to start: %s", exc)
         return 2

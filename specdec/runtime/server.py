@@ -34,6 +34,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter
 
 from specdec.runtime import heap, tracing
+from specdec.runtime import loop as event_loop
 from specdec.runtime.errors import ErrorInterceptor
 from specdec.runtime.security import ServerSecurity, security_from_args
 from specdec.runtime.drain import Drain
@@ -72,6 +73,7 @@ class ServerOptions:
     keepalive_timeout_s: float = 20.0  # an unanswered ping drops the connection after this
     max_connection_age_s: float = 0.0  # GOAWAY a connection this old; 0 = off
     max_connection_age_grace_s: float = 300.0  # its calls in flight may run this much longer
+    event_loop: str = "auto"  # specdec.runtime.loop: uvloop where installed
 
     def grpc_options(self) -> list[tuple[str, int]]:
         """The grpc.aio server's channel arguments: message caps, keepalive, connection age."""
@@ -119,6 +121,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         keepalive_timeout_s=float(getattr(args, "keepalive_timeout_s", 20.0)),
         max_connection_age_s=float(getattr(args, "max_connection_age_s", 0.0)),
         max_connection_age_grace_s=float(getattr(args, "max_connection_age_grace_s", 300.0)),
+        event_loop=getattr(args, "event_loop", "auto") or "auto",
     )
 
 
@@ -263,5 +266,5 @@ def run_server(
     drain: Drain | None = None,
 ) -> int:
     """Blocking wrapper around `serve`; returns the process exit code (0 after a clean drain)."""
-    asyncio.run(serve(adders, service_names, options, on_serving=on_serving, drain=drain))
+    event_loop.run(serve(adders, service_names, options, on_serving=on_serving, drain=drain), options.event_loop)
     return 0

@@ -287,6 +287,9 @@ SERVER = Group("server", (
     Flag("redis-prefix", "key prefix in Redis", "specdec:"),
     Flag("advertise-address", "host:port other processes dial, if not --host:--port", ""),
     Flag("log-level", "DEBUG, INFO, WARNING...", "INFO"),
+    Flag("event-loop", "the asyncio event loop: uvloop (libuv, in C: less CPU per scheduled callback, "
+         "timer and socket write), asyncio (the standard library's), or auto: uvloop where installed",
+         "auto", choices=("auto", "uvloop", "asyncio")),
     Flag("trace-file", "append OpenTelemetry spans to this JSON-lines file (one span per line); OTLP "
          "export instead: OTEL_TRACES_EXPORTER=otlp and OTEL_EXPORTER_OTLP_ENDPOINT; empty = off", ""),
     Flag("keepalive-s", "ping each connection after this many idle seconds; a peer that does not answer "
