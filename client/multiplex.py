@@ -24,11 +24,10 @@ from typing import Any
 
 import grpc
 
-from specdec.runtime.errors import REQUEST_ID_KEY, RETRY_AFTER_KEY
+from specdec.runtime.errors import REQUEST_ID_KEY, RETRY_AFTER_KEY, status_code
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-_CODES = {status.value[0]: status for status in grpc.StatusCode}
 _END = object()
 
 
@@ -42,7 +41,7 @@ def _failure(event: pb.TaggedResponse) -> grpc.aio.AioRpcError:
     trailing = ((REQUEST_ID_KEY, event.request_id),) if event.request_id else ()
     if event.retry_after_s:
         trailing += ((RETRY_AFTER_KEY, str(event.retry_after_s)),)
-    return rpc_error(_CODES.get(event.code, grpc.StatusCode.UNKNOWN), event.message, trailing)
+    return rpc_error(status_code(event.code), event.message, trailing)
 
 
 class MuxCall:

@@ -48,7 +48,6 @@ class Multiplexer:
         self._ready = asyncio.Event()  # something is held
         self._room = asyncio.Event()  # fewer than MAX_HELD are held
         self._room.set()
-        self._caller_done = False  # the caller half-closed: no new generations
 
     async def serve(self, requests: AsyncIterator[pb.GenerateManyRequest]) -> AsyncIterator[pb.GenerateManyResponse]:
         """The stream's responses, until the caller is done and every generation has ended."""
@@ -98,7 +97,6 @@ class Multiplexer:
                     self._live[message.id] = asyncio.get_running_loop().create_task(
                         self._generate(message.id, message.request))
         finally:
-            self._caller_done = True
             self._ready.set()  # the sender checks whether the stream is over
 
     async def _generate(self, gid: int, request: pb.GenerateRequest) -> None:

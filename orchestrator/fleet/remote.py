@@ -49,7 +49,7 @@ from orchestrator.fleet.streams import BatchStream, NoStream, StreamFailed
 from orchestrator.fleet.outliers import SESSION_MOVES, ReplicaHealth
 from specdec.runtime import tracing
 from specdec.core.fingerprint import EMPTY, extend
-from specdec.runtime.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable
+from specdec.runtime.errors import CACHE_MISS_PREFIX, CacheMiss, SpecdecError, Unavailable, status_code
 from specdec.runtime.security import ServiceClientSecurity, aio_channel
 from specdec.v1 import common_pb2, model_pb2
 
@@ -71,7 +71,6 @@ CHANNEL_OPTIONS = [
 _DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 # Draft statuses that are the request's own (the same on every replica): no move, fall back.
 _REQUEST_FAULTS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
-_CODES = {code.value[0]: code for code in grpc.StatusCode}  # status number -> StatusCode
 
 
 class ServiceDown(Unavailable):
@@ -219,7 +218,7 @@ class ModelClient:
             if status is None or i >= len(batch.items):
                 out.append(UpstreamError(grpc.StatusCode.INTERNAL, f"the {self.role} service: a short batch reply"))
             elif status.code:
-                out.append(self._error(_CODES.get(status.code, grpc.StatusCode.UNKNOWN), status.message))
+                out.append(self._error(status_code(status.code), status.message))
             else:
                 out.append((batch.items[i], end, share))
         return out

@@ -148,6 +148,14 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
     return new_request_id()
 
 
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The StatusCode of a status number carried in a message (UNKNOWN for one this grpc lacks)."""
+    return _STATUS_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+
+
 def is_cache_miss(error: grpc.RpcError) -> bool:
     """True when a client-side RpcError is the documented cache-miss status."""
     return (
