@@ -240,6 +240,19 @@ class Timer:
 
 
 def stats_to_proto(t: Tally) -> pb.Stats:
-    """The final Stats: every proto field read by name from the Tally, rounds field for field."""
-    values = {name: getattr(t, name) for name in pb.Stats.DESCRIPTOR.fields_by_name if name != "rounds"}
-    return pb.Stats(**values, rounds=[pb.Round(**r.as_dict()) for r in t.rounds])
+    """The final Stats: every proto field read by name from the Tally, rounds field for field.
+
+    Each round is filled in place (a Round built apart and passed in is copied) and only with
+    its fields that are set (zero, False, "" and [] are the proto's own defaults): the message
+    is built once per request, with every round in it."""
+    stats = pb.Stats(**{name: getattr(t, name) for name in pb.Stats.DESCRIPTOR.fields_by_name if name != "rounds"})
+    names = _round_fields()
+    for r in t.rounds:
+        out = stats.rounds.add()
+        for name in names:
+            if value := getattr(r, name):
+                if name == "accepted_ranks":
+                    out.accepted_ranks.extend(value)
+                else:
+                    setattr(out, name, value)
+    return stats

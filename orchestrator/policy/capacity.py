@@ -175,7 +175,9 @@ class TargetAdmission:
         """A round of an admitted stream on `address` took `ms` (its chunk gap): the pace feedback."""
         if self.policy.sessions or not self.policy.pace:
             return
-        pace = self._pace.setdefault(address, _Pace())
+        pace = self._pace.get(address)
+        if pace is None:  # made once per replica, not per round
+            pace = self._pace[address] = _Pace()
         pace.observe(ms, self.load(address))
         before, recent, load = pace.limit, pace.recent_ms, pace.window_load / max(1, pace.window_n)
         pace.adjust(self.policy.pace, self.capacity(router, address))

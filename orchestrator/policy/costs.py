@@ -114,7 +114,10 @@ class ReplicaCosts:
         self.forward_ms.add(call.forward_ms)
         self.row_tokens.add(call.tokens)
         bucket = int(tokens).bit_length()
-        mean_tokens, ms = self.buckets.setdefault(bucket, (_Ewma(self.alpha), _Ewma(self.alpha)))
+        pair = self.buckets.get(bucket)
+        if pair is None:
+            pair = self.buckets[bucket] = (_Ewma(self.alpha), _Ewma(self.alpha))
+        mean_tokens, ms = pair
         mean_tokens.add(tokens)
         ms.add(call.forward_ms)
         self.rows.add(max(1, call.batch_rows))
@@ -176,10 +179,16 @@ class CostBook:
 
     def acceptance(self, draft: str) -> PooledAcceptance:
         """Acceptance by position pooled over the sessions drafting on `draft` (a new session's prior)."""
-        return self.pooled.setdefault(draft, PooledAcceptance())
+        pooled = self.pooled.get(draft)
+        if pooled is None:
+            pooled = self.pooled[draft] = PooledAcceptance()
+        return pooled
 
     def replica(self, role: str, address: str) -> ReplicaCosts:
-        return self.replicas.setdefault((role, address), ReplicaCosts())
+        costs = self.replicas.get((role, address))
+        if costs is None:  # made once per replica, not per call
+            costs = self.replicas[(role, address)] = ReplicaCosts()
+        return costs
 
     def observe(self, role: str, address: str, call: Call | None, drafted: int = 0, session: str = "") -> None:
         if call is None:

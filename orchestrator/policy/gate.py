@@ -150,7 +150,9 @@ class SpeculationGate:
         self._epoch_rounds += 1
         self._epoch_live += max(self.live, 1)
         self.rounds += 1
-        own = self._epoch_sessions.setdefault(session, [0, 0.0, 0])
+        own = self._epoch_sessions.get(session)
+        if own is None:
+            own = self._epoch_sessions[session] = [0, 0.0, 0]
         own[0] += tokens
         own[1] += max(seconds, 0.0)
         own[2] += 1

@@ -641,6 +641,24 @@ def test_every_stats_field_comes_from_the_tally() -> None:
         assert parts == pytest.approx(r.total_ms, abs=1e-6)
 
 
+def test_every_round_field_reaches_its_stats_round_set_or_unset() -> None:
+    """Rounds are filled with their set fields only: each field, set or at its default, must read back."""
+    from dataclasses import fields
+
+    from orchestrator.common.stats import RoundTally
+    tally = Tally()
+    full = RoundTally()
+    for i, f in enumerate(fields(RoundTally), start=1):
+        value = {bool: True, str: "lookup", int: i, float: i + 0.5}.get(type(getattr(full, f.name)), [2, 0, 1])
+        setattr(full, f.name, value)
+    tally.rounds = [full, RoundTally()]
+    stats = stats_to_proto(tally)
+    for r, proto in zip(tally.rounds, stats.rounds):
+        for name, value in r.as_dict().items():
+            got = getattr(proto, name)
+            assert (list(got) if name == "accepted_ranks" else got) == pytest.approx(value), name
+
+
 # --------------------------------------------------------------------- Redis outages, failed turns, resume
 
 
