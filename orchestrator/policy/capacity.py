@@ -41,6 +41,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -138,7 +139,7 @@ class TargetAdmission:
         self.waiting = 0
         self._waiters: list[asyncio.Future] = []
         self._duration_s = 0.0  # EWMA of admitted streams' durations (the retry-after hint)
-        self._pace: dict[str, _Pace] = {}
+        self._pace: defaultdict[str, _Pace] = defaultdict(_Pace)
         self._shedding_logged = 0.0
 
     # ---- measurement ------------------------------------------------------------
@@ -175,9 +176,7 @@ class TargetAdmission:
         """A round of an admitted stream on `address` took `ms` (its chunk gap): the pace feedback."""
         if self.policy.sessions or not self.policy.pace:
             return
-        pace = self._pace.get(address)
-        if pace is None:  # made once per replica, not per round
-            pace = self._pace[address] = _Pace()
+        pace = self._pace[address]
         pace.observe(ms, self.load(address))
         before, recent, load = pace.limit, pace.recent_ms, pace.window_load / max(1, pace.window_n)
         pace.adjust(self.policy.pace, self.capacity(router, address))

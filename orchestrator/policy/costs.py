@@ -34,6 +34,7 @@ Where a round's time and bytes actually went is orchestrator.common.stats.Breakd
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from orchestrator.policy.gate import SpeculationGate
@@ -167,8 +168,9 @@ class CostBook:
     """Every replica's costs in this orchestrator process, by role and address."""
 
     def __init__(self) -> None:
-        self.replicas: dict[tuple[str, str], ReplicaCosts] = {}
-        self.pooled: dict[str, PooledAcceptance] = {}  # per draft replica: every session's acceptance
+        # Made on first use, once per key (a default built per call would be dropped on most).
+        self.replicas: defaultdict[tuple[str, str], ReplicaCosts] = defaultdict(ReplicaCosts)
+        self.pooled: defaultdict[str, PooledAcceptance] = defaultdict(PooledAcceptance)  # per draft replica
         self.gates: dict[str, SpeculationGate] = {}  # per target replica: does drafting pay (measured)
 
     def gate(self, target: str) -> SpeculationGate:
@@ -179,16 +181,10 @@ class CostBook:
 
     def acceptance(self, draft: str) -> PooledAcceptance:
         """Acceptance by position pooled over the sessions drafting on `draft` (a new session's prior)."""
-        pooled = self.pooled.get(draft)
-        if pooled is None:
-            pooled = self.pooled[draft] = PooledAcceptance()
-        return pooled
+        return self.pooled[draft]
 
     def replica(self, role: str, address: str) -> ReplicaCosts:
-        costs = self.replicas.get((role, address))
-        if costs is None:  # made once per replica, not per call
-            costs = self.replicas[(role, address)] = ReplicaCosts()
-        return costs
+        return self.replicas[(role, address)]
 
     def observe(self, role: str, address: str, call: Call | None, drafted: int = 0, session: str = "") -> None:
         if call is None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,11 @@ MIN_ROUNDS = 3  # a session's rate is compared once it has this many rounds in t
 MIN_EPOCH_ROUNDS = 8  # an epoch is scored once it has this many decoding rounds (all sessions')
 STALE_FACTOR = 3.0  # an epoch this many times its length saw an idle replica: not scored
 EXPLORE_FRACTION = 0.5  # an epoch running the mode its level's verdict does not: this share of EPOCH_S
+
+
+def _tally() -> list:
+    """A session's figures in an epoch: [tokens, round seconds, rounds]."""
+    return [0, 0.0, 0]
 
 
 def load_level(live: int) -> int:
@@ -92,7 +98,7 @@ class SpeculationGate:
     _epoch_rounds: int = 0
     _epoch_live: int = 0  # the live sessions summed over the recorded rounds (their mean: concurrency)
     _epoch_level: int = 1
-    _epoch_sessions: dict = field(default_factory=dict)  # session -> [tokens, round seconds, rounds]
+    _epoch_sessions: defaultdict = field(default_factory=lambda: defaultdict(_tally))  # session -> _tally()
     flips: int = 0
     rounds: int = 0  # decoding rounds recorded, in all
 
@@ -150,9 +156,7 @@ class SpeculationGate:
         self._epoch_rounds += 1
         self._epoch_live += max(self.live, 1)
         self.rounds += 1
-        own = self._epoch_sessions.get(session)
-        if own is None:
-            own = self._epoch_sessions[session] = [0, 0.0, 0]
+        own = self._epoch_sessions[session]
         own[0] += tokens
         own[1] += max(seconds, 0.0)
         own[2] += 1
@@ -162,7 +166,7 @@ class SpeculationGate:
         self.mode_spec, self._epoch_start = spec, now
         self._epoch_len = self.epoch_s * (EXPLORE_FRACTION if exploring else 1.0)
         self._epoch_rounds, self._epoch_live = 0, 0
-        self._epoch_sessions = {}
+        self._epoch_sessions = defaultdict(_tally)
         self._epoch_level = load_level(self.live)
 
     def _rate(self) -> float | None:
