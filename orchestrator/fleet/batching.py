@@ -112,6 +112,10 @@ class CallBatcher:
 
     async def call(self, session_id: str, payload: bytes) -> Any:
         """The item's response message (raises its error); sent in the next batch."""
+        return await self.submit(session_id, payload)
+
+    def submit(self, session_id: str, payload: bytes) -> asyncio.Future:
+        """`call` without its coroutine: the future of the item's response, sent in the next batch."""
         loop = asyncio.get_running_loop()
         item = _Item(session_id, payload, time.perf_counter(), loop.create_future())
         self._live[session_id] = time.monotonic()
@@ -121,7 +125,7 @@ class CallBatcher:
             self._schedule(loop, 0.0)
         else:
             self._schedule(loop, self._delay())
-        return await item.future
+        return item.future
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
         if self._timer is not None:

@@ -237,10 +237,8 @@ class ModelClient:
         encoded = time.perf_counter()
         # A traced call keeps its own trace context (tracing is configured once serving starts).
         if self._batcher is not None and name in _BATCH and not tracing.ENABLED:
-            response, end, decode_s = await self._batcher.call(request.session_id, payload)
-            # rpc_ms spans the wait for the batch to gather: it is part of the round's network time.
-            return response, self._cost(request, response, start, end, len(payload), response.ByteSize(),
-                                        (encoded - start) + decode_s)
+            out = await self._batcher.call(request.session_id, payload)
+            return self._batched(request, out, start, encoded, len(payload))
         try:
             raw = await self._methods[name](payload, timeout=timeout_s or self.timeout_s,
                                             metadata=tracing.rpc_metadata(self._metadata))  # + the trace context
@@ -283,12 +281,35 @@ class ModelClient:
             self.feature_kind = info.feature_kind
         return self._request_limit
 
-    async def score(self, request: model_pb2.ScoreRequest) -> tuple[model_pb2.ScoreResponse, Call]:
+    def score(self, request: model_pb2.ScoreRequest) -> Pending:
+        """The Score call, under way: await it for (response, Call)."""
         # The last chunk holds the k drafts and the committed token before them.
-        return await self._chunked("Score", request, model_pb2.ScoreResponse, tail=request.k + 1)
+        return self._start("Score", request, model_pb2.ScoreResponse, tail=request.k + 1)
 
-    async def propose(self, request: model_pb2.ProposeRequest) -> tuple[model_pb2.ProposeResponse, Call]:
-        return await self._chunked("Propose", request, model_pb2.ProposeResponse, tail=1)
+    def propose(self, request: model_pb2.ProposeRequest) -> Pending:
+        """The Propose call, under way: await it for (response, Call)."""
+        return self._start("Propose", request, model_pb2.ProposeResponse, tail=1)
+
+    def _start(self, name: str, request, response_type, *, tail: int) -> Pending:
+        """A round's call as an item of the next batch, its future waited on directly (no task, no
+        coroutine: every session pays this per round); a call that is chunked, traced or not batched
+        runs as a task of `_chunked`."""
+        limit = self._request_limit
+        if (self._batcher is None or tracing.ENABLED or limit is None
+                or (limit and len(request.tokens) > limit and tail <= limit)):
+            return Pending(asyncio.ensure_future(self._chunked(name, request, response_type, tail=tail)))
+        start = time.perf_counter()
+        payload = request.SerializeToString()
+        encoded = time.perf_counter()
+        future = self._batcher.submit(request.session_id, payload)
+        return Pending(future, lambda out: self._batched(request, out, start, encoded, len(payload)))
+
+    def _batched(self, request, out: tuple, start: float, encoded: float, sent: int) -> tuple[Any, Call]:
+        """A batch item's (response, Call); rpc_ms spans the wait for the batch to gather: it is part
+        of the round's network time."""
+        response, end, decode_s = out
+        return response, self._cost(request, response, start, end, sent, response.ByteSize(),
+                                    (encoded - start) + decode_s)
 
     async def _chunked(self, name: str, request, response_type, *, tail: int):
         """One call, or leading k = 0 chunks then the last one when `request` exceeds the limit."""
@@ -382,8 +403,32 @@ async def _within(task: asyncio.Future, timeout_s: float | None) -> bool:
     return task.done()
 
 
-# Sends one request to `client` with the session's KV cropped to `cache_position`.
-Send = Callable[[ModelClient, int], Awaitable[tuple[Any, Call]]]
+class Pending:
+    """A model call under way (ModelClient.score / propose): its future, and what its outcome
+    becomes once done. Await it for (response, Call), or wait on `future` and read `result()`."""
+
+    __slots__ = ("future", "_finish")
+
+    def __init__(self, future: asyncio.Future, finish: Callable[[Any], tuple[Any, Call]] | None = None) -> None:
+        self.future, self._finish = future, finish
+
+    def result(self) -> tuple[Any, Call]:
+        """(response, Call) of the done call; raises its error."""
+        out = self.future.result()
+        return out if self._finish is None else self._finish(out)
+
+    def __await__(self):
+        yield from self.future.__await__()
+        return self.result()
+
+
+# Sends one request to `client` with the session's KV cropped to `cache_position`: the call under
+# way (ModelClient.score / propose), or any awaitable of (response, Call).
+Send = Callable[[ModelClient, int], Pending | Awaitable[tuple[Any, Call]]]
+
+
+def _pending(call: Pending | Awaitable[tuple[Any, Call]]) -> Pending:
+    return call if isinstance(call, Pending) else Pending(asyncio.ensure_future(call))
 _BACKGROUND: set[asyncio.Task] = set()  # releases outliving the request that started them
 
 
@@ -508,33 +553,49 @@ class SessionReplica:
         self.client, self.held = other, 0
 
     async def _attempt(self, send: Send, position: int, size: int, bound: float) -> tuple[Any, Call, int]:
-        """One send (and its cache-miss resend) under the replica's learned deadline."""
+        """One send (and its cache-miss resend from 0) under the replica's learned deadline.
+
+        The call's own future is waited on (no task per call: every session pays this per round)."""
         health = self.router.health
         role, address = self.role, self.address
         own, size = size, health.latency.begin(role, address, size)  # the replica's load counts
         limit = health.deadline_s(role, address, size)
         started = time.monotonic()
-        task = asyncio.ensure_future(self._resend_on_miss(send, position))
+        pending, misses, late = _pending(send(self.client, position)), 0, False
         try:
-            if not await _within(task, limit):
-                self.deadline_misses += 1
-                health.missed(role, address, size, limit)
-                missed = DeadlineMissed(f"the {role} service missed its deadline",
-                                        detail=f"{address}: {own} tokens ({size} with the calls in flight "
-                                               f"there), no answer within {limit * 1e3:.0f} ms")
-                if ((role == "draft" and time.monotonic() >= bound)
-                        or await self.router.pick(role, exclude={address}, healthy=True)):
-                    raise missed
-                await self._wait_longer(task, bound, missed)
-                return task.result()  # late: not learned (a hang must not raise the deadline)
-            result = task.result()
+            while True:
+                if late:
+                    await self._wait_longer(pending.future, bound, missed)
+                else:
+                    left = None if limit is None else limit - (time.monotonic() - started)
+                    if not await _within(pending.future, left):
+                        self.deadline_misses += 1
+                        health.missed(role, address, size, limit)
+                        missed = DeadlineMissed(f"the {role} service missed its deadline",
+                                                detail=f"{address}: {own} tokens ({size} with the calls in flight "
+                                                       f"there), no answer within {limit * 1e3:.0f} ms")
+                        if ((role == "draft" and time.monotonic() >= bound)
+                                or await self.router.pick(role, exclude={address}, healthy=True)):
+                            raise missed
+                        late = True  # waited on longer; its answer is not learned (a hang must not raise the deadline)
+                        await self._wait_longer(pending.future, bound, missed)
+                try:
+                    response, call = pending.result()
+                except CacheMiss:
+                    if position == 0:
+                        raise
+                    log.info("session %s: %s cache miss at %d; resending from 0", self.session_id, role, position)
+                    position, misses = 0, 1
+                    pending = _pending(send(self.client, 0))
+                    continue
+                break
         finally:
             health.latency.end(role, address, own)
-            if not task.done():
-                task.cancel()  # the RPC is cancelled; the replica drops it at its next step
-        if not result[2]:  # a clean answer, in time: what this size costs here
+            if not pending.future.done():
+                pending.future.cancel()  # the RPC is cancelled; the replica drops it at its next step
+        if not misses and not late:  # a clean answer, in time: what this size costs here
             health.answered(role, address, size, (time.monotonic() - started) * 1e3)
-        return result
+        return response, call, misses
 
     async def _wait_longer(self, task: asyncio.Task, bound: float, missed: DeadlineMissed) -> None:
         """A late target call with no other replica usable: wait up to `bound`, moving if one appears."""
@@ -550,17 +611,6 @@ class SessionReplica:
     def _moves_on(self, code: grpc.StatusCode) -> bool:
         """Whether an UpstreamError with `code` is a reason to try another replica of this role."""
         return self.role == "draft" and code not in _REQUEST_FAULTS
-
-    async def _resend_on_miss(self, send: Send, position: int) -> tuple[Any, Call, int]:
-        try:
-            response, call = await send(self.client, position)
-            return response, call, 0
-        except CacheMiss:
-            if position == 0:
-                raise
-            log.info("session %s: %s cache miss at %d; resending from 0", self.session_id, self.role, position)
-        response, call = await send(self.client, 0)
-        return response, call, 1
 
 
 async def place(

@@ -55,6 +55,31 @@ def test_session_round_trip_ttl_and_delete(prefix):
     run(body())
 
 
+def test_saves_of_one_loop_turn_land_in_one_script_call_each_whole_with_its_ttl(prefix):
+    """Kept and single-turn records saved together: one SAVE_SCRIPT call, every record whole, each
+    its own TTL, the kept ones counted per tenant; after the script cache is flushed (a Redis
+    restart) the next batch loads it again."""
+    async def body():
+        client = connect(URL)
+        store = SessionStore(client, url=URL, prefix=prefix, ttl_s=60, single_turn_ttl_s=20)
+        records = [SessionRecord(f"s{i}", tokens=tuple(range(i, i + 40)), target="a:1", target_len=39,
+                                 draft="b:2" if i % 3 else "", draft_len=i, turn_start=7, turn_seed=i + 1,
+                                 multi_turn=i % 2 == 0, tenant=f"t{i % 4 // 2}") for i in range(8)]
+        saved = await asyncio.gather(*(store.save(r) for r in records))
+        assert store.save_batches == 1
+        for record in saved:
+            assert await store.load(record.session_id) == record
+            ttl = await client.ttl(f"{prefix}session:{record.session_id}")
+            assert (40 < ttl <= 60) if record.multi_turn else (0 < ttl <= 20)
+        assert await store.kept("t0") == 2 and await store.kept("t1") == 2  # s0, s2 and s4, s6
+        await client.script_flush()
+        again = await store.save(SessionRecord("s1", tokens=(5, 6), multi_turn=True, tenant="t0"))
+        assert await store.load("s1") == again and await store.kept("t0") == 3
+        await client.aclose()
+
+    run(body())
+
+
 def test_registry_lists_live_replicas_and_expires_dead_ones(prefix):
     async def body():
         client = connect(URL)
