@@ -41,6 +41,7 @@ import time
 from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -387,6 +388,7 @@ class ServiceRegistry:
         self.ttl_s = ttl_s
         self.expected = expected or Expected()
         self._reported: set[tuple[str, str]] = set()  # (key, problem) already logged
+        self._reads: dict[str, asyncio.Future] = {}  # role -> its `live` read under way
 
     def _key(self, role: str, replica_id: str) -> str:
         return f"{self.prefix}service:{role}:{replica_id}"
@@ -414,7 +416,23 @@ class ServiceRegistry:
         await _guard("service deregister", self._url, pipe.execute())
 
     async def live(self, role: str) -> list[ServiceEntry]:
-        """Replicas of `role` whose heartbeat has not expired, lowest load first."""
+        """Replicas of `role` whose heartbeat has not expired, lowest load first.
+
+        Calls made while a read of the role is under way share it: every new session reads the
+        registry, and a burst of them costs one read (and one Redis connection), not one each."""
+        read = self._reads.get(role)
+        if read is None or read.get_loop() is not asyncio.get_running_loop():
+            read = self._reads[role] = asyncio.ensure_future(self._read_live(role))
+            read.add_done_callback(partial(self._read_done, role))
+        return list(await asyncio.shield(read))  # a caller that goes away leaves the read to the others
+
+    def _read_done(self, role: str, read: asyncio.Future) -> None:
+        if self._reads.get(role) is read:
+            del self._reads[role]
+        if not read.cancelled():
+            read.exception()  # each caller raises it; none may be left to retrieve it
+
+    async def _read_live(self, role: str) -> list[ServiceEntry]:
         now = time.time()
         index = self._index(role)
         pipe = self._r.pipeline(transaction=False)

@@ -99,6 +99,35 @@ def test_registry_lists_live_replicas_and_expires_dead_ones(prefix):
     run(body())
 
 
+def test_a_burst_of_registry_reads_shares_one_and_a_later_one_reads_again(prefix):
+    """New sessions that come together read the registry once (one read, one connection); a caller
+    that goes away leaves the read to the others; a read after it is a new one (nothing cached)."""
+    async def body():
+        client = connect(URL)
+        reg = ServiceRegistry(client, url=URL, prefix=prefix)
+        await reg.register(ServiceEntry("h:1", "target", "t1", load=1.0))
+        reads = 0
+        read_live = reg._read_live
+
+        async def counted(role):
+            nonlocal reads
+            reads += 1
+            return await read_live(role)
+
+        reg._read_live = counted
+        callers = [asyncio.ensure_future(reg.live("target")) for _ in range(32)]
+        await asyncio.sleep(0)
+        callers[0].cancel()
+        answers = await asyncio.gather(*callers[1:])
+        assert reads == 1 and all([e.address for e in a] == ["h:1"] for a in answers)
+        assert answers[1] is not answers[2]  # each caller its own list
+        await reg.register(ServiceEntry("h:2", "target", "t2", load=0.5))
+        assert [e.address for e in await reg.live("target")] == ["h:2", "h:1"] and reads == 2
+        await client.aclose()
+
+    run(body())
+
+
 def test_unreachable_redis_fails_fast_with_store_unavailable():
     async def body():
         url = f"redis://127.0.0.1:{free_port()}/0"
