@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -49,11 +48,14 @@ class MuxCall:
 
     def __init__(self, mux: Multiplexed, gid: int, request: pb.GenerateRequest, timeout: float | None) -> None:
         self._mux, self.id, self.request = mux, gid, request
-        self._deadline = None if timeout is None else time.monotonic() + timeout
         self._timeout = timeout
         self.events: asyncio.Queue = asyncio.Queue()  # GenerateResponse, an error, or _END
         self._fallback: Any = None  # a plain Generate call (a server without GenerateMany)
         self._done = False
+        # The deadline: one timer for the generation that adds DEADLINE_EXCEEDED to its events, not a
+        # timed wait per event (asyncio.wait_for makes a task of each; this runs per chunk).
+        self._timer = None if timeout is None else asyncio.get_running_loop().call_later(max(0.0, timeout),
+                                                                                         self._expire)
 
     def __aiter__(self) -> AsyncIterator[pb.GenerateResponse]:
         return self._responses()
@@ -76,21 +78,25 @@ class MuxCall:
                 yield event
         finally:
             self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
             self._mux.forget(self.id, cancel=self._fallback is None)
 
     async def _next(self) -> Any:
-        if self._deadline is None:
-            return await self.events.get()
-        left = self._deadline - time.monotonic()
-        try:
-            return await asyncio.wait_for(self.events.get(), max(0.0, left))
-        except asyncio.TimeoutError:
-            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        return await self.events.get()
+
+    def _expire(self) -> None:
+        """Past the deadline: the generation ends with DEADLINE_EXCEEDED (and is cancelled on the
+        server as its caller stops reading)."""
+        if not self._done and self._fallback is None:
+            self.events.put_nowait(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
     def cancel(self) -> bool:
         """Stop the generation (no further events)."""
         if self._fallback is not None:
             return self._fallback.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         self._mux.forget(self.id, cancel=True)
         if not self._done:
             self.events.put_nowait(rpc_error(grpc.StatusCode.CANCELLED, "Cancelled"))

@@ -157,3 +157,29 @@ def test_the_async_client_multiplexes_and_matches_plain_streams(stack, client):
     assert dict(bad.trailing_metadata()).get("x-request-id")  # as Generate's, for the server's log
     assert list(again.token_ids) == list(references[PROMPTS[0]].token_ids)
     assert len(muxes) == 1 and muxes[0].opened >= 2  # one stream for the 12, another later
+
+
+def test_a_generation_past_its_timeout_ends_with_deadline_exceeded_and_stops_on_the_server(stack):
+    """The client keeps each generation's timeout (one timer, not a timed wait per chunk): past it the
+    generation raises DEADLINE_EXCEEDED after the chunks that came in time, the server stops it, and
+    the others on the stream go on."""
+    from client import build_request
+    from client.multiplex import Multiplexed
+
+    async def run():
+        async with grpc.aio.insecure_channel(stack.addresses["orch"]) as channel:
+            mux = Multiplexed(channel)
+            slow = mux.generate(build_request(PROMPTS[0], max_new_tokens=480, ignore_eos=True), timeout=0.3)
+            other = mux.generate(_request(PROMPTS[1]), timeout=120)
+            got = []
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                async for response in slow:
+                    got.extend(response.chunk.token_ids)
+            tokens = [t async for response in other for t in response.chunk.token_ids]
+            return late.value, got, tokens
+
+    late, got, tokens = asyncio.run(run())
+    assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0 < len(got) < 480  # what came in time was delivered
+    assert len(tokens) == N_NEW
+    assert _counted(stack, "CANCELLED") >= 1  # the server stopped the generation
