@@ -232,13 +232,12 @@ class ModelClient:
         return response, end, end - received
 
     async def _call(self, name: str, request, response_type, timeout_s: float | None = None):
+        # A traced call keeps its own trace context (tracing is configured once serving starts).
+        if self._batcher is not None and name in _BATCH and not tracing.ENABLED:
+            return await self._item(request)
         start = time.perf_counter()
         payload = request.SerializeToString()
         encoded = time.perf_counter()
-        # A traced call keeps its own trace context (tracing is configured once serving starts).
-        if self._batcher is not None and name in _BATCH and not tracing.ENABLED:
-            out = await self._batcher.call(request.session_id, payload)
-            return self._batched(request, out, start, encoded, len(payload))
         try:
             raw = await self._methods[name](payload, timeout=timeout_s or self.timeout_s,
                                             metadata=tracing.rpc_metadata(self._metadata))  # + the trace context
@@ -298,18 +297,21 @@ class ModelClient:
         if (self._batcher is None or tracing.ENABLED or limit is None
                 or (limit and len(request.tokens) > limit and tail <= limit)):
             return Pending(asyncio.ensure_future(self._chunked(name, request, response_type, tail=tail)))
+        return self._item(request)
+
+    def _item(self, request) -> Pending:
+        """`request` as an item of the next batch; its (response, Call) once answered (rpc_ms spans
+        the wait for the batch to gather: it is part of the round's network time)."""
         start = time.perf_counter()
         payload = request.SerializeToString()
         encoded = time.perf_counter()
-        future = self._batcher.submit(request.session_id, payload)
-        return Pending(future, lambda out: self._batched(request, out, start, encoded, len(payload)))
 
-    def _batched(self, request, out: tuple, start: float, encoded: float, sent: int) -> tuple[Any, Call]:
-        """A batch item's (response, Call); rpc_ms spans the wait for the batch to gather: it is part
-        of the round's network time."""
-        response, end, decode_s = out
-        return response, self._cost(request, response, start, end, sent, response.ByteSize(),
-                                    (encoded - start) + decode_s)
+        def answered(out: tuple) -> tuple[Any, Call]:
+            response, end, decode_s = out
+            return response, self._cost(request, response, start, end, len(payload), response.ByteSize(),
+                                        (encoded - start) + decode_s)
+
+        return Pending(self._batcher.submit(request.session_id, payload), answered)
 
     async def _chunked(self, name: str, request, response_type, *, tail: int):
         """One call, or leading k = 0 chunks then the last one when `request` exceeds the limit."""
@@ -429,6 +431,8 @@ Send = Callable[[ModelClient, int], Pending | Awaitable[tuple[Any, Call]]]
 
 def _pending(call: Pending | Awaitable[tuple[Any, Call]]) -> Pending:
     return call if isinstance(call, Pending) else Pending(asyncio.ensure_future(call))
+
+
 _BACKGROUND: set[asyncio.Task] = set()  # releases outliving the request that started them
 
 
@@ -564,21 +568,19 @@ class SessionReplica:
         pending, misses, late = _pending(send(self.client, position)), 0, False
         try:
             while True:
+                left = None if limit is None else limit - (time.monotonic() - started)
+                if not late and not await _within(pending.future, left):
+                    self.deadline_misses += 1
+                    health.missed(role, address, size, limit)
+                    missed = DeadlineMissed(f"the {role} service missed its deadline",
+                                            detail=f"{address}: {own} tokens ({size} with the calls in flight "
+                                                   f"there), no answer within {limit * 1e3:.0f} ms")
+                    if ((role == "draft" and time.monotonic() >= bound)
+                            or await self.router.pick(role, exclude={address}, healthy=True)):
+                        raise missed
+                    late = True  # waited on longer; its answer is not learned (a hang must not raise the deadline)
                 if late:
                     await self._wait_longer(pending.future, bound, missed)
-                else:
-                    left = None if limit is None else limit - (time.monotonic() - started)
-                    if not await _within(pending.future, left):
-                        self.deadline_misses += 1
-                        health.missed(role, address, size, limit)
-                        missed = DeadlineMissed(f"the {role} service missed its deadline",
-                                                detail=f"{address}: {own} tokens ({size} with the calls in flight "
-                                                       f"there), no answer within {limit * 1e3:.0f} ms")
-                        if ((role == "draft" and time.monotonic() >= bound)
-                                or await self.router.pick(role, exclude={address}, healthy=True)):
-                            raise missed
-                        late = True  # waited on longer; its answer is not learned (a hang must not raise the deadline)
-                        await self._wait_longer(pending.future, bound, missed)
                 try:
                     response, call = pending.result()
                 except CacheMiss:
