@@ -112,7 +112,7 @@ async def build_config(args: argparse.Namespace) -> LoopConfig:
     security = service_client_from_args(args)
     batch = BatchCalls(enabled=bool(args.batch_calls), max_items=max(1, int(args.batch_max_items)),
                        max_wait_s=max(0.0, float(args.batch_max_wait_ms)) / 1e3,
-                       stream=bool(args.batch_stream))
+                       stream=bool(args.batch_stream), overlap=bool(args.batch_overlap))
     costs = CostBook()
     health, admission = gray_from_args(args, costs)
     roles = PeerRoles(security, args.service_role_id)

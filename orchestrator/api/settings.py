@@ -78,6 +78,9 @@ BATCH_CALLS = Group("batch calls (orchestrator.fleet.batching): many sessions' c
     Flag("batch-stream", "send the batches as messages of one long-lived ScoreStream/ProposeStream per "
          "replica instead of a ScoreBatch/ProposeBatch call each (no call set-up per batch; a replica "
          "without the stream gets batch calls)", True, kind=SWITCH),
+    Flag("batch-overlap", "let a replica's live sessions split into two cohorts, one computing while the "
+         "orchestrator works on the other, where that carries more tokens a second (tried and measured "
+         "against one cohort from time to time)", True, kind=SWITCH),
 ))
 
 

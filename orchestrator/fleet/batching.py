@@ -25,6 +25,15 @@ the waiting calls also wait for the in-flight batch to come back (its expected
 end from the measured RPC time, at most one RPC time from now) plus the usual
 bound, and its sessions join them in one batch: the cohorts merge.
 
+Overlap (`overlap`, on by default): one batch a round leaves the replica idle while the
+orchestrator works on the batch that came back. In two cohorts (a batch carries half the live
+sessions) the replica computes one while the orchestrator works on the other, at the price of two
+forwards a round. Which wins depends on what a forward's size costs (little on a GPU, in proportion
+on a CPU), so the batcher measures the items a second under each choice in turn. A choice stands for `probe_s` (doubled each time a trial confirms it, up to 8x; jittered
+so two batchers seldom try at once; at once when the live sessions are a quarter more or fewer than
+at the last trial); then the other is tried for a settling window and a measured one, and kept only
+if it carries `MARGIN` more (a trial whose live sessions changed is void).
+
 The wire: a batch request is the items' own serialized bytes, each framed as
 field 1 of the batch message (what protobuf writes for a repeated message
 field), so nothing is encoded twice.
@@ -32,6 +41,9 @@ field), so nothing is encoded twice.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +51,12 @@ from typing import Any
 
 STALE_S = 2.0  # a session that has not called for this long no longer counts as live
 EWMA = 0.2  # weight of the newest batch RPC time in its moving average
+WINDOW = 8  # rounds per measured window (a round: one batch per cohort)
+MARGIN = 1.05  # a trial's choice is kept when it carries this many times the items a second
+BACKOFF = 8  # a confirmed choice's next trial waits at most this many times probe_s
+RELOAD = 0.25  # live sessions this far (a share) from those of the last trial: the next trial is due
+
+log = logging.getLogger(__name__)
 
 
 def frame(payload: bytes) -> bytes:
@@ -60,6 +78,82 @@ class _Item:
     future: asyncio.Future = field(default=None)  # type: ignore[assignment]
 
 
+@dataclass
+class _Window:
+    """Items carried by the batches of a measuring window."""
+
+    cohorts: int
+    live: int
+    started: float
+    batches: int = 0
+    items: int = 0
+    steady: bool = True  # the same sessions live throughout
+
+    def rate(self, now: float) -> float:
+        return self.items / max(now - self.started, 1e-9)
+
+
+class Overlap:
+    """One cohort or two, chosen by trying both (see Overlap in the module docstring)."""
+
+    def __init__(self, name: str, probe_s: float = 2.0) -> None:
+        self.name, self.probe_s = name, probe_s
+        self.cohorts = 1
+        self._wait_s = probe_s  # until the next trial (doubles while trials confirm the choice)
+        self._next = time.monotonic() + self._jitter()
+        self._window: _Window | None = None
+        self._baseline: _Window | None = None  # the standing choice's window before a trial
+        self._baseline_rate = 0.0
+        self._phase = ""  # "" standing, "settle" a trial's first window, "trial" its measured one
+        self._tried_live = 0  # live sessions at the last trial
+
+    @property
+    def standing(self) -> int:
+        """The choice in force outside a trial."""
+        return 3 - self.cohorts if self._phase else self.cohorts
+
+    def _jitter(self) -> float:
+        return self._wait_s * random.uniform(0.75, 1.25)
+
+    def batch_done(self, items: int, live: int) -> None:
+        """A batch came back carrying `items` with `live` sessions live on the replica."""
+        now = time.monotonic()
+        w = self._window
+        if w is None:
+            self._window = _Window(self.cohorts, live, now)
+            return
+        w.batches += 1
+        w.items += items
+        w.steady = w.steady and live == w.live
+        if w.batches < WINDOW * w.cohorts:
+            return
+        rate = w.rate(now)
+        if self._phase == "trial":
+            self._decide(rate, live if w.steady else -1)
+        elif self._phase == "settle":
+            self._phase = "trial"
+        elif live > 1 and w.steady and (now >= self._next or abs(live - self._tried_live) > RELOAD * live):
+            self._baseline, self._baseline_rate = w, rate
+            self.cohorts, self._phase = 3 - self.cohorts, "settle"
+        self._window = _Window(self.cohorts, live, now)
+
+    def _decide(self, rate: float, live: int) -> None:
+        base, tried = self._baseline, self.cohorts
+        self._phase, self._tried_live = "", max(live, 0)
+        void = base is None or abs(live - base.live) > 0.1 * base.live
+        keep = not void and rate > MARGIN * self._baseline_rate
+        if not keep:
+            self.cohorts = 3 - tried
+        if keep or void:
+            self._wait_s = self.probe_s
+        else:  # the standing choice held: try again later
+            self._wait_s = min(self._wait_s * 2, self.probe_s * BACKOFF)
+        self._next = time.monotonic() + self._jitter()
+        if keep:
+            log.info("%s: %s (%.0f items/s against %.0f)", self.name,
+                     "two cohorts" if tried == 2 else "one cohort", rate, self._baseline_rate)
+
+
 # send(items) -> per item (response message, or an exception), plus the RPC's own seconds
 SendBatch = Callable[[list[_Item]], Awaitable[list[Any]]]
 
@@ -68,8 +162,9 @@ class CallBatcher:
     """Gathers calls to one replica's method; see the module docstring."""
 
     def __init__(self, send: SendBatch, *, max_items: int = 64, max_wait_s: float = 0.02,
-                 wait_fraction: float = 0.5):
+                 wait_fraction: float = 0.5, overlap: Overlap | None = None):
         self._send = send
+        self.overlap = overlap
         self.max_items = max(1, max_items)
         self.max_wait_s = max(0.0, max_wait_s)
         self.wait_fraction = wait_fraction
@@ -99,9 +194,18 @@ class CallBatcher:
             if now - seen > STALE_S and sid not in self._in_flight:
                 del self._live[sid]
 
+    @property
+    def cohorts(self) -> int:
+        return self.overlap.cohorts if self.overlap is not None else 1
+
+    def _size(self) -> int:
+        """Items a batch carries: every live session, or (two cohorts) half of them."""
+        need = min(self.max_items, max(1, len(self._live)))
+        return math.ceil(need / 2) if self.cohorts == 2 else need
+
     def _ready(self) -> bool:
         # Every live session: those in flight are coming back (see the module docstring).
-        return len(self._pending) >= min(self.max_items, max(1, len(self._live)))
+        return len(self._pending) >= self._size()
 
     def _delay(self) -> float:
         """How long pending calls wait for the live sessions that have none pending."""
@@ -141,8 +245,9 @@ class CallBatcher:
                 self._sweep()
             self._timer.cancel()
             self._timer = None
+        size = self._size() if self.cohorts == 2 else self.max_items
         while self._pending:
-            items, self._pending = self._pending[:self.max_items], self._pending[self.max_items:]
+            items, self._pending = self._pending[:size], self._pending[size:]
             sent = time.perf_counter()
             self._in_flight.update((item.session_id, sent) for item in items)
             asyncio.get_running_loop().create_task(self._run(items))
@@ -161,6 +266,8 @@ class CallBatcher:
         self._rpc_s = (1 - EWMA) * self._rpc_s + EWMA * (time.perf_counter() - started)
         self.batches += 1
         self.items += len(items)
+        if self.overlap is not None:
+            self.overlap.batch_done(len(items), len(self._live))
         for item, outcome in zip(items, outcomes):
             self._in_flight.pop(item.session_id, None)
             if item.future.done():

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import grpc
 
 from orchestrator.common.calls import Call  # noqa: F401 - its home is the bottom room; imported from here too
-from orchestrator.fleet.batching import CallBatcher, frame
+from orchestrator.fleet.batching import CallBatcher, Overlap, frame
 from orchestrator.fleet.streams import BatchStream, NoStream, StreamFailed
 from orchestrator.fleet.outliers import SESSION_MOVES, ReplicaHealth
 from specdec.runtime import tracing
@@ -104,6 +104,7 @@ class BatchCalls:
     max_wait_s: float = 0.02
     wait_fraction: float = 0.5
     stream: bool = True  # batches as messages of one stream per replica (orchestrator.fleet.streams)
+    overlap: bool = True  # two cohorts of sessions where they carry more (orchestrator.fleet.batching: Overlap)
 
 
 _BATCH = {"Score": ("ScoreBatch", model_pb2.ScoreBatchResponse),
@@ -143,7 +144,8 @@ class ModelClient:
         self._batcher: CallBatcher | None = None
         if batch.enabled:
             self._batcher = CallBatcher(partial(self._send_batch, verb), max_items=batch.max_items,
-                                        max_wait_s=batch.max_wait_s, wait_fraction=batch.wait_fraction)
+                                        max_wait_s=batch.max_wait_s, wait_fraction=batch.wait_fraction,
+                                        overlap=Overlap(f"{role} {address} {verb}") if batch.overlap else None)
 
     @property
     def batcher(self) -> CallBatcher | None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestrator.fleet.batching import CallBatcher, frame
+from orchestrator.fleet.batching import CallBatcher, Overlap, frame
 from specdec.v1 import model_pb2
 
 
@@ -167,3 +167,62 @@ def test_the_wait_for_an_in_flight_session_is_bounded() -> None:
         assert sender.batches[1:] == [["b"], ["a"]]
 
     asyncio.run(main())
+
+
+class Replica:
+    """A replica on its own thread (its own core) that serves one batch at a time, in order:
+    `fixed_s` plus `per_item_s` per item."""
+
+    def __init__(self, fixed_s: float, per_item_s: float) -> None:
+        self.fixed_s, self.per_item_s = fixed_s, per_item_s
+        self.sizes: list[int] = []
+        self._busy = asyncio.Lock()
+
+    async def __call__(self, items):
+        async with self._busy:
+            self.sizes.append(len(items))
+            await asyncio.to_thread(time.sleep, self.fixed_s + self.per_item_s * len(items))
+        return [item.payload for item in items]
+
+
+async def closed_loop(batcher: CallBatcher, sessions: int, work_s: float, seconds: float) -> None:
+    """`sessions` streams for `seconds`, each calling again once the orchestrator has worked
+    `work_s` on its answer, holding the event loop as a round's Python does."""
+    end = time.perf_counter() + seconds
+
+    async def stream(sid: str) -> None:
+        while time.perf_counter() < end:
+            await batcher.call(sid, b"x")
+            time.sleep(work_s)
+
+    await asyncio.gather(*(stream(f"s{i}") for i in range(sessions)))
+
+
+def served(fixed_s: float, per_item_s: float, overlap: Overlap | None, seconds: float) -> tuple[int, list[int]]:
+    """Items served by the closed loop of 8 streams (the orchestrator's 1.5 ms a stream), and the
+    batch sizes."""
+    async def main():
+        replica = Replica(fixed_s, per_item_s)
+        batcher = CallBatcher(replica, max_wait_s=0.05, overlap=overlap)
+        await closed_loop(batcher, 8, 0.0015, seconds)
+        return replica.sizes
+
+    sizes = asyncio.run(main())
+    return sum(sizes), sizes
+
+
+@pytest.mark.parametrize("fixed_s, per_item_s, cohorts, gain", [
+    (0.001, 0.001, 2, 1.35),  # a forward that costs in proportion to its rows (a CPU): overlap pays
+    (0.025, 0.0, 1, 0.85),  # one that costs the same at any size (a GPU, memory-bound): it does not
+])
+def test_overlap_chooses_the_cohorts_that_carry_more(fixed_s: float, per_item_s: float, cohorts: int,
+                                                     gain: float) -> None:
+    """In proportion, one cohort takes 8 x 1.5 + 1 + 8 = 21 ms a round and two max(12, 2 + 8) = 12:
+    overlap serves 1.35x more or better. Flat, one takes 12 + 25 = 37 ms and two max(12, 50) = 50: it
+    keeps one cohort and loses at most its trials (0.85x)."""
+    overlap = Overlap("test", probe_s=0.5)
+    with_overlap, sizes = served(fixed_s, per_item_s, overlap, 2.5)
+    without, plain = served(fixed_s, per_item_s, None, 2.5)
+    assert overlap.standing == cohorts, sizes
+    assert with_overlap >= gain * without, (with_overlap, without, sizes)
+    assert sum(size == 8 for size in plain[1:-1]) >= 0.9 * len(plain[1:-1]), plain  # one batch a round
