@@ -54,6 +54,7 @@ EWMA = 0.2  # weight of the newest batch RPC time in its moving average
 WINDOW = 8  # rounds per measured window (a round: one batch per cohort)
 MARGIN = 1.05  # a trial's choice is kept when it carries this many times the items a second
 BACKOFF = 8  # a confirmed choice's next trial waits at most this many times probe_s
+STEADY = 0.1  # a window whose live sessions stay this close (a share) to its first count is steady
 RELOAD = 0.25  # live sessions this far (a share) from those of the last trial: the next trial is due
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class _Window:
     started: float
     batches: int = 0
     items: int = 0
-    steady: bool = True  # the same sessions live throughout
+    steady: bool = True  # about as many sessions live throughout (STEADY)
 
     def rate(self, now: float) -> float:
         return self.items / max(now - self.started, 1e-9)
@@ -124,7 +125,7 @@ class Overlap:
             return
         w.batches += 1
         w.items += items
-        w.steady = w.steady and live == w.live
+        w.steady = w.steady and abs(live - w.live) <= STEADY * w.live
         if w.batches < WINDOW * w.cohorts:
             return
         rate = w.rate(now)
@@ -140,7 +141,7 @@ class Overlap:
     def _decide(self, rate: float, live: int) -> None:
         base, tried = self._baseline, self.cohorts
         self._phase, self._tried_live = "", max(live, 0)
-        void = base is None or abs(live - base.live) > 0.1 * base.live
+        void = base is None or abs(live - base.live) > STEADY * base.live
         keep = not void and rate > MARGIN * self._baseline_rate
         if not keep:
             self.cohorts = 3 - tried
