@@ -31,8 +31,9 @@ sessions) the replica computes one while the orchestrator works on the other, at
 forwards a round. Which wins depends on what a forward's size costs (little on a GPU, in proportion
 on a CPU), so the batcher measures the items a second under each choice in turn. A choice stands for `probe_s` (doubled each time a trial confirms it, up to 8x; jittered
 so two batchers seldom try at once; at once when the live sessions are a quarter more or fewer than
-at the last trial); then the other is tried for a settling window and a measured one, and kept only
-if it carries `MARGIN` more (a trial whose live sessions changed is void).
+at the last trial). A trial: a window of the standing choice, a settling and a measured window of
+the other, a window of the standing one again; the other is kept where it carried `MARGIN` more
+than both (void where the live sessions moved).
 
 The wire: a batch request is the items' own serialized bytes, each framed as
 field 1 of the batch message (what protobuf writes for a repeated message
@@ -103,15 +104,15 @@ class Overlap:
         self._wait_s = probe_s  # until the next trial (doubles while trials confirm the choice)
         self._next = time.monotonic() + self._jitter()
         self._window: _Window | None = None
-        self._baseline: _Window | None = None  # the standing choice's window before a trial
-        self._baseline_rate = 0.0
-        self._phase = ""  # "" standing, "settle" a trial's first window, "trial" its measured one
+        self._phase = ""  # "" standing; a trial: "settle", "trial" (the other choice), "after" (back)
+        self._rates: list[float] = []  # a trial's measured windows: before, trial, after
+        self._live = 0  # live sessions at the trial's start (-1: a window of it was not steady)
         self._tried_live = 0  # live sessions at the last trial
 
     @property
     def standing(self) -> int:
         """The choice in force outside a trial."""
-        return 3 - self.cohorts if self._phase else self.cohorts
+        return 3 - self.cohorts if self._phase in ("settle", "trial") else self.cohorts
 
     def _jitter(self) -> float:
         return self._wait_s * random.uniform(0.75, 1.25)
@@ -128,31 +129,38 @@ class Overlap:
         w.steady = w.steady and abs(live - w.live) <= STEADY * w.live
         if w.batches < WINDOW * w.cohorts:
             return
-        rate = w.rate(now)
-        if self._phase == "trial":
-            self._decide(rate, live if w.steady else -1)
-        elif self._phase == "settle":
+        if self._phase and (not w.steady or abs(live - self._live) > STEADY * self._live):
+            self._live = -1  # the load moved under the trial: it is void
+        if self._phase == "settle":
             self._phase = "trial"
+        elif self._phase == "trial":
+            self._rates.append(w.rate(now))
+            self.cohorts, self._phase = 3 - self.cohorts, "after"
+        elif self._phase == "after":
+            self._rates.append(w.rate(now))
+            self._decide(live)
         elif live > 1 and w.steady and (now >= self._next or abs(live - self._tried_live) > RELOAD * live):
-            self._baseline, self._baseline_rate = w, rate
+            self._rates, self._live = [w.rate(now)], live
             self.cohorts, self._phase = 3 - self.cohorts, "settle"
         self._window = _Window(self.cohorts, live, now)
 
-    def _decide(self, rate: float, live: int) -> None:
-        base, tried = self._baseline, self.cohorts
-        self._phase, self._tried_live = "", max(live, 0)
-        void = base is None or abs(live - base.live) > STEADY * base.live
-        keep = not void and rate > MARGIN * self._baseline_rate
-        if not keep:
-            self.cohorts = 3 - tried
+    def _decide(self, live: int) -> None:
+        """The trial's choice is kept where it carried MARGIN more than the standing one both
+        before and after it (the load may drift meanwhile)."""
+        (before, tried_rate, after), tried = self._rates, 3 - self.cohorts
+        void = self._live < 0
+        keep = not void and tried_rate > MARGIN * max(before, after)
+        self._phase, self._tried_live = "", live
+        if keep:
+            self.cohorts = tried
         if keep or void:
             self._wait_s = self.probe_s
         else:  # the standing choice held: try again later
             self._wait_s = min(self._wait_s * 2, self.probe_s * BACKOFF)
         self._next = time.monotonic() + self._jitter()
         if keep:
-            log.info("%s: %s (%.0f items/s against %.0f)", self.name,
-                     "two cohorts" if tried == 2 else "one cohort", rate, self._baseline_rate)
+            log.info("%s: %s (%.0f items/s against %.0f before and %.0f after)", self.name,
+                     "two cohorts" if tried == 2 else "one cohort", tried_rate, before, after)
 
 
 # send(items) -> per item (response message, or an exception), plus the RPC's own seconds
