@@ -16,6 +16,7 @@ from specdec.v1 import model_pb2, model_pb2_grpc
 
 class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
     role = "draft"
+    response_type = model_pb2.ProposeResponse
 
     def prepare(self, request: model_pb2.ProposeRequest) -> ProposeWork | TreeProposeWork:
         req = self.decode(request)
@@ -38,10 +39,11 @@ class DraftServicer(ModelServicerBase, model_pb2_grpc.DraftServiceServicer):
         dim = self.host.loaded.feature_dim
         return dim, (self.host.loaded.feature_kind or FEATURE_KIND) if dim else ""
 
-    def respond(self, request: model_pb2.ProposeRequest, done: SessionWork, started: float) -> model_pb2.ProposeResponse:
+    def respond(self, request: model_pb2.ProposeRequest, done: SessionWork, started: float,
+                response: model_pb2.ProposeResponse) -> model_pb2.ProposeResponse:
         drafts = done.value
         TOKENS_PREFILLED.inc(len(request.tokens))
-        response = model_pb2.ProposeResponse(tokens=drafts.tokens)
+        response.tokens.extend(drafts.tokens)
         if isinstance(drafts, TreeDrafts):
             response.parents.extend(drafts.parents)
             response.held.extend(drafts.held)

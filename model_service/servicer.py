@@ -39,6 +39,7 @@ class ModelServicerBase:
     """Release and GetInfo, identical for both roles; `role` names the subclass's role."""
 
     role = ""
+    response_type: Any = None  # the verb's response message (ScoreResponse, ProposeResponse)
 
     def __init__(self, host: ModelHost):
         self.host = host
@@ -57,8 +58,9 @@ class ModelServicerBase:
         work.tenant = request.tenant
         return work
 
-    def respond(self, request: Any, done: SessionWork, started: float) -> Any:
-        """The role's response to one finished request."""
+    def respond(self, request: Any, done: SessionWork, started: float, response: Any) -> Any:
+        """The role's response to one finished request, filled into `response` (an empty message
+        of response_type: a batch's item is filled in place, not built apart and copied in)."""
         raise NotImplementedError
 
     def features(self) -> tuple[int, str]:
@@ -68,7 +70,7 @@ class ModelServicerBase:
     async def _single(self, request: Any) -> Any:
         started = time.perf_counter()
         work = self._work(request)
-        return self.respond(request, await self.host.serve(work), started)
+        return self.respond(request, await self.host.serve(work), started, self.response_type())
 
     async def _batch(self, batch: Any, response: Any, method: str) -> Any:
         """Each item prepared alone (bad input fails it alone), all queued at once."""
@@ -92,7 +94,7 @@ class ModelServicerBase:
                 response.items.add()
                 response.status.add(code=code.value[0], message=message)
             else:
-                response.items.append(self.respond(item, outcome, started))
+                self.respond(item, outcome, started, response.items.add())
                 response.status.add(code=0)
         return response
 
@@ -211,11 +213,10 @@ class ModelServicerBase:
 def fill_response(response: Any, work: SessionWork, started: float, probs: torch.Tensor | None) -> Any:
     """Set a Score/Propose response's cache_length, timing and (PROBS mode) probs; return it."""
     response.cache_length = work.cache_length
-    response.timing.CopyFrom(common_pb2.ServerTiming(
-        queue_ms=work.queue_ms, forward_ms=work.forward_ms,
-        total_ms=(time.perf_counter() - started) * 1e3,
-        batch_rows=work.batch_rows, batch_tokens=work.batch_tokens, forwards=work.forwards,
-    ))
+    timing = response.timing  # filled in place
+    timing.queue_ms, timing.forward_ms = work.queue_ms, work.forward_ms
+    timing.total_ms = (time.perf_counter() - started) * 1e3
+    timing.batch_rows, timing.batch_tokens, timing.forwards = work.batch_rows, work.batch_tokens, work.forwards
     if probs is not None:
         response.probs.CopyFrom(encode_probs(probs))
     return response

@@ -13,6 +13,7 @@ from target_service.scoring import TOKENS_SCORED, ScoreWork, check_feature_layer
 
 class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
     role = "target"
+    response_type = model_pb2.ScoreResponse
 
     def prepare(self, request: model_pb2.ScoreRequest) -> ScoreWork:
         req = self.decode(request)
@@ -30,11 +31,15 @@ class TargetServicer(ModelServicerBase, model_pb2_grpc.TargetServiceServicer):
             return 0, ""
         return int(self.host.loaded.model.config.hidden_size), FEATURE_KIND
 
-    def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float) -> model_pb2.ScoreResponse:
+    def respond(self, request: model_pb2.ScoreRequest, done: SessionWork, started: float,
+                response: model_pb2.ScoreResponse) -> model_pb2.ScoreResponse:
         TOKENS_SCORED.inc(len(request.tokens))
         scores = done.value
-        response = model_pb2.ScoreResponse(argmax_ids=scores.argmax_ids, sampled_ids=scores.sampled_ids or (),
-                                           tree=bool(request.parents))
+        response.argmax_ids.extend(scores.argmax_ids)
+        if scores.sampled_ids:
+            response.sampled_ids.extend(scores.sampled_ids)
+        if request.parents:
+            response.tree = True
         if scores.logprobs is not None:
             lp = scores.logprobs
             response.logprobs.CopyFrom(common_pb2.Logprobs(

@@ -50,6 +50,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter, Gauge
+
 STALE_S = 2.0  # a session that has not called for this long no longer counts as live
 EWMA = 0.2  # weight of the newest batch RPC time in its moving average
 WINDOW = 8  # rounds per measured window (a round: one batch per cohort)
@@ -59,6 +61,11 @@ STEADY = 0.1  # a window whose live sessions stay this close (a share) to its fi
 RELOAD = 0.25  # live sessions this far (a share) from those of the last trial: the next trial is due
 
 log = logging.getLogger(__name__)
+
+COHORTS = Gauge("specdec_batch_cohorts", "Cohorts a replica's batch calls run in (2: overlapped)",
+                ["role", "address", "method"])
+TRIALS = Counter("specdec_batch_overlap_trials_total", "Trials of the other cohort count, by outcome "
+                 "(kept, held: the standing choice carried as much, void: the load moved)", ["role", "method", "outcome"])
 
 
 def frame(payload: bytes) -> bytes:
@@ -98,8 +105,11 @@ class _Window:
 class Overlap:
     """One cohort or two, chosen by trying both (see Overlap in the module docstring)."""
 
-    def __init__(self, name: str, probe_s: float = 2.0) -> None:
-        self.name, self.probe_s = name, probe_s
+    def __init__(self, role: str = "", address: str = "", method: str = "", probe_s: float = 2.0) -> None:
+        self.role, self.method, self.probe_s = role, method, probe_s
+        self.name = f"{role} {address} {method}"  # for the log
+        self._gauge = COHORTS.labels(role, address, method)
+        self._gauge.set(1)
         self.cohorts = 1
         self._wait_s = probe_s  # until the next trial (doubles while trials confirm the choice)
         self._next = time.monotonic() + self._jitter()
@@ -151,8 +161,10 @@ class Overlap:
         void = self._live < 0
         keep = not void and tried_rate > MARGIN * max(before, after)
         self._phase, self._tried_live = "", live
+        TRIALS.labels(self.role, self.method, "void" if void else "kept" if keep else "held").inc()
         if keep:
             self.cohorts = tried
+            self._gauge.set(tried)
         if keep or void:
             self._wait_s = self.probe_s
         else:  # the standing choice held: try again later

@@ -145,7 +145,7 @@ class ModelClient:
         if batch.enabled:
             self._batcher = CallBatcher(partial(self._send_batch, verb), max_items=batch.max_items,
                                         max_wait_s=batch.max_wait_s, wait_fraction=batch.wait_fraction,
-                                        overlap=Overlap(f"{role} {address} {verb}") if batch.overlap else None)
+                                        overlap=Overlap(role, address, verb) if batch.overlap else None)
 
     @property
     def batcher(self) -> CallBatcher | None:

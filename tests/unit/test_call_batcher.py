@@ -5,6 +5,7 @@ import asyncio
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from orchestrator.fleet.batching import CallBatcher, Overlap, frame
 from specdec.v1 import model_pb2
@@ -220,9 +221,15 @@ def test_overlap_chooses_the_cohorts_that_carry_more(fixed_s: float, per_item_s:
     """In proportion, one cohort takes 8 x 1.5 + 1 + 8 = 21 ms a round and two max(12, 2 + 8) = 12:
     overlap serves 1.35x more or better. Flat, one takes 12 + 25 = 37 ms and two max(12, 50) = 50: it
     keeps one cohort and loses at most its trials (0.85x)."""
-    overlap = Overlap("test", probe_s=0.5)
+    overlap = Overlap("target", "test", "Score", probe_s=0.5)
     with_overlap, sizes = served(fixed_s, per_item_s, overlap, 2.5)
     without, plain = served(fixed_s, per_item_s, None, 2.5)
     assert overlap.standing == cohorts, sizes
+    labels = {"role": "target", "address": "test", "method": "Score"}
+    assert REGISTRY.get_sample_value("specdec_batch_cohorts", labels) == cohorts  # the standing choice
+    trials = sum(REGISTRY.get_sample_value("specdec_batch_overlap_trials_total",
+                                           {"role": "target", "method": "Score", "outcome": o}) or 0
+                 for o in ("kept", "held", "void"))
+    assert trials >= 1
     assert with_overlap >= gain * without, (with_overlap, without, sizes)
     assert sum(size == 8 for size in plain[1:-1]) >= 0.9 * len(plain[1:-1]), plain  # one batch a round
