@@ -287,8 +287,13 @@ class CallBatcher:
         self._rpc_s = (1 - EWMA) * self._rpc_s + EWMA * (time.perf_counter() - started)
         self.batches += 1
         self.items += len(items)
-        if self.overlap is not None:
-            self.overlap.batch_done(len(items), len(self._live))
+        try:
+            self._resolve(items, outcomes)
+        finally:
+            if self.overlap is not None:  # after the callers have their answers, whatever it does
+                self.overlap.batch_done(len(items), len(self._live))
+
+    def _resolve(self, items: list[_Item], outcomes: list[Any]) -> None:
         for item, outcome in zip(items, outcomes):
             self._in_flight.pop(item.session_id, None)
             if item.future.done():
