@@ -1,11 +1,10 @@
 """Batch calls: one replica's Score (or Propose) calls of many sessions in one RPC.
 
-Each session's loop still makes its own call (orchestrator.fleet.remote); a
-`CallBatcher` per replica and method gathers the calls that arrive together
-and sends them as one ScoreBatch / ProposeBatch, whose items the service queues
-at once, so they share its next forward pass. This cuts the orchestrator's RPCs
-per token as sessions grow, and it keeps the sessions of one orchestrator in
-step: the service sees one full batch instead of cohorts that keep missing each
+Each session's loop still makes its own call (orchestrator.fleet.remote); a `CallBatcher` per
+replica and method gathers the calls that arrive together and sends them as one ScoreBatch /
+ProposeBatch, whose items the service queues at once, so they share its next forward pass. This
+cuts the orchestrator's RPCs per token as sessions grow, and it keeps the sessions of one
+orchestrator in step: the service sees one full batch instead of cohorts that keep missing each
 other's forward.
 
 When to send (the gathering policy): at once when every session this
@@ -29,11 +28,12 @@ Overlap (`overlap`, on by default): one batch a round leaves the replica idle wh
 orchestrator works on the batch that came back. In two cohorts (a batch carries half the live
 sessions) the replica computes one while the orchestrator works on the other, at the price of two
 forwards a round. Which wins depends on what a forward's size costs (little on a GPU, in proportion
-on a CPU), so the batcher measures the items a second under each choice in turn. A choice stands for `probe_s` (doubled each time a trial confirms it, up to 8x; jittered
-so two batchers seldom try at once; at once when the live sessions are a quarter more or fewer than
-at the last trial). A trial: a window of the standing choice, a settling and a measured window of
-the other, a window of the standing one again; the other is kept where it carried `MARGIN` more
-than both (void where the live sessions moved).
+on a CPU), so the batcher measures the items a second under each choice in turn. A choice stands
+for `probe_s` (doubled each time a trial confirms it, up to 8x; jittered so two batchers seldom
+try at once; at once when the live sessions are a quarter more or fewer than at the last trial).
+A trial: a window of the standing choice, a settling and a measured window of the other, a window
+of the standing one again; the other is kept where it carried `MARGIN` more than both (void where
+the live sessions moved).
 
 The wire: a batch request is the items' own serialized bytes, each framed as
 field 1 of the batch message (what protobuf writes for a repeated message
@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 COHORTS = Gauge("specdec_batch_cohorts", "Cohorts a replica's batch calls run in (2: overlapped)",
                 ["role", "address", "method"])
 TRIALS = Counter("specdec_batch_overlap_trials_total", "Trials of the other cohort count, by outcome "
-                 "(kept, held: the standing choice carried as much, void: the load moved)", ["role", "method", "outcome"])
+                 "(kept, held: the standing choice carried as much, void: the load moved)",
+                 ["role", "method", "outcome"])
 
 
 def frame(payload: bytes) -> bytes:
