@@ -80,12 +80,24 @@ def frame(payload: bytes) -> bytes:
     return bytes(out) + payload
 
 
-@dataclass
+class Late:
+    """What a watched item's future holds once its deadline passed unanswered (`CallBatcher.watch`):
+    `answer`, the future its answer still comes to."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: asyncio.Future) -> None:
+        self.answer = answer
+
+
+@dataclass(slots=True)
 class _Item:
     session_id: str
     payload: bytes
     submitted: float
     future: asyncio.Future = field(default=None)  # type: ignore[assignment]
+    deadline: float = 0.0  # time.monotonic() by which its caller wants an answer (watch)
+    late: asyncio.Future | None = None  # where the answer goes once the caller was told Late
 
 
 @dataclass
@@ -196,6 +208,9 @@ class CallBatcher:
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._soon = False  # the scheduled flush is for the next turn of the loop
         self._rpc_s = 0.0  # moving average of a batch RPC's time
+        self._watched: list[_Item] = []  # items with a deadline (watch), pruned as the timer fires
+        self._watch_timer: asyncio.TimerHandle | None = None
+        self._watch_at = math.inf  # when the watch timer fires
         self.batches = 0
         self.items = 0
 
@@ -242,6 +257,10 @@ class CallBatcher:
 
     def submit(self, session_id: str, payload: bytes) -> asyncio.Future:
         """`call` without its coroutine: the future of the item's response, sent in the next batch."""
+        return self.submit_item(session_id, payload).future
+
+    def submit_item(self, session_id: str, payload: bytes) -> _Item:
+        """`submit`, answering the item itself (its future; `watch` takes it)."""
         loop = asyncio.get_running_loop()
         item = _Item(session_id, payload, time.perf_counter(), loop.create_future())
         self._live[session_id] = time.monotonic()
@@ -251,7 +270,40 @@ class CallBatcher:
             self._schedule(loop, 0.0)
         else:
             self._schedule(loop, self._delay())
-        return item.future
+        return item
+
+    def watch(self, item: _Item, deadline: float) -> None:
+        """Wake the item's caller at `deadline` (time.monotonic()) if no answer came by then: its
+        future then holds `Late`, whose `answer` gets the answer when it comes. One timer for all
+        the watched items of this replica, not one per call: every session's every round is
+        watched (orchestrator.fleet.remote's learned deadlines)."""
+        item.deadline = deadline
+        self._watched.append(item)
+        if deadline < self._watch_at:
+            self._arm(deadline)
+
+    def _arm(self, at: float) -> None:
+        if self._watch_timer is not None:
+            self._watch_timer.cancel()
+        self._watch_at = at
+        self._watch_timer = asyncio.get_running_loop().call_later(max(0.0, at - time.monotonic()), self._expire)
+
+    def _expire(self) -> None:
+        """The watch timer: overdue items' callers are told Late; the answered ones are forgotten."""
+        self._watch_timer, self._watch_at = None, math.inf
+        now, kept, earliest = time.monotonic(), [], math.inf
+        for item in self._watched:
+            if item.future.done():
+                continue
+            if item.deadline <= now:
+                item.late = item.future.get_loop().create_future()
+                item.future.set_result(Late(item.late))
+            else:
+                kept.append(item)
+                earliest = min(earliest, item.deadline)
+        self._watched = kept
+        if kept:
+            self._arm(earliest)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
         if self._timer is not None:
@@ -297,9 +349,10 @@ class CallBatcher:
     def _resolve(self, items: list[_Item], outcomes: list[Any]) -> None:
         for item, outcome in zip(items, outcomes):
             self._in_flight.pop(item.session_id, None)
-            if item.future.done():
+            future = item.future if item.late is None else item.late  # told Late: the answer goes on
+            if future.done():
                 continue  # its caller was cancelled
             if isinstance(outcome, BaseException):
-                item.future.set_exception(outcome)
+                future.set_exception(outcome)
             else:
-                item.future.set_result(outcome)
+                future.set_result(outcome)

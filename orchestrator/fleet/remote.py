@@ -29,7 +29,8 @@ misses it moves the session to another usable replica (resent from 0, the
 same text); with none, it keeps waiting on the same call up to the call's
 bound, then ServiceDown. Either way the replica is ejected from routing until
 its probes answer (orchestrator.fleet.outliers), and a session on an ejected
-replica moves before its next call (`ready`).
+replica moves before its next call (`ready`). A batch item's deadline is kept by
+its batcher's one timer (CallBatcher.watch), not by a timer of its own.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from typing import Any, Protocol
 import grpc
 
 from orchestrator.common.calls import Call  # noqa: F401 - its home is the bottom room; imported from here too
-from orchestrator.fleet.batching import CallBatcher, Overlap, frame
+from orchestrator.fleet.batching import CallBatcher, Late, Overlap, frame
 from orchestrator.fleet.streams import BatchStream, NoStream, StreamFailed
 from orchestrator.fleet.outliers import SESSION_MOVES, ReplicaHealth
 from specdec.runtime import tracing
@@ -313,7 +314,8 @@ class ModelClient:
             return response, self._cost(request, response, start, end, len(payload), response.ByteSize(),
                                         (encoded - start) + decode_s)
 
-        return Pending(self._batcher.submit(request.session_id, payload), answered)
+        item = self._batcher.submit_item(request.session_id, payload)
+        return Pending(item.future, answered, item, self._batcher)
 
     async def _chunked(self, name: str, request, response_type, *, tail: int):
         """One call, or leading k = 0 chunks then the last one when `request` exceeds the limit."""
@@ -409,12 +411,35 @@ async def _within(task: asyncio.Future, timeout_s: float | None) -> bool:
 
 class Pending:
     """A model call under way (ModelClient.score / propose): its future, and what its outcome
-    becomes once done. Await it for (response, Call), or wait on `future` and read `result()`."""
+    becomes once done. Await it for (response, Call), or wait on `future` and read `result()`.
+    A batch item's (`item`) is watched by its batcher for a deadline (`within`)."""
 
-    __slots__ = ("future", "_finish")
+    __slots__ = ("future", "_finish", "item", "batcher")
 
-    def __init__(self, future: asyncio.Future, finish: Callable[[Any], tuple[Any, Call]] | None = None) -> None:
+    def __init__(self, future: asyncio.Future, finish: Callable[[Any], tuple[Any, Call]] | None = None,
+                 item=None, batcher: CallBatcher | None = None) -> None:
         self.future, self._finish = future, finish
+        self.item, self.batcher = item, batcher
+
+    async def within(self, timeout_s: float | None) -> bool:
+        """Whether the call is done within `timeout_s` (None: no limit); never cancelled here.
+        A batch item is watched by its batcher's one timer (no timer per call): told Late, the
+        call's `future` becomes the one its answer still comes to."""
+        if self.item is None or timeout_s is None:
+            return await _within(self.future, timeout_s)
+        if not self.future.done():
+            self.batcher.watch(self.item, time.monotonic() + timeout_s)
+            try:
+                await self.future
+            except Exception:  # noqa: BLE001 - answered with an error: done (`result` raises it)
+                return True
+        elif self.future.cancelled() or self.future.exception() is not None:
+            return True
+        out = self.future.result()
+        if isinstance(out, Late):
+            self.future, self.item = out.answer, None  # its answer comes there; no longer watched
+            return False
+        return True
 
     def result(self) -> tuple[Any, Call]:
         """(response, Call) of the done call; raises its error."""
@@ -571,7 +596,7 @@ class SessionReplica:
         try:
             while True:
                 left = None if limit is None else limit - (time.monotonic() - started)
-                if not late and not await _within(pending.future, left):
+                if not late and not await pending.within(left):
                     self.deadline_misses += 1
                     health.missed(role, address, size, limit)
                     missed = DeadlineMissed(f"the {role} service missed its deadline",

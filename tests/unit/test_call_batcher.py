@@ -7,7 +7,7 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from orchestrator.fleet.batching import CallBatcher, Overlap, frame
+from orchestrator.fleet.batching import CallBatcher, Late, Overlap, frame
 from specdec.v1 import model_pb2
 
 
@@ -128,6 +128,40 @@ def test_a_cancelled_caller_leaves_the_others_served() -> None:
         assert await b == b"4"
         with pytest.raises(asyncio.CancelledError):
             await a
+
+    asyncio.run(main())
+
+
+def test_one_watch_timer_tells_the_late_callers_and_their_answers_still_come() -> None:
+    """watch: an item unanswered at its deadline resolves to Late (its caller decides what to do),
+    and its answer comes to Late.answer; an item answered in time is never told Late, and one
+    timer serves every watched item (none of them sets its own)."""
+    async def main():
+        sender = Recorder(delay_s=0.3)
+        batcher = CallBatcher(sender)
+        timers = []
+        loop = asyncio.get_running_loop()
+        call_later = loop.call_later
+
+        def recorded(delay, callback, *args, **kwargs):
+            if getattr(callback, "__func__", None) is CallBatcher._expire:
+                timers.append(delay)
+            return call_later(delay, callback, *args, **kwargs)
+
+        loop.call_later = recorded
+        slow = [batcher.submit_item(f"s{i}", f"p{i}".encode()) for i in range(8)]
+        for item in slow:
+            batcher.watch(item, time.monotonic() + 0.05)
+        outs = await asyncio.gather(*(item.future for item in slow))
+        assert all(isinstance(out, Late) for out in outs)
+        assert len(timers) == 1  # eight watched items, one timer
+        assert await asyncio.gather(*(out.answer for out in outs)) == [f"p{i}".encode() for i in range(8)]
+        sender.delay_s = 0.0
+        quick = batcher.submit_item("q", b"q")
+        batcher.watch(quick, time.monotonic() + 0.2)
+        assert await quick.future == b"q"  # answered in time: the answer itself
+        await asyncio.sleep(0.25)  # the timer fires, finds it answered, and forgets it
+        assert batcher._watched == [] and quick.late is None
 
     asyncio.run(main())
 

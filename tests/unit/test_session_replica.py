@@ -22,8 +22,8 @@ HANG = object()  # a replica that never answers this item
 class Replica:
     """A target replica's batch RPC: answers each item, raises a cache miss, or hangs."""
 
-    def __init__(self, address: str, *, holds: int = 0, hang: bool = False) -> None:
-        self.address, self.holds, self.hang = address, holds, hang
+    def __init__(self, address: str, *, holds: int = 0, hang: bool = False, delay_s: float = 0.0) -> None:
+        self.address, self.holds, self.hang, self.delay_s = address, holds, hang, delay_s
         self.seen: list[model_pb2.ScoreRequest] = []
 
     async def send(self, items) -> list:
@@ -37,6 +37,7 @@ class Replica:
                 out.append((model_pb2.ScoreResponse(argmax_ids=[7], cache_length=len(request.tokens)), 0.0, 0.0))
         if self.hang:
             await asyncio.sleep(3600)
+        await asyncio.sleep(self.delay_s)
         return out
 
 
@@ -118,5 +119,21 @@ def test_a_hung_replica_misses_its_deadline_and_the_session_moves_or_waits(other
             assert session.deadline_misses == 1
         for c in (a, b):
             await c.close()
+
+    asyncio.run(body())
+
+
+def test_a_late_answer_with_no_other_replica_is_waited_on_and_used() -> None:
+    """The batcher's watch tells the call it is late; the answer that comes after is the reply."""
+    async def body():
+        slow = Replica("a:1", holds=3, delay_s=0.3)
+        client = client_of(slow)
+        health = ReplicaHealth(DeadlinePolicy(cold_s=0.05, floor_ms=50.0))
+        session = SessionReplica(Router(health, {}), "target", "s", client, held=2)
+        reply = await session.call(send, 3, wait_s=5.0)
+        assert list(reply.response.argmax_ids) == [7] and reply.deadline_misses == 1
+        assert len(slow.seen) == 1  # waited on, not resent
+        assert health.latency.usual_ms("target", "a:1", 3) is None  # a late answer is not learned
+        await client.close()
 
     asyncio.run(body())
