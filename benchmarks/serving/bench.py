@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,13 +65,28 @@ def guidellm_argv(gateway: str, proposer: str, profile: str, seconds: float, tok
             "--output", f"kind=json,path={out}", "--disable-console-interactive"]
 
 
-def run_guidellm(argv: list[str], log: Path, timeout_s: float) -> None:
-    with open(log, "w") as sink:
-        done = subprocess.run(argv, env=guidellm_env(), stdout=sink, stderr=subprocess.STDOUT,
-                              timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"guidellm exited with {done.returncode}; its log: {log}\n"
-                           + log.read_text()[-3000:])
+def run_guidellm(argv: list[str], log: Path, timeout_s: float, tries: int = 2) -> None:
+    """Run guidellm to completion. A run that outlives `timeout_s` is killed with its whole process
+    group and run again, `tries` times in all: guidellm 0.8.1 now and then hangs as it starts, in
+    a data-loader worker it forks (seen in CI); a hang of the gateway hangs every try and fails."""
+    for attempt in range(1, tries + 1):
+        with open(log, "w") as sink:
+            proc = subprocess.Popen(argv, env=guidellm_env(), stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                if attempt == tries:
+                    raise RuntimeError(f"guidellm did not finish within {timeout_s:.0f} s in {tries} tries; "
+                                       f"its log: {log}\n" + log.read_text()[-3000:]) from None
+                print(f"guidellm did not finish within {timeout_s:.0f} s (its log's tail: "
+                      f"{log.read_text()[-300:]!r}); killed, running it again", flush=True)
+                continue
+        if code != 0:
+            raise RuntimeError(f"guidellm exited with {code}; its log: {log}\n" + log.read_text()[-3000:])
+        return
 
 
 def summarize(path: Path) -> dict:
