@@ -288,14 +288,6 @@ class ModelClient:
         # The last chunk holds the k drafts and the committed token before them.
         return self._start("Score", request, model_pb2.ScoreResponse, tail=request.k + 1)
 
-    def score_item(self, request: model_pb2.ScoreRequest) -> Pending | None:
-        """The Score call as an item of the next batch, or None where it would not be one (no
-        batch calls, tracing on, the per-request limit unknown or exceeded): nothing sent then."""
-        limit = self._request_limit
-        if self._batcher is None or tracing.ENABLED or limit is None or (limit and len(request.tokens) > limit):
-            return None
-        return self._item(request)
-
     def propose(self, request: model_pb2.ProposeRequest) -> Pending:
         """The Propose call, under way: await it for (response, Call)."""
         return self._start("Propose", request, model_pb2.ProposeResponse, tail=1)

@@ -3,8 +3,7 @@
 
   plan     -> Drafting      the drafting policy decides k (orchestrator.policy.drafting)
   propose  -> Drafts        the proposer drafts d_1..d_k (and q); hooks may cut the drafts
-  score    -> Scores        one target forward over the uncached tokens and the drafts (a
-                            plain round's call sent lean: orchestrator.round.plain)
+  score    -> Scores        one target forward over the uncached tokens and the drafts
   verify   -> Verdict       specdec.core.verify.verify_round: accept d_1..d_m, plus one
                             recovered or bonus token
   commit   -> RoundOutcome  cut at EOS / max_new_tokens / stop string; the target's cache
@@ -26,7 +25,6 @@ from orchestrator.common.stats import RoundTally
 from orchestrator.fleet.remote import ModelClient
 from orchestrator.policy.drafting import Drafting
 from orchestrator.proposers.base import Committed, Proposal
-from orchestrator.round import plain
 from orchestrator.round.state import Commit, Drafts, RoundOutcome, Scores, Turn
 from specdec.core.kv import crop_lengths
 from specdec.core.stopping import STOP, clip_to_stop
@@ -87,12 +85,8 @@ async def score(turn: Turn, drafts: Drafts) -> Scores:
             tokens=[*ctx.tokens[position:], *drafted], k=len(drafted), sampling=ctx.sampling.message,
             output_mode=ctx.sampling.output_mode, seed=ctx.seed, tenant=ctx.tenant, **fields))
 
-    reply, missed = await plain.score(turn, ctx) if not drafted and not fields else (None, 0)
-    if reply is None:  # not a plain round, or its lean call fell through: the call with its recovery
-        with turn.trace.step("score"):
-            reply = await target.call(send, len(ctx.tokens), wait_s=turn.config.target_wait_s, extra=len(drafted))
-        if missed:
-            reply = replace(reply, deadline_misses=reply.deadline_misses + missed)
+    with turn.trace.step("score"):
+        reply = await target.call(send, len(ctx.tokens), wait_s=turn.config.target_wait_s, extra=len(drafted))
     response = reply.response
     if ctx.sampling.coupled and len(response.sampled_ids) != len(drafted) + 1:
         raise FailedPrecondition(f"sampling: target replica {target.address} returns no coupled draws "
