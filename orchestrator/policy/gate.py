@@ -10,12 +10,10 @@ allowed and in epochs with every such session at k = 0.
   * An epoch (EPOCH_S) runs one mode for every gated session, and at least
     MIN_EPOCH_ROUNDS decoding rounds: on a slow replica, or when a request starts
     late in an epoch, it runs on until it has them (a verdict on a lone session's
-    two or three rounds is noise: its first draft calls, a catch-up), but not past
-    STALE_FACTOR times its length. Its rate is its
-    slowest session's tokens over its decoding rounds' wall time (sessions with
-    MIN_ROUNDS rounds; else all rounds pooled), times the sessions live: a load
-    of equal requests waits for its slowest stream. First rounds (prefill) and
-    the time between rounds are not counted.
+    two or three rounds is noise), but not past STALE_FACTOR times its length.
+    Its rate is its slowest session's tokens over its decoding rounds' wall time
+    (sessions with MIN_ROUNDS rounds; else all rounds pooled), times the sessions
+    live. First rounds (prefill) and the time between rounds are not counted.
   * Rates are kept per load level (1, 2, 3-4, 5-8, ... live sessions; see
     load_level) as a moving average per mode. The chosen mode's epochs enter
     clipped to within CLIP of it, so one freak epoch cannot flip a verdict.
@@ -23,19 +21,23 @@ allowed and in epochs with every such session at k = 0.
     runs it next; otherwise one epoch in EXPLORE_EVERY (doubling up to
     EXPLORE_MAX while the verdict holds) measures the other mode, for only
     EXPLORE_FRACTION of an epoch.
-  * A level seen for the first time borrows its neighbours' verdicts (plain
-    above a level where plain won, or where drafting led by under PRESUME_LEAD),
-    so a rising load does not pay a losing epoch per level.
-  * An epoch's level is that of its first decoding round; an epoch whose level
-    changed, or that saw an idle replica, is not scored. A rise in load to a
-    level whose verdict is the other mode ends the epoch at once.
+  * A level seen for the first time borrows its neighbours' verdicts (plain above
+    a level where plain won, or drafting led by under PRESUME_LEAD).
+  * An epoch runs the mode of the level live when it starts, and starts again
+    for the level live now as long as none of its decoding rounds has run: a
+    burst's first arrival starts it at one session, its rounds run at the
+    burst's level. Its level is that of its first decoding round, and it is
+    scored there if its rounds ran at that level on the whole (their mean live
+    sessions): not a load that moved to another level, nor an epoch that saw an
+    idle replica, but a burst that drained and started again (it closes at the
+    next burst's first round, one session live). A rise in load to a level
+    whose verdict is the other mode ends the epoch at once.
 
 The gate only takes the draft model away; the k of a drafting round stays the
 goodput model's. A plain epoch is k = 0 for every proposer, except that a lone
 session's proposer with free guesses (combined) keeps the lookup guesses that
-pay (orchestrator.round.loop). Why each rule exists, with the measurements behind it:
-docs/benchmark-history.md, "The speculation gate's design notes", and
-docs/architecture.md, "Choosing k".
+pay (orchestrator.round.loop). Why each rule exists: docs/benchmark-history.md,
+"The speculation gate's design notes", and docs/architecture.md, "Choosing k".
 """
 from __future__ import annotations
 
@@ -98,6 +100,7 @@ class SpeculationGate:
     _epoch_rounds: int = 0
     _epoch_live: int = 0  # the live sessions summed over the recorded rounds (their mean: concurrency)
     _epoch_level: int = 1
+    _picked_level: int = 1  # the load level whose mode the running epoch runs (live at its start)
     _epoch_sessions: defaultdict = field(default_factory=lambda: defaultdict(_tally))  # session -> _tally()
     flips: int = 0
     rounds: int = 0  # decoding rounds recorded, in all
@@ -117,6 +120,8 @@ class SpeculationGate:
             self._close(now)
         elif self._surged():
             self._start_next(now)  # the epoch is dropped unscored: its load level is gone
+        elif not self._epoch_rounds and load_level(self.live) != self._picked_level:
+            self._start_next(now)  # no decoding round yet: the mode is the level's that will run them
         return self.mode_spec
 
     def _due(self, elapsed: float) -> bool:
@@ -167,7 +172,7 @@ class SpeculationGate:
         self._epoch_len = self.epoch_s * (EXPLORE_FRACTION if exploring else 1.0)
         self._epoch_rounds, self._epoch_live = 0, 0
         self._epoch_sessions = defaultdict(_tally)
-        self._epoch_level = load_level(self.live)
+        self._epoch_level = self._picked_level = load_level(self.live)
 
     def _rate(self) -> float | None:
         """The running epoch's replica rate in tokens/s: its slowest session's rate (of those with
@@ -184,13 +189,16 @@ class SpeculationGate:
     def _close(self, now: float) -> None:
         """Score the epoch that ends now, then pick the next one's mode.
 
-        An epoch is not scored if the load level changed during it, if it ran
-        far past its length (nobody asked for a round: an idle replica), or if
-        no decoding round of it was recorded."""
-        level = load_level(self.live)
+        An epoch is not scored if its rounds ran at another load level than its
+        first one's (their mean live sessions), if it ran far past its length
+        (nobody asked for a round: an idle replica), or if no decoding round of
+        it was recorded. The live sessions now do not count: a burst's epoch
+        closes when the next burst's first session asks for a round."""
+        level = self._epoch_level
         duration = now - self._epoch_start
         rate = self._rate()
-        if level == self._epoch_level and duration <= STALE_FACTOR * self._epoch_len and rate is not None:
+        held = self._epoch_rounds and load_level(round(self._epoch_live / self._epoch_rounds)) == level
+        if held and duration <= STALE_FACTOR * self._epoch_len and rate is not None:
             rates = self.levels.setdefault(level, _Rates())
             name = "spec" if self.mode_spec else "plain"
             old = getattr(rates, name)

@@ -241,6 +241,8 @@ def test_a_fall_in_load_keeps_the_running_epoch_s_mode_until_it_ends() -> None:
     _run(gate, 6, {True: 300.0, False: 400.0}, t0=1000.0)  # 16 sessions: plain
     now = 2000.0
     assert gate.allows(now) is False
+    for i in range(16):
+        gate.record(2.0, 0.05, f"s{i}")  # the epoch's first decoding round, at 16 sessions
     for _ in range(15):
         gate.leave()  # the streams finish, one remains
     assert gate.allows(now + 0.5) is False  # mid-epoch: no switch
@@ -249,9 +251,9 @@ def test_a_fall_in_load_keeps_the_running_epoch_s_mode_until_it_ends() -> None:
 
 def test_a_burst_is_scored_at_its_own_level_though_its_first_arrival_started_the_epoch() -> None:
     """Two requests arriving together: the first one's round starts an epoch at one live session,
-    the second joins before any decoding round. The epoch is scored at two sessions (it was
-    dropped: its level changed from 1 to 2), so two seconds of such a load measure both modes
-    there (drafting first, with one session's clear lead below it, then plain)."""
+    the second joins before any decoding round, and the epoch starts again at two (the level its
+    rounds run at). It is scored there, so two seconds of such a load measure both modes there
+    (drafting first, with one session's clear lead below it, then plain)."""
     gate = SpeculationGate()
     gate.enter()
     _run(gate, 4, {True: 150.0, False: 100.0})  # one session: drafting measured 50% ahead
@@ -262,7 +264,7 @@ def test_a_burst_is_scored_at_its_own_level_though_its_first_arrival_started_the
     gate.enter()
     assert gate.allows(now + 0.01) is first  # the second's: the same epoch
     modes = [first]
-    for step in range(1, 41):  # 2 s of decoding rounds, 50 ms each, both sessions
+    for step in range(1, 42):  # 2 s of decoding rounds, 50 ms each, both sessions
         now = 500.0 + 0.05 * step
         modes.append(gate.allows(now))
         for _ in range(2):
@@ -270,7 +272,8 @@ def test_a_burst_is_scored_at_its_own_level_though_its_first_arrival_started_the
     gate.allows(now + 0.05)
     spec, plain, epochs = gate.snapshot()[2]
     assert epochs == 2 and spec is not None and plain is not None
-    assert modes[:20] == [True] * 20 and modes[20:40] == [False] * 20  # drafting first, then plain
+    # Drafting first (the epoch restarted at 500.01, so its second ends at 501.01), then plain.
+    assert modes[:21] == [True] * 21 and modes[21:41] == [False] * 20
 
 
 def _two_sessions(gate: SpeculationGate, epochs: int, t0: float, rates: dict[bool, tuple[float, float]],
@@ -373,3 +376,64 @@ def test_an_epoch_past_its_staleness_bound_is_not_scored_even_with_too_few_round
     assert gate.allows(12.0) is True  # 2 s: still waiting for rounds
     gate.allows(10.0 + STALE_FACTOR * gate.epoch_s + 0.1)  # gone stale: closed, unscored
     assert gate.snapshot().get(1, (None, None, 0))[2] == 0
+
+
+def _bursts(gate: SpeculationGate, bursts: int, rate: dict[bool, float], n: int = 16) -> list[list[bool]]:
+    """`bursts` bursts of `n` requests arriving together: each session's prefill round as it
+    arrives, 16 decoding rounds of 50 ms each (the replica commits rate[mode] tokens/s), every
+    session done at once, 0.3 s idle (a burst and its gap outlast an epoch, so each epoch started
+    by a burst's first arrival closes at the next one's), the next burst. The modes of each burst's
+    decoding rounds."""
+    now, out = 100.0, []
+    for _ in range(bursts):
+        for i in range(n):
+            gate.enter()
+            gate.allows(now + 0.001 * i)  # its prefill round (not recorded)
+        now += 0.05
+        modes = []
+        for _ in range(16):
+            spec = gate.allows(now)
+            modes.append(spec)
+            for i in range(n):
+                gate.record(rate[spec] * 0.05 / n, 0.05, f"s{i}")
+            now += 0.05
+        for _ in range(n):
+            gate.leave()
+        now += 0.3
+        out.append(modes)
+    return out
+
+
+def test_bursts_that_drain_and_start_again_are_scored_at_their_level() -> None:
+    """A load of synchronized bursts (all its requests start, and end, together): each epoch
+    starts at a burst's first arrival and closes at the next one's, with one session live. It
+    runs the mode of the level its rounds run at and is scored there, so the level learns that
+    plain decoding is faster and stops drafting. Run, as it was, in the mode of one session's
+    level and scored at the level live when it closed, no epoch was scored and every burst drafted."""
+    gate = SpeculationGate()
+    modes = _bursts(gate, 12, {True: 300.0, False: 400.0})
+    spec, plain, epochs = gate.snapshot()[load_level(16)]
+    assert spec is not None and plain is not None and epochs >= 3
+    assert plain > spec
+    assert not any(modes[-1])  # settled on plain decoding,
+    assert sum(map(sum, modes[2:])) <= 10  # drafting after the first two bursts: one exploration (half an epoch)
+    faster = _bursts(SpeculationGate(), 12, {True: 500.0, False: 400.0})  # the control: drafting pays
+    assert all(faster[-1]) and sum(map(sum, faster[2:])) >= 16 * 9
+
+
+def test_a_load_that_moved_to_another_level_for_most_of_the_epoch_is_not_scored() -> None:
+    """The rule's other side: an epoch whose rounds ran mostly at another level than its first
+    round's (16 sessions, then 2 for most of it) scores nothing, at either level."""
+    gate = SpeculationGate()
+    for _ in range(16):
+        gate.enter()
+    gate.allows(100.0)
+    for i in range(16):
+        gate.record(1.0, 0.05, f"s{i}")  # one round at 16 live
+    for _ in range(14):
+        gate.leave()
+    for _ in range(30):  # 30 rounds at 2 live
+        for i in range(2):
+            gate.record(1.0, 0.05, f"s{i}")
+    gate.allows(101.1)
+    assert all(epochs == 0 for _, _, epochs in gate.snapshot().values())
