@@ -17,7 +17,8 @@ import torch
 from engine.model import loader
 from model_service import hooks
 from specdec.runtime.drain import Drain
-from engine.host import HostLimits, ModelHost
+from engine.host import HostLimits, Inexact, ModelHost
+from engine.model.dtypes import AUTO
 from model_service.role import Role
 from model_service.settings import service_settings
 from specdec.runtime.server import configure_logging, options_from_args, run_server
@@ -48,6 +49,44 @@ def limits_from_args(args: argparse.Namespace, role: Role | None = None) -> Host
     )
 
 
+def _load(args: argparse.Namespace, role: Role, dtype: str):
+    model, num_layers = role.model_defaults(args.model, args.num_layers)
+    return loader.load(model, device=args.device, dtype=dtype,
+                       num_layers=int(num_layers) if num_layers is not None else None,
+                       revision=args.revision, max_model_len=args.max_model_len,
+                       base=getattr(args, "base_model", None))
+
+
+def open_host(args: argparse.Namespace, role: Role, replica_id: str) -> ModelHost | None:
+    """The model loaded and its host made, or None once the reason is logged. `--dtype auto` is the
+    fastest dtype the device computes exactly: where the start-up check finds the one it picked
+    (bfloat16 on a CPU whose bf16 kernels round by the token count) not exact, float32 is served
+    instead, with a warning; a dtype asked for by name is served or refused as it is."""
+    try:
+        loaded = _load(args, role, args.dtype)
+    except (OSError, ValueError) as exc:  # no such folder or file, a Hub id not to be had, bad flags
+        log.error("cannot load the model: %s", exc)
+        return None
+    limits = limits_from_args(args, role)
+    try:
+        return ModelHost(loaded, limits, replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
+    except Inexact as exc:
+        if args.dtype != AUTO or loaded.dtype == torch.float32:
+            log.error("cannot serve the model: %s", exc)
+            return None
+        log.warning("--dtype auto: %s is not exact on this device (%s); serving float32 instead",
+                    str(loaded.dtype).removeprefix("torch."), exc)
+    except ValueError as exc:  # a feature head the engine cannot serve
+        log.error("cannot serve the model: %s", exc)
+        return None
+    del loaded
+    try:
+        return ModelHost(_load(args, role, "float32"), limits, replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
+    except (OSError, ValueError) as exc:
+        log.error("cannot serve the model: %s", exc)
+        return None
+
+
 def main(role: Role, argv: list[str] | None = None) -> int:
     """Parse flags, load the model, serve until SIGTERM; the process exit code."""
     args = build_parser(role).parse_args(argv)
@@ -55,21 +94,11 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     configure_logging(options.log_level)
     threads = (os.cpu_count() or 1) if args.threads is None else int(args.threads)
     torch.set_num_threads(max(1, threads))
-    model, num_layers = role.model_defaults(args.model, args.num_layers)
-    try:
-        loaded = loader.load(model, device=args.device, dtype=args.dtype,
-                             num_layers=int(num_layers) if num_layers is not None else None,
-                             revision=args.revision, max_model_len=args.max_model_len,
-                             base=getattr(args, "base_model", None))
-    except (OSError, ValueError) as exc:  # no such folder or file, a Hub id not to be had, bad flags
-        log.error("cannot load the model: %s", exc)
-        return 2
     replica_id = args.replica_id or f"{socket.gethostname()}:{options.port}"
-    try:
-        host = ModelHost(loaded, limits_from_args(args, role), replica_id=replica_id, on_fatal=hooks.exit_on_fatal)
-    except ValueError as exc:  # a feature head the engine cannot serve; a target that would not be exact
-        log.error("cannot serve the model: %s", exc)
+    host = open_host(args, role, replica_id)
+    if host is None:
         return 2
+    loaded = host.loaded
     pooled = getattr(host.runner, "pooled", False)
     receive, send = model_message_caps(
         loaded.vocab_size, host.limits.max_k, host.limits.max_request_tokens, reads_features=loaded.feature_dim,

@@ -30,7 +30,8 @@ def service_settings(role: Role) -> Settings:
         Flag("dtype", "weights and KV dtype; auto = the fastest dtype the device computes exactly: bfloat16 on "
              "GPUs and CPUs with native bf16 (AVX-512 BF16, AMX), else float32 (a distilled draft or EAGLE-3 "
              "head: the dtype its folder names, where the device has it). Every dtype is proven exact at "
-             "start-up: a target whose verify shapes are not bitwise invariant does not start",
+             "start-up: a target whose verify shapes are not bitwise invariant does not start, except that "
+             "auto then serves float32 (with a warning)",
              AUTO, choices=sorted(DTYPES) + [AUTO]),
         Flag("threads", "torch CPU threads", None, int, default_doc="the CPU count"),
         Flag("num-layers", "keep only the first N decoder layers (early exit; Llama-like models)"

@@ -3,7 +3,9 @@
 `auto` (the services' default) is the fastest dtype the device computes exactly: every dtype
 served through the engine's pooled forward is proven bitwise invariant at start-up
 (engine.selfcheck.verify_shapes), so the choice is speed alone: bfloat16 on GPUs and on CPUs with
-native bf16 kernels (AVX-512 BF16, AMX), float32 elsewhere.
+native bf16 kernels (AVX-512 BF16, AMX), float32 elsewhere. A target whose bfloat16 fails that
+proof (a CPU whose bf16 kernels round by the token count) is served in float32 instead
+(model_service.serve.open_host).
 """
 from __future__ import annotations
 
