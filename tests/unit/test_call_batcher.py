@@ -18,15 +18,16 @@ def test_framed_items_are_the_batch_message_protobuf_writes() -> None:
     assert list(model_pb2.ScoreBatchRequest.FromString(ours).items) == items
 
 
-def batcher_timers() -> list[float]:
-    """The delays of the timers the batchers set on the running loop from now on (their waits;
-    the senders' own sleeps are not counted): a wait is told by its timer, not by the clock."""
+def batcher_timers(method=CallBatcher._flush) -> list[float]:
+    """The delays of the timers the batchers set on the running loop from now on for `method`
+    (their waits, by default; the senders' own sleeps are not counted): a wait is told by its
+    timer, not by the clock."""
     loop = asyncio.get_running_loop()
     delays: list[float] = []
     call_later = loop.call_later
 
     def recorded(delay, callback, *args, **kwargs):
-        if getattr(callback, "__func__", None) is CallBatcher._flush:
+        if getattr(callback, "__func__", None) is method:
             delays.append(delay)
         return call_later(delay, callback, *args, **kwargs)
 
@@ -139,16 +140,7 @@ def test_one_watch_timer_tells_the_late_callers_and_their_answers_still_come() -
     async def main():
         sender = Recorder(delay_s=0.3)
         batcher = CallBatcher(sender)
-        timers = []
-        loop = asyncio.get_running_loop()
-        call_later = loop.call_later
-
-        def recorded(delay, callback, *args, **kwargs):
-            if getattr(callback, "__func__", None) is CallBatcher._expire:
-                timers.append(delay)
-            return call_later(delay, callback, *args, **kwargs)
-
-        loop.call_later = recorded
+        timers = batcher_timers(CallBatcher._expire)
         slow = [batcher.submit_item(f"s{i}", f"p{i}".encode()) for i in range(8)]
         for item in slow:
             batcher.watch(item, time.monotonic() + 0.05)
